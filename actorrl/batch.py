@@ -1,0 +1,200 @@
+"""Columnar experience batches: ``SampleBatch`` and ``MultiAgentBatch``.
+
+Both are registered with the transport codec, so their arrays cross processes as
+zero-copy frames.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from transport.codec import register_type
+
+DEFAULT_POLICY_ID = "default_policy"
+
+
+class SampleBatch(dict):
+    """A batch of experience: column name -> numpy array, all with the same first dimension.
+
+    Column names follow RLlib (``obs``, ``actions``, ``rewards``, ``new_obs``, ``terminateds``,
+    ``truncateds``, ``eps_id``, ...). ``count`` is the number of rows.
+    """
+
+    OBS = "obs"
+    NEXT_OBS = "new_obs"
+    ACTIONS = "actions"
+    REWARDS = "rewards"
+    TERMINATEDS = "terminateds"
+    TRUNCATEDS = "truncateds"
+    EPS_ID = "eps_id"
+    AGENT_INDEX = "agent_index"
+    T = "t"
+    ACTION_LOGP = "action_logp"
+    ACTION_DIST_INPUTS = "action_dist_inputs"
+    VF_PREDS = "vf_preds"
+    ADVANTAGES = "advantages"
+    VALUE_TARGETS = "value_targets"
+    WEIGHTS = "weights"
+    BATCH_INDEXES = "batch_indexes"
+
+    def __init__(self, columns: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__()
+        data = dict(columns or {}, **kwargs)
+        for key, value in data.items():
+            self[key] = value if isinstance(value, np.ndarray) else np.asarray(value)
+        lengths = {len(v) for v in self.values() if v.ndim > 0}
+        if len(lengths) > 1:
+            sizes = {k: len(v) for k, v in self.items()}
+            raise ValueError(f"SampleBatch columns have different lengths: {sizes}")
+        self.count = lengths.pop() if lengths else 0
+
+    @property
+    def env_steps(self) -> int:
+        """Number of environment steps in the batch (equal to ``count``)."""
+        return self.count
+
+    @staticmethod
+    def concat_samples(batches: Sequence[SampleBatch | MultiAgentBatch]) -> Any:
+        """Concatenate batches row-wise; MultiAgentBatches are concatenated per policy."""
+        batches = [b for b in batches if b.count > 0] or list(batches[:1])
+        if not batches:
+            return SampleBatch()
+        if any(isinstance(b, MultiAgentBatch) for b in batches):
+            return MultiAgentBatch.concat_samples(batches)
+        if len(batches) == 1:
+            return batches[0]
+        keys = batches[0].keys()
+        for b in batches[1:]:
+            if b.keys() != keys:
+                raise ValueError(
+                    f"cannot concat SampleBatches with different columns: "
+                    f"{sorted(keys)} vs {sorted(b.keys())}"
+                )
+        return SampleBatch({k: np.concatenate([b[k] for b in batches]) for k in keys})
+
+    def concat(self, other: SampleBatch) -> SampleBatch:
+        """Return a new batch with ``other``'s rows appended."""
+        return SampleBatch.concat_samples([self, other])
+
+    def copy(self) -> SampleBatch:  # type: ignore[override]
+        """Deep copy: every column array is copied."""
+        return SampleBatch({k: np.array(v, copy=True) for k, v in self.items()})
+
+    def rows(self) -> Iterator[dict[str, Any]]:
+        """Iterate over rows as ``{column: value}`` dicts (slow; for tests and debugging)."""
+        for i in range(self.count):
+            yield {k: v[i] for k, v in self.items()}
+
+    def slice(self, start: int, end: int) -> SampleBatch:
+        """Rows ``start:end`` as a new batch sharing memory with this one."""
+        return SampleBatch({k: v[start:end] for k, v in self.items()})
+
+    def take(self, indices: np.ndarray) -> SampleBatch:
+        """Rows at ``indices`` (a gather; copies)."""
+        return SampleBatch({k: v[indices] for k, v in self.items()})
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, slice):
+            return self.slice(*key.indices(self.count)[:2])
+        return super().__getitem__(key)
+
+    def shuffle(self, rng: np.random.Generator | None = None) -> SampleBatch:
+        """Return the rows in a random order."""
+        rng = rng or np.random.default_rng()
+        return self.take(rng.permutation(self.count))
+
+    def split_by_episode(self) -> list[SampleBatch]:
+        """Split into one batch per contiguous run of ``eps_id``."""
+        if self.count == 0:
+            return []
+        eps = self[self.EPS_ID]
+        cuts = np.flatnonzero(eps[1:] != eps[:-1]) + 1
+        bounds = [0, *cuts.tolist(), self.count]
+        return [self.slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def timeslices(self, size: int) -> list[SampleBatch]:
+        """Split into consecutive slices of at most ``size`` rows."""
+        return [self.slice(i, min(i + size, self.count)) for i in range(0, self.count, size)]
+
+    def size_bytes(self) -> int:
+        """Total bytes of all column arrays."""
+        return sum(v.nbytes for v in self.values())
+
+    def __repr__(self) -> str:
+        cols = ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in self.items())
+        return f"SampleBatch({self.count}: {cols})"
+
+
+class MultiAgentBatch:
+    """Per-policy batches: policy id -> ``SampleBatch``; ``count`` counts env steps."""
+
+    def __init__(self, policy_batches: Mapping[str, SampleBatch], env_steps: int) -> None:
+        self.policy_batches = dict(policy_batches)
+        self.count = int(env_steps)
+
+    @property
+    def env_steps(self) -> int:
+        """Number of environment steps the batch covers."""
+        return self.count
+
+    def agent_steps(self) -> int:
+        """Rows over all policies (one row per agent step)."""
+        return sum(b.count for b in self.policy_batches.values())
+
+    @staticmethod
+    def wrap_as_needed(
+        policy_batches: Mapping[str, SampleBatch], env_steps: int
+    ) -> SampleBatch | MultiAgentBatch:
+        """A plain SampleBatch when only the default policy is present, else a MultiAgentBatch."""
+        if len(policy_batches) == 1 and DEFAULT_POLICY_ID in policy_batches:
+            return policy_batches[DEFAULT_POLICY_ID]
+        return MultiAgentBatch(policy_batches, env_steps)
+
+    @staticmethod
+    def concat_samples(batches: Sequence[SampleBatch | MultiAgentBatch]) -> MultiAgentBatch:
+        """Concatenate per policy; plain SampleBatches count as the default policy."""
+        per_policy: dict[str, list[SampleBatch]] = {}
+        env_steps = 0
+        for b in batches:
+            ma = as_multi_agent(b)
+            for pid, pb in ma.policy_batches.items():
+                per_policy.setdefault(pid, []).append(pb)
+            env_steps += ma.count
+        return MultiAgentBatch(
+            {pid: SampleBatch.concat_samples(bs) for pid, bs in per_policy.items()}, env_steps
+        )
+
+    def copy(self) -> MultiAgentBatch:
+        """Deep copy of every policy batch."""
+        return MultiAgentBatch({k: v.copy() for k, v in self.policy_batches.items()}, self.count)
+
+    def size_bytes(self) -> int:
+        """Total bytes of all arrays."""
+        return sum(b.size_bytes() for b in self.policy_batches.values())
+
+    def __repr__(self) -> str:
+        return f"MultiAgentBatch({self.count}: {self.policy_batches})"
+
+
+def as_multi_agent(batch: SampleBatch | MultiAgentBatch) -> MultiAgentBatch:
+    """View any batch as a MultiAgentBatch (a SampleBatch becomes the default policy's)."""
+    if isinstance(batch, MultiAgentBatch):
+        return batch
+    return MultiAgentBatch({DEFAULT_POLICY_ID: batch}, batch.count)
+
+
+register_type(
+    SampleBatch,
+    "actorrl.SampleBatch",
+    lambda b: dict(b),
+    lambda cols: SampleBatch(cols),
+)
+register_type(
+    MultiAgentBatch,
+    "actorrl.MultiAgentBatch",
+    lambda b: [b.policy_batches, b.count],
+    lambda state: MultiAgentBatch(state[0], state[1]),
+)

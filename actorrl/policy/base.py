@@ -1,0 +1,195 @@
+"""The torch policy contract shared by every algorithm.
+
+A policy owns one ``torch.nn.Module`` (``self.model``) and its optimizer. Subclasses give
+three things: how to build the model, how to act, and the loss as a function of a model
+and a batch of tensors. Everything else (gradients as numpy, applying them, weights in and
+out, optimizer state for checkpoints) lives here, so the learner can run the same loss on
+several model replicas (towers) without knowing the algorithm.
+
+Policies import neither asyncio nor transport: plain code, plain tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from actorrl.batch import SampleBatch
+
+
+@dataclass
+class LossOutput:
+    """What a loss function returns.
+
+    ``loss``: the scalar to minimise. ``stats``: scalars for the learner stats (floats or
+    0-d tensors). ``per_sample``: tensors with one row per sample that callers need back
+    (DQN's ``td_error`` for replay priorities).
+    """
+
+    loss: torch.Tensor
+    stats: dict[str, Any] = field(default_factory=dict)
+    per_sample: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+class TorchPolicy:
+    """Base class of all torch policies. See the module docstring for the contract.
+
+    ``config`` is a plain dict of the algorithm's resolved settings (RLlib key names:
+    ``lr``, ``gamma``, ``grad_clip``, ``model`` ...). ``device`` defaults to CPU; the
+    learner builds its own copy on CUDA when present.
+    """
+
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space,
+                 config: dict[str, Any], device: str | torch.device = "cpu") -> None:
+        self.observation_space = observation_space
+        self.action_space = action_space
+        self.config = config
+        self.device = torch.device(device)
+        self.global_timestep = 0
+        self.model = self.make_model().to(self.device)
+        self.optimizer = self.make_optimizer(self.model)
+
+    # ---- to implement -------------------------------------------------------------
+    def make_model(self) -> torch.nn.Module:
+        """Build the network (on CPU; the base moves it to ``self.device``)."""
+        raise NotImplementedError
+
+    def compute_actions(self, obs: np.ndarray, explore: bool = True
+                        ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Actions for a batch of observations, plus extra per-row outputs to store in the
+        sample batch (``action_logp``, ``vf_preds``, ``action_dist_inputs``...)."""
+        raise NotImplementedError
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput:
+        """The training loss of ``model`` on ``batch`` (tensors on the model's device)."""
+        raise NotImplementedError
+
+    # ---- optional hooks -----------------------------------------------------------
+    def make_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
+        """The optimizer; Adam with ``config['lr']`` unless overridden."""
+        return torch.optim.Adam(model.parameters(), lr=float(self.config.get("lr", 5e-4)))
+
+    def postprocess_trajectory(self, batch: SampleBatch,
+                               last_obs: np.ndarray | None = None) -> SampleBatch:
+        """Per-trajectory processing on the rollout worker (n-step, GAE...). ``batch`` holds
+        one episode fragment of one env; ``last_obs`` is the observation after its last step
+        when the fragment was cut before the episode ended."""
+        return batch
+
+    def on_global_timestep(self, timestep: int) -> None:
+        """Told the global env-step count (epsilon and lr schedules)."""
+        self.global_timestep = timestep
+
+    def after_update(self, num_updates: int) -> None:
+        """Called after every applied update (e.g. target network sync)."""
+
+    # ---- provided -----------------------------------------------------------------
+    def batch_to_tensors(self, batch: SampleBatch,
+                         device: torch.device | None = None) -> dict[str, torch.Tensor]:
+        """Columns as tensors on ``device`` (default: the policy's), zero-copy on CPU."""
+        device = device or self.device
+        out = {}
+        for key, value in batch.items():
+            if value.dtype.kind in "biuf":
+                out[key] = torch.as_tensor(value, device=device)
+        return out
+
+    def compute_gradients(self, batch: SampleBatch) -> tuple[list[np.ndarray], dict[str, Any]]:
+        """Gradients of the loss on ``batch`` as numpy arrays (one per parameter), and info
+        with ``batch_count`` and ``learner_stats``."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        out = self.loss(self.model, self.batch_to_tensors(batch))
+        out.loss.backward()
+        grads = [
+            (p.grad.detach().cpu().numpy().copy() if p.grad is not None
+             else np.zeros(tuple(p.shape), dtype=np.float32))
+            for p in self.model.parameters()
+        ]
+        info = {"batch_count": batch.count, "learner_stats": _to_floats(out.stats)}
+        return grads, info
+
+    def apply_gradients(self, grads: list[np.ndarray]) -> None:
+        """Apply gradients computed by :meth:`compute_gradients` (possibly elsewhere)."""
+        params = list(self.model.parameters())
+        if len(grads) != len(params):
+            raise ValueError(f"got {len(grads)} gradients for {len(params)} parameters")
+        for p, g in zip(params, grads):
+            p.grad = torch.as_tensor(np.asarray(g), device=self.device).view_as(p).clone()
+        self._clip_and_step()
+
+    def learn_on_batch(self, batch: SampleBatch) -> dict[str, Any]:
+        """One SGD step on ``batch``. Returns ``learner_stats`` and per-sample outputs
+        (e.g. ``td_error``) as numpy arrays."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        out = self.loss(self.model, self.batch_to_tensors(batch))
+        out.loss.backward()
+        self._clip_and_step()
+        info: dict[str, Any] = {"learner_stats": _to_floats(out.stats)}
+        for key, value in out.per_sample.items():
+            info[key] = value.detach().cpu().numpy()
+        return info
+
+    def _clip_and_step(self) -> None:
+        clip = self.config.get("grad_clip")
+        if clip:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), float(clip))
+        self.optimizer.step()
+        self.num_updates = getattr(self, "num_updates", 0) + 1
+        self.after_update(self.num_updates)
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        """Model parameters and buffers as numpy arrays (copies, safe to send)."""
+        return {k: v.detach().cpu().numpy().copy() for k, v in self.model.state_dict().items()}
+
+    def set_weights(self, weights: dict[str, np.ndarray]) -> None:
+        """Load weights produced by :meth:`get_weights`."""
+        state = {k: torch.as_tensor(np.asarray(v)) for k, v in weights.items()}
+        self.model.load_state_dict(state)
+
+    def get_state(self) -> dict[str, Any]:
+        """Weights, optimizer state and counters, for checkpoints."""
+        return {
+            "weights": self.get_weights(),
+            "optimizer": _tensors_to_numpy(self.optimizer.state_dict()),
+            "global_timestep": self.global_timestep,
+            "num_updates": getattr(self, "num_updates", 0),
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`get_state` returned."""
+        self.set_weights(state["weights"])
+        self.optimizer.load_state_dict(_numpy_to_tensors(state["optimizer"]))
+        self.global_timestep = int(state.get("global_timestep", 0))
+        self.num_updates = int(state.get("num_updates", 0))
+
+
+def _to_floats(stats: dict[str, Any]) -> dict[str, float]:
+    return {k: float(v.detach().cpu()) if isinstance(v, torch.Tensor) else float(v)
+            for k, v in stats.items()}
+
+
+def _tensors_to_numpy(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu().numpy()
+    if isinstance(obj, dict):
+        return {k: _tensors_to_numpy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_tensors_to_numpy(v) for v in obj]
+    return obj
+
+
+def _numpy_to_tensors(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        return torch.as_tensor(obj)
+    if isinstance(obj, dict):
+        # state_dict keys for param groups are ints; msgpack may have turned them to ints
+        return {k: _numpy_to_tensors(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_numpy_to_tensors(v) for v in obj]
+    return obj
