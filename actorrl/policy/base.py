@@ -73,11 +73,12 @@ class TorchPolicy:
         """The optimizer; Adam with ``config['lr']`` unless overridden."""
         return torch.optim.Adam(model.parameters(), lr=float(self.config.get("lr", 5e-4)))
 
-    def postprocess_trajectory(self, batch: SampleBatch,
-                               last_obs: np.ndarray | None = None) -> SampleBatch:
+    def postprocess_trajectory(self, batch: SampleBatch) -> SampleBatch:
         """Per-trajectory processing on the rollout worker (n-step, GAE...). ``batch`` holds
-        one episode fragment of one env; ``last_obs`` is the observation after its last step
-        when the fragment was cut before the episode ended."""
+        one contiguous fragment of one episode of one env, in time order. Its last row ends
+        the episode when ``terminateds[-1]`` (no bootstrap) or ``truncateds[-1]`` (time
+        limit: bootstrap from ``new_obs[-1]``); otherwise the fragment was cut mid-episode
+        and also bootstraps from ``new_obs[-1]``."""
         return batch
 
     def on_global_timestep(self, timestep: int) -> None:
