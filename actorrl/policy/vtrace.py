@@ -1,0 +1,106 @@
+"""V-trace off-policy targets (Espeholt et al. 2018, "IMPALA"), as pure torch functions.
+
+All tensors are time-major: ``[T, B]`` (time first, then independent sequences). The
+targets are computed with one backward scan over time; nothing here loops over the batch.
+
+For a sequence ``x_0 .. x_{T-1}`` with bootstrap state ``x_T`` the paper defines
+
+    v_s = V(x_s) + sum_{t >= s} (prod_{i=s}^{t-1} gamma_i c_i) delta_t
+    delta_t = rho_t (r_t + gamma_t V(x_{t+1}) - V(x_t))
+
+with truncated importance weights ``rho_t = min(rho_bar, pi/mu)`` and
+``c_i = min(c_bar, pi/mu)``, which gives the recursion used here:
+
+    v_s - V(x_s) = delta_s + gamma_s c_s (v_{s+1} - V(x_{s+1})).
+
+``gamma_t`` is a per-step discount, so ``discounts = gamma * (1 - terminated)`` ends the
+trace at episode ends.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+
+class VTraceReturns(NamedTuple):
+    """V-trace outputs, both ``[T, B]`` and without gradient.
+
+    ``vs``: the value targets ``v_s``. ``pg_advantages``: the policy-gradient advantages
+    ``rho^pg_s (r_s + gamma_s v_{s+1} - V(x_s))``.
+    """
+
+    vs: torch.Tensor
+    pg_advantages: torch.Tensor
+
+
+@torch.no_grad()
+def vtrace_from_importance_weights(
+    log_rhos: torch.Tensor,
+    discounts: torch.Tensor,
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    bootstrap_value: torch.Tensor,
+    clip_rho_threshold: float | None = 1.0,
+    clip_pg_rho_threshold: float | None = 1.0,
+    clip_c_threshold: float | None = 1.0,
+) -> VTraceReturns:
+    """V-trace value targets and policy-gradient advantages.
+
+    Args:
+        log_rhos: ``[T, B]`` log importance ratios ``log pi(a_t|x_t) - log mu(a_t|x_t)``.
+        discounts: ``[T, B]`` per-step discounts (0 where the episode terminated at ``t``).
+        rewards: ``[T, B]`` rewards.
+        values: ``[T, B]`` baseline values ``V(x_t)``.
+        bootstrap_value: ``[B]`` value of the state after the last step, ``V(x_T)``.
+        clip_rho_threshold: ``rho_bar`` for the value targets; ``None`` disables clipping.
+        clip_pg_rho_threshold: clip of the importance weight in the policy-gradient
+            advantage; ``None`` disables clipping.
+        clip_c_threshold: ``c_bar`` for the trace coefficients (1.0 in the paper and RLlib).
+
+    Returns:
+        ``VTraceReturns(vs, pg_advantages)``, both ``[T, B]``, detached from the graph.
+    """
+    _check_shapes(log_rhos, discounts, rewards, values, bootstrap_value)
+    rhos = torch.exp(log_rhos)
+    clipped_rhos = _clip(rhos, clip_rho_threshold)
+    cs = _clip(rhos, clip_c_threshold)
+
+    values_next = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)
+    deltas = clipped_rhos * (rewards + discounts * values_next - values)
+    decay = discounts * cs
+
+    vs_minus_v = torch.empty_like(values)
+    acc = torch.zeros_like(bootstrap_value)
+    for t in range(values.shape[0] - 1, -1, -1):
+        acc = deltas[t] + decay[t] * acc
+        vs_minus_v[t] = acc
+    vs = values + vs_minus_v
+
+    vs_next = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)
+    pg_rhos = _clip(rhos, clip_pg_rho_threshold)
+    pg_advantages = pg_rhos * (rewards + discounts * vs_next - values)
+    return VTraceReturns(vs=vs, pg_advantages=pg_advantages)
+
+
+def _clip(rhos: torch.Tensor, threshold: float | None) -> torch.Tensor:
+    return rhos if threshold is None else torch.clamp(rhos, max=float(threshold))
+
+
+def _check_shapes(log_rhos: torch.Tensor, discounts: torch.Tensor, rewards: torch.Tensor,
+                  values: torch.Tensor, bootstrap_value: torch.Tensor) -> None:
+    if values.dim() < 1:
+        raise ValueError("values must be time-major with at least one dimension [T, ...]")
+    for name, tensor in (("log_rhos", log_rhos), ("discounts", discounts),
+                         ("rewards", rewards)):
+        if tensor.shape != values.shape:
+            raise ValueError(
+                f"{name} must have the shape of values {tuple(values.shape)}, "
+                f"got {tuple(tensor.shape)}"
+            )
+    if bootstrap_value.shape != values.shape[1:]:
+        raise ValueError(
+            f"bootstrap_value must have shape {tuple(values.shape[1:])} (values without the "
+            f"time dimension), got {tuple(bootstrap_value.shape)}"
+        )
