@@ -1,0 +1,59 @@
+"""The actor framework: processes, actors, ObjectRefs, wait/get/put/free, nodes.
+
+Sync facade (scripts, tests): :func:`init`, :func:`create_actor`, :func:`get`, :func:`wait`,
+:func:`put`, :func:`free`, :func:`get_and_free`, :func:`shutdown`. Async API:
+:class:`Driver` (and :class:`Runtime` underneath).
+"""
+
+from actorrl.runtime.actor import ActorHandle, ActorSpec
+from actorrl.runtime.api import (
+    create_actor,
+    driver,
+    free,
+    get,
+    get_and_free,
+    init,
+    is_initialized,
+    kill_actor,
+    put,
+    restart_actor,
+    shutdown,
+    wait,
+)
+from actorrl.runtime.core import Runtime
+from actorrl.runtime.driver import Driver
+from actorrl.runtime.errors import (
+    ActorCreationError,
+    ActorDiedError,
+    GetTimeoutError,
+    ObjectLostError,
+    RemoteError,
+    RuntimeNotStartedError,
+)
+from actorrl.runtime.refs import ObjectRef
+
+__all__ = [
+    "ActorCreationError",
+    "ActorDiedError",
+    "ActorHandle",
+    "ActorSpec",
+    "Driver",
+    "GetTimeoutError",
+    "ObjectLostError",
+    "ObjectRef",
+    "RemoteError",
+    "Runtime",
+    "RuntimeNotStartedError",
+    "create_actor",
+    "driver",
+    "free",
+    "get",
+    "get_and_free",
+    "init",
+    "is_initialized",
+    "kill_actor",
+    "put",
+    "restart_actor",
+    "shutdown",
+    "wait",
+]

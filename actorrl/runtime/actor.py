@@ -1,0 +1,79 @@
+"""Actor handles: what callers hold to call methods on an actor living in another process."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from actorrl.runtime.refs import ObjectRef
+from transport.codec import register_type
+
+
+@dataclass(frozen=True)
+class ActorSpec:
+    """How to (re)create an actor: class path, constructor arguments and resources."""
+
+    class_path: str
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    name: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+
+
+class ActorHandle:
+    """A handle to a remote actor. ``handle.method.remote(*args)`` returns an ObjectRef at
+    once; calls from one caller to one actor run in submission order.
+
+    Handles can be sent to other actors (they cross the wire as actor id + endpoint).
+    """
+
+    __slots__ = ("actor_id", "endpoint", "class_path", "name", "spec")
+
+    def __init__(self, actor_id: str, endpoint: str, class_path: str = "", name: str = "",
+                 spec: ActorSpec | None = None) -> None:
+        self.actor_id = actor_id
+        self.endpoint = endpoint
+        self.class_path = class_path
+        self.name = name
+        self.spec = spec
+
+    def __getattr__(self, method: str) -> ActorMethod:
+        if method.startswith("_"):
+            raise AttributeError(method)
+        return ActorMethod(self, method)
+
+    def __repr__(self) -> str:
+        label = self.name or self.class_path
+        return f"ActorHandle({label} #{self.actor_id[:8]} @ {self.endpoint})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ActorHandle) and other.actor_id == self.actor_id
+
+    def __hash__(self) -> int:
+        return hash(self.actor_id)
+
+
+class ActorMethod:
+    """One method of an actor; call ``.remote(*args, **kwargs)``."""
+
+    __slots__ = ("handle", "name")
+
+    def __init__(self, handle: ActorHandle, name: str) -> None:
+        self.handle = handle
+        self.name = name
+
+    def remote(self, *args: Any, **kwargs: Any) -> ObjectRef:
+        """Submit the call; returns a ref to its result immediately."""
+        from actorrl.runtime.core import Runtime
+
+        return Runtime.current().submit(self.handle, self.name, args, kwargs)
+
+
+register_type(
+    ActorHandle,
+    "actorrl.ActorHandle",
+    lambda h: [h.actor_id, h.endpoint, h.class_path, h.name],
+    lambda s: ActorHandle(s[0], s[1], s[2], s[3]),
+)

@@ -1,0 +1,149 @@
+"""The synchronous facade for scripts and tests.
+
+::
+
+    import actorrl.runtime as rt
+    rt.init()
+    counter = rt.create_actor("mypkg.mod:Counter", args=(0,))
+    print(rt.get(counter.add.remote(5)))
+    rt.shutdown()
+
+The event loop runs in a background thread of this process (still one loop per process).
+Inside an actor's synchronous methods, ``get``/``wait``/``put``/``free`` use the actor
+process's runtime the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar
+
+from actorrl.runtime.actor import ActorHandle
+from actorrl.runtime.core import Runtime
+from actorrl.runtime.driver import Driver
+from actorrl.runtime.errors import GetTimeoutError, RuntimeNotStartedError
+from actorrl.runtime.refs import ObjectRef
+from transport.sockets import new_event_loop
+
+T = TypeVar("T")
+
+_driver: Driver | None = None
+_loop: asyncio.AbstractEventLoop | None = None
+_thread: threading.Thread | None = None
+
+
+def _run(coro: Coroutine[Any, Any, T], runtime: Runtime | None = None,
+         timeout_s: float | None = None) -> T:
+    runtime = runtime or Runtime.current()
+    if runtime.on_loop():
+        coro.close()
+        raise RuntimeError("the synchronous runtime API cannot be used on the event loop "
+                           "thread; use the async API (await driver.get(...)) there")
+    future = asyncio.run_coroutine_threadsafe(coro, runtime.loop)
+    try:
+        return future.result(None if timeout_s is None else timeout_s + 5.0)
+    except TimeoutError:
+        future.cancel()
+        raise GetTimeoutError(f"timed out after {timeout_s:g} s") from None
+
+
+def init(session_dir: str | None = None, num_cpus: float | None = None,
+         num_gpus: float | None = None) -> Driver:
+    """Start the runtime and a local node in a background event-loop thread."""
+    global _driver, _loop, _thread
+    if _driver is not None:
+        raise RuntimeError("actorrl.runtime.init() was already called; call shutdown() first")
+    loop = new_event_loop()
+    started = threading.Event()
+    thread = threading.Thread(target=lambda: (asyncio.set_event_loop(loop), started.set(),
+                                              loop.run_forever()),
+                              name="actorrl-loop", daemon=True)
+    thread.start()
+    started.wait()
+
+    async def start() -> Driver:
+        return Driver.start(session_dir, num_cpus, num_gpus)
+
+    _driver = asyncio.run_coroutine_threadsafe(start(), loop).result()
+    _loop, _thread = loop, thread
+    return _driver
+
+
+def driver() -> Driver:
+    """The driver started by :func:`init`."""
+    if _driver is None:
+        raise RuntimeNotStartedError("call actorrl.runtime.init() first")
+    return _driver
+
+
+def is_initialized() -> bool:
+    """True between :func:`init` and :func:`shutdown`."""
+    return _driver is not None
+
+
+def create_actor(class_path: str, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None,
+                 *, num_cpus: float = 1.0, num_gpus: float = 0.0, name: str = "",
+                 env: dict[str, str] | None = None, timeout_s: float = 120.0) -> ActorHandle:
+    """Start an actor process for ``class_path`` (``"pkg.module:Class"``)."""
+    d = driver()
+    return _run(d.create_actor(class_path, args, kwargs, num_cpus=num_cpus, num_gpus=num_gpus,
+                               name=name, env=env, timeout_s=timeout_s), d.runtime)
+
+
+def restart_actor(handle: ActorHandle) -> ActorHandle:
+    """Recreate an actor from its creation spec; returns the new handle."""
+    d = driver()
+    return _run(d.restart_actor(handle), d.runtime)
+
+
+def kill_actor(handle: ActorHandle, timeout_s: float = 5.0) -> None:
+    """Stop an actor (exit request, then SIGKILL after ``timeout_s``)."""
+    d = driver()
+    _run(d.kill_actor(handle, timeout_s), d.runtime)
+
+
+def get(refs: ObjectRef | Sequence[ObjectRef], timeout: float | None = None) -> Any:
+    """Resolve a ref or list of refs; raises the remote error, ActorDiedError or
+    GetTimeoutError."""
+    runtime = Runtime.current()
+    return _run(runtime.get_async(refs, timeout), runtime, timeout)
+
+
+def wait(refs: Sequence[ObjectRef], num_returns: int = 1, timeout: float | None = None
+         ) -> tuple[list[ObjectRef], list[ObjectRef]]:
+    """``(ready, not_ready)`` once ``num_returns`` refs are ready or ``timeout`` passes."""
+    runtime = Runtime.current()
+    return _run(runtime.wait_async(refs, num_returns, timeout), runtime, timeout)
+
+
+def put(value: Any) -> ObjectRef:
+    """Store ``value`` in this process; returns its ref."""
+    return Runtime.current().put(value)
+
+
+def free(refs: ObjectRef | Sequence[ObjectRef]) -> None:
+    """Release objects at their owners."""
+    Runtime.current().free(refs)
+
+
+def get_and_free(refs: ObjectRef | Sequence[ObjectRef], timeout: float | None = None) -> Any:
+    """Get, then free at the owner."""
+    runtime = Runtime.current()
+    return _run(runtime.get_and_free_async(refs, timeout), runtime, timeout)
+
+
+def shutdown(timeout_s: float = 5.0) -> None:
+    """Stop all actors, close the runtime and the loop thread."""
+    global _driver, _loop, _thread
+    if _driver is None:
+        return
+    d, loop, thread = _driver, _loop, _thread
+    _driver = _loop = _thread = None
+    assert loop is not None and thread is not None
+    try:
+        asyncio.run_coroutine_threadsafe(d.shutdown(timeout_s), loop).result(timeout_s * 3 + 10)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)

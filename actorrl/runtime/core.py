@@ -1,0 +1,629 @@
+"""The per-process runtime: object ownership, calls, get/wait/put/free, and actor hosting.
+
+Every process (driver, coordinator, actor) has exactly one :class:`Runtime`, bound to its
+event loop. It serves an RPC endpoint through which other processes fetch the objects it
+owns and, in an actor process, call the actor's methods.
+
+Protocol (methods served by every runtime):
+
+- ``__call__(object_id, method, args, kwargs)``: run an actor method; the result is stored
+  under ``object_id`` here. Reply ``[status, inline, value]``: small values come back inline
+  so one round trip suffices, large ones stay here until fetched.
+- ``__fetch__(object_id, free)``: reply ``[status, value]`` once the object exists.
+- ``__wait__(object_id)``: reply ``status`` once the object exists (no value).
+- ``__free__(object_ids)``: notification; drop the objects.
+- ``__exit__()``: notification; leave the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import itertools
+import logging
+import os
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from actorrl.runtime.actor import ActorHandle
+from actorrl.runtime.errors import (
+    ActorDiedError,
+    GetTimeoutError,
+    ObjectLostError,
+    RuntimeNotStartedError,
+)
+from actorrl.runtime.refs import (
+    STATUS_ERROR,
+    STATUS_MISSING,
+    STATUS_OK,
+    ObjectRef,
+    ObjectStore,
+    new_object_id,
+)
+from transport.codec import Codec
+from transport.errors import PeerLostError, RemoteError, TransportError
+from transport.rpc import Request, RpcClient, RpcServer
+
+log = logging.getLogger(__name__)
+
+INLINE_RESULT_BYTES = 16 * 1024
+_ready_seq = itertools.count()
+
+
+def estimate_size(value: Any, budget: int = 256) -> int:
+    """A cheap upper-bound-ish estimate of a value's wire size, to decide inlining.
+
+    Walks at most ``budget`` containers/items; anything past the budget counts as large.
+    """
+    total = 0
+    stack = [value]
+    seen = 0
+    while stack:
+        item = stack.pop()
+        seen += 1
+        if seen > budget:
+            return 1 << 40
+        if isinstance(item, np.ndarray):
+            total += item.nbytes
+        elif isinstance(item, (bytes, str, bytearray)):
+            total += len(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+            total += 8 * len(item)
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif hasattr(item, "policy_batches"):
+            stack.extend(item.policy_batches.values())
+        else:
+            total += 16
+    return total
+
+
+def _raise_for(status: int, value: Any, ref: ObjectRef) -> Any:
+    if status == STATUS_OK:
+        return value
+    if status == STATUS_ERROR:
+        if isinstance(value, BaseException):
+            raise value
+        raise RemoteError("Error", str(value))
+    raise ObjectLostError(f"{ref!r} does not exist at its owner (freed, or never created)")
+
+
+class _Call:
+    """An actor call received by this process, waiting to run in submission order."""
+
+    __slots__ = ("request", "object_id", "method", "args", "kwargs", "resolution")
+
+    def __init__(self, request: Request, object_id: bytes, method: str, args: list,
+                 kwargs: dict) -> None:
+        self.request = request
+        self.object_id = object_id
+        self.method = method
+        self.args = args
+        self.kwargs = kwargs
+        self.resolution: asyncio.Future | None = None
+
+
+class Runtime:
+    """One process's runtime. Create with :meth:`start` inside a running event loop."""
+
+    _current: Runtime | None = None
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, address_dir: str, name: str,
+                 extra_bind: Sequence[str] = ()) -> None:
+        self.loop = loop
+        self.loop_thread_id = threading.get_ident()
+        self.name = name
+        self.codec = Codec()
+        self.store = ObjectStore()
+        self.server = RpcServer(self._on_request, codec=self.codec)
+        self.address = self.server.bind(f"ipc://{os.path.join(address_dir, name)}.sock")
+        for address in extra_bind:
+            self.server.bind(address)
+        self._clients: dict[str, RpcClient] = {}
+        self._dead: dict[str, str] = {}
+        self._frees: deque[tuple[str, bytes]] = deque()
+        self._free_flush_scheduled = False
+        self.actor: Any = None
+        self._calls: deque[_Call] = deque()
+        self._pumping = False
+        self._executor: _ActorExecutor | None = None
+        self.exit_event = asyncio.Event()
+        self.on_actor_died: list[Callable[[str, str], None]] = []
+        self.closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+    @classmethod
+    def start(cls, address_dir: str, name: str, extra_bind: Sequence[str] = ()) -> Runtime:
+        """Create this process's runtime on the running loop and make it current."""
+        runtime = cls(asyncio.get_running_loop(), address_dir, name, extra_bind)
+        runtime.server.start()
+        Runtime._current = runtime
+        return runtime
+
+    @classmethod
+    def current(cls) -> Runtime:
+        """The process's runtime; raises if none was started."""
+        runtime = cls._current
+        if runtime is None or runtime.closed:
+            raise RuntimeNotStartedError(
+                "the actorrl runtime is not running in this process: call "
+                "actorrl.runtime.init() first (or use Runtime.start in async code)"
+            )
+        return runtime
+
+    def close(self) -> None:
+        """Close every socket; pending calls fail."""
+        if self.closed:
+            return
+        self._flush_frees()
+        self.closed = True
+        if self._executor is not None:
+            self._executor.stop()
+        for client in self._clients.values():
+            client.close()
+        self._clients.clear()
+        self.server.close()
+        if Runtime._current is self:
+            Runtime._current = None
+
+    def on_loop(self) -> bool:
+        """True when called from this runtime's event-loop thread."""
+        return threading.get_ident() == self.loop_thread_id
+
+    # ------------------------------------------------------------------ connections
+    def client(self, endpoint: str) -> RpcClient:
+        """The (cached) connection to ``endpoint``; loop thread only."""
+        client = self._clients.get(endpoint)
+        if client is None or (client.lost is not None):
+            if client is not None:
+                client.close()
+            client = RpcClient(endpoint, codec=self.codec)
+            self._clients[endpoint] = client
+        return client
+
+    def mark_dead(self, endpoint: str, reason: str) -> None:
+        """Record that the process at ``endpoint`` died: its pending calls fail now and
+        later calls fail at once with ActorDiedError."""
+        self._dead[endpoint] = reason
+        client = self._clients.pop(endpoint, None)
+        if client is not None:
+            client.close()
+
+    def forget_dead(self, endpoint: str) -> None:
+        """Allow calls to ``endpoint`` again (a restarted actor reusing it)."""
+        self._dead.pop(endpoint, None)
+
+    def _died_error(self, endpoint: str, what: str, cause: BaseException | None = None
+                    ) -> ActorDiedError:
+        reason = self._dead.get(endpoint) or (str(cause) if cause else "connection lost")
+        return ActorDiedError(f"{what} at {endpoint} died: {reason}")
+
+    # ------------------------------------------------------------------ calls (caller side)
+    def submit(self, handle: ActorHandle, method: str, args: Sequence[Any],
+               kwargs: dict[str, Any]) -> ObjectRef:
+        """Submit ``handle.method(*args, **kwargs)``; returns the result's ref at once.
+
+        Encoding happens here, in the caller's thread, so unsupported argument types fail
+        immediately; sending happens on the loop.
+        """
+        object_id = new_object_id()
+        ref = ObjectRef(object_id, handle.endpoint)
+        ref._runtime = self
+        ref._tracked = True
+        pinned = [a for a in (*args, *kwargs.values()) if isinstance(a, ObjectRef)]
+        escaped = [a._escaped for a in pinned]
+        frames = self.codec.encode(["__call__", [object_id, method, list(args), kwargs], {}])
+        for arg, was_escaped in zip(pinned, escaped):
+            arg._escaped = was_escaped  # passed as a direct argument: kept alive below
+        ref._pinned = pinned or None
+        if self.on_loop():
+            self._send_call(ref, handle, frames)
+        else:
+            ref._future = _PendingFuture()
+            self.loop.call_soon_threadsafe(self._send_call, ref, handle, frames)
+        return ref
+
+    def _send_call(self, ref: ObjectRef, handle: ActorHandle, frames: list[Any]) -> None:
+        placeholder = ref._future
+        fut = self.loop.create_future()
+        ref._future = fut
+        fut.add_done_callback(lambda f, r=ref: self._on_call_done(r, f))
+        if placeholder is not None:
+            placeholder.resolve(fut)
+        if handle.endpoint in self._dead:
+            fut.set_exception(self._died_error(handle.endpoint, repr(handle)))
+            return
+        if self.closed:
+            fut.set_exception(ActorDiedError("the runtime is shut down"))
+            return
+        reply = self.client(handle.endpoint).call_encoded(frames)
+
+        def relay(r: asyncio.Future) -> None:
+            if fut.done():
+                return
+            exc = r.exception()
+            if isinstance(exc, (PeerLostError, TransportError)):
+                fut.set_exception(self._died_error(handle.endpoint, repr(handle), exc))
+            elif exc is not None:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(r.result())
+
+        reply.add_done_callback(relay)
+
+    @staticmethod
+    def _on_call_done(ref: ObjectRef, fut: asyncio.Future) -> None:
+        ref._ready_seq = next(_ready_seq)
+        ref._pinned = None
+        if fut.cancelled() or fut.exception() is not None:
+            return
+        status, inline, value = fut.result()
+        if inline:
+            ref._value = (status, value)
+            ref._has_value = True
+
+    # ------------------------------------------------------------------ get / wait / put / free
+    async def get_async(self, ref: ObjectRef | Sequence[ObjectRef],
+                        timeout_s: float | None = None) -> Any:
+        """Resolve one ref or a list of refs (raises the remote error, ActorDiedError, or
+        GetTimeoutError)."""
+        if isinstance(ref, ObjectRef):
+            coro = self._get_one(ref)
+        else:
+            coro = asyncio.gather(*(self._get_one(r) for r in ref))
+        if timeout_s is None:
+            return await coro
+        try:
+            return await asyncio.wait_for(coro, timeout_s)
+        except TimeoutError:
+            raise GetTimeoutError(f"get timed out after {timeout_s:g} s") from None
+
+    async def _get_one(self, ref: ObjectRef) -> Any:
+        if ref.owner == self.address:
+            found = self.store.lookup(ref.id)
+            if found is None:
+                fut = self.loop.create_future()
+                self.store.when_ready(ref.id, lambda s, v: fut.done() or fut.set_result((s, v)))
+                found = await fut
+            return _raise_for(found[0], found[1], ref)
+        if ref._has_value:
+            return _raise_for(*ref._value, ref)
+        if ref._future is not None:
+            fut = ref._future
+            if isinstance(fut, _PendingFuture):
+                fut = await fut.wait()
+            await fut  # raises ActorDiedError / transport errors
+            if ref._has_value:
+                return _raise_for(*ref._value, ref)
+        status, value = await self._fetch(ref, free=False)
+        ref._value = (status, value)
+        ref._has_value = True
+        return _raise_for(status, value, ref)
+
+    async def _fetch(self, ref: ObjectRef, free: bool) -> tuple[int, Any]:
+        if ref.owner in self._dead:
+            raise ObjectLostError(str(self._died_error(ref.owner, f"owner of {ref!r}")))
+        try:
+            status, value = await self.client(ref.owner).call("__fetch__", [ref.id, free])
+        except (PeerLostError, TransportError) as exc:
+            raise ObjectLostError(
+                str(self._died_error(ref.owner, f"owner of {ref!r}", exc))) from None
+        return status, value
+
+    def _readiness(self, ref: ObjectRef) -> asyncio.Future:
+        """A future done when ``ref`` is ready (value or error); never raises itself."""
+        fut = self.loop.create_future()
+
+        def done(*_: Any) -> None:
+            if not fut.done():
+                fut.set_result(None)
+
+        if ref.owner == self.address:
+            self.store.when_ready(ref.id, done)
+        elif ref._has_value:
+            done()
+        elif ref._future is not None and not isinstance(ref._future, _PendingFuture):
+            ref._future.add_done_callback(done)
+        elif ref._future is not None:
+            async def later() -> None:
+                inner = await ref._future.wait()
+                inner.add_done_callback(done)
+            self.loop.create_task(later())
+        else:
+            client_fut = self.client(ref.owner).call("__wait__", [ref.id])
+            client_fut.add_done_callback(done)
+        return fut
+
+    async def wait_async(self, refs: Sequence[ObjectRef], num_returns: int = 1,
+                         timeout_s: float | None = None
+                         ) -> tuple[list[ObjectRef], list[ObjectRef]]:
+        """Wait until ``num_returns`` of ``refs`` are ready or ``timeout_s`` passes.
+
+        Returns ``(ready, not_ready)``; ``ready`` is in the order the refs became ready,
+        ``not_ready`` keeps the input order. A ref whose call failed counts as ready.
+        """
+        refs = list(refs)
+        if num_returns > len(refs):
+            raise ValueError(f"num_returns={num_returns} exceeds the {len(refs)} refs given")
+        if len(set(refs)) != len(refs):
+            raise ValueError("wait() got duplicate refs")
+        order: list[ObjectRef] = []
+        enough = self.loop.create_future()
+        futures = []
+        for ref in refs:
+            rf = self._readiness(ref)
+            futures.append(rf)
+
+            def on_ready(_f: asyncio.Future, r: ObjectRef = ref) -> None:
+                order.append(r)
+                if len(order) >= num_returns and not enough.done():
+                    enough.set_result(None)
+
+            rf.add_done_callback(on_ready)
+        if num_returns == 0:
+            enough.set_result(None)
+        # Callbacks of futures that were already done run on the next loop iteration.
+        await asyncio.sleep(0)
+        if not enough.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(enough), timeout_s)
+            except TimeoutError:
+                pass
+        for rf in futures:
+            if not rf.done():
+                rf.cancel()
+        # Refs that were already complete before the wait sort by completion order.
+        ready = sorted(order, key=lambda r: (r._ready_seq < 0, r._ready_seq))
+        ready = ready[: max(num_returns, 0)] if len(ready) > num_returns else ready
+        ready_ids = {r.id for r in ready}
+        return ready, [r for r in refs if r.id not in ready_ids]
+
+    def put(self, value: Any) -> ObjectRef:
+        """Store ``value`` in this process and return a ref others can fetch (thread-safe)."""
+        ref = ObjectRef(new_object_id(), self.address)
+        ref._runtime = self
+        ref._tracked = True
+        ref._value = (STATUS_OK, value)
+        ref._has_value = True
+        ref._ready_seq = next(_ready_seq)
+        if self.on_loop():
+            self.store.set(ref.id, STATUS_OK, value)
+        else:
+            self.loop.call_soon_threadsafe(self.store.set, ref.id, STATUS_OK, value)
+        return ref
+
+    def free(self, refs: ObjectRef | Iterable[ObjectRef]) -> None:
+        """Release objects at their owners now (thread-safe)."""
+        if isinstance(refs, ObjectRef):
+            refs = [refs]
+        for ref in refs:
+            ref._freed = True
+            ref._value = None
+            ref._has_value = False
+            self.release(ref.owner, ref.id)
+
+    async def get_and_free_async(self, refs: ObjectRef | Sequence[ObjectRef],
+                                 timeout_s: float | None = None) -> Any:
+        """Get, then free at the owner (like RLlib's ``ray_get_and_free``)."""
+        try:
+            return await self.get_async(refs, timeout_s)
+        finally:
+            self.free(refs)
+
+    def release(self, owner: str, object_id: bytes) -> None:
+        """Queue a free of ``object_id`` at ``owner``; batched, any thread."""
+        self._frees.append((owner, object_id))
+        if not self._free_flush_scheduled and not self.closed:
+            self._free_flush_scheduled = True
+            self.loop.call_soon_threadsafe(self._flush_frees)
+
+    def _flush_frees(self) -> None:
+        self._free_flush_scheduled = False
+        by_owner: dict[str, list[bytes]] = {}
+        while self._frees:
+            owner, object_id = self._frees.popleft()
+            by_owner.setdefault(owner, []).append(object_id)
+        for owner, ids in by_owner.items():
+            if owner == self.address:
+                for object_id in ids:
+                    self.store.free(object_id)
+            elif owner not in self._dead and not self.closed:
+                try:
+                    self.client(owner).notify("__free__", [ids])
+                except Exception as exc:  # a free is best effort
+                    log.debug("could not send free to %s: %s", owner, exc)
+
+    # ------------------------------------------------------------------ serving
+    def _on_request(self, request: Request) -> None:
+        method = request.method
+        if method == "__call__":
+            self._on_actor_call(request)
+        elif method == "__fetch__":
+            object_id, free = request.args
+
+            def send(status: int, value: Any) -> None:
+                request.reply([status, value])
+                if free:
+                    self.store.free(object_id)
+
+            self.store.when_ready(object_id, send)
+        elif method == "__wait__":
+            self.store.when_ready(request.args[0], lambda s, v: request.reply(s))
+        elif method == "__free__":
+            for object_id in request.args[0]:
+                self.store.free(object_id)
+        elif method == "__ping__":
+            request.reply(self.name)
+        elif method == "__exit__":
+            self.exit_event.set()
+        elif method in self.extra_handlers:
+            self.extra_handlers[method](request)
+        else:
+            raise ValueError(f"unknown runtime method {method!r}")
+
+    extra_handlers: dict[str, Callable[[Request], None]] = {}
+
+    def serve(self, method: str, handler: Callable[[Request], None]) -> None:
+        """Serve an extra protocol method (used by nodes and the coordinator)."""
+        self.extra_handlers = {**self.extra_handlers, method: handler}
+
+    # ------------------------------------------------------------------ actor hosting
+    def host_actor(self, instance: Any) -> None:
+        """Make this process serve ``instance``'s public methods."""
+        self.actor = instance
+        self._executor = _ActorExecutor(self)
+
+    def _on_actor_call(self, request: Request) -> None:
+        object_id, method, args, kwargs = request.args
+        if self.actor is None:
+            raise ValueError(f"{self.name} hosts no actor; cannot call {method!r}")
+        self.store.add_pending(object_id)
+        call = _Call(request, object_id, method, args, kwargs)
+        refs = [a for a in (*args, *kwargs.values()) if isinstance(a, ObjectRef)]
+        if refs:
+            call.resolution = self.loop.create_task(self._resolve_args(call))
+        self._calls.append(call)
+        if not self._pumping:
+            self._pump()
+
+    async def _resolve_args(self, call: _Call) -> None:
+        async def resolve(value: Any) -> Any:
+            return await self._get_one(value) if isinstance(value, ObjectRef) else value
+
+        call.args = list(await asyncio.gather(*(resolve(a) for a in call.args)))
+        for key, value in call.kwargs.items():
+            call.kwargs[key] = await resolve(value)
+
+    def _pump(self) -> None:
+        """Start calls in arrival order; a call waiting for its ref arguments holds back
+        the calls behind it (submission order is kept)."""
+        self._pumping = True
+        while self._calls:
+            call = self._calls[0]
+            if call.resolution is not None and not call.resolution.done():
+                call.resolution.add_done_callback(lambda _f: self._pump())
+                return
+            self._calls.popleft()
+            self._start(call)
+        self._pumping = False
+
+    def _start(self, call: _Call) -> None:
+        if call.resolution is not None and call.resolution.exception() is not None:
+            self._finish(call, STATUS_ERROR, RemoteError.from_exception(
+                call.resolution.exception()))
+            return
+        fn = getattr(self.actor, call.method, None) if not call.method.startswith("_") else None
+        if fn is None or not callable(fn):
+            self._finish(call, STATUS_ERROR, RemoteError(
+                "AttributeError",
+                f"{type(self.actor).__qualname__} has no public method {call.method!r}"))
+            return
+        if inspect.iscoroutinefunction(fn):
+            task = self.loop.create_task(fn(*call.args, **call.kwargs))
+            task.add_done_callback(lambda t, c=call: self._finish_task(c, t))
+        else:
+            assert self._executor is not None
+            self._executor.submit(call, fn)
+
+    def _finish_task(self, call: _Call, task: asyncio.Task) -> None:
+        if task.cancelled():
+            self._finish(call, STATUS_ERROR, RemoteError("CancelledError", "call cancelled"))
+        elif task.exception() is not None:
+            self._finish(call, STATUS_ERROR, RemoteError.from_exception(task.exception()))
+        else:
+            self._finish(call, STATUS_OK, task.result())
+
+    def _finish(self, call: _Call, status: int, value: Any) -> None:
+        self.store.set(call.object_id, status, value)
+        inline = status != STATUS_OK or estimate_size(value) <= INLINE_RESULT_BYTES
+        call.request.reply([status, inline, value if inline else None])
+
+
+class _PendingFuture:
+    """Stands in for a call's future between a cross-thread submit and its send."""
+
+    __slots__ = ("_inner", "_event")
+
+    def __init__(self) -> None:
+        self._inner: asyncio.Future | None = None
+        self._event: asyncio.Event | None = None
+
+    def resolve(self, inner: asyncio.Future) -> None:
+        self._inner = inner
+        if self._event is not None:
+            self._event.set()
+
+    async def wait(self) -> asyncio.Future:
+        if self._inner is None:
+            self._event = asyncio.Event()
+            await self._event.wait()
+        assert self._inner is not None
+        return self._inner
+
+
+class _ActorExecutor:
+    """One thread that runs an actor's synchronous methods, one at a time, in order, so the
+    event loop never blocks. Results are handed back to the loop in batches."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._done: deque[tuple[_Call, int, Any]] = deque()
+        self._lock = threading.Lock()
+        self._wake_scheduled = False
+        self._thread = threading.Thread(target=self._run, name="actor-executor", daemon=True)
+        self._thread.start()
+
+    def submit(self, call: _Call, fn: Callable[..., Any]) -> None:
+        self._queue.put((call, fn))
+
+    def stop(self) -> None:
+        self._queue.put(None)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            call, fn = item
+            try:
+                result = (call, STATUS_OK, fn(*call.args, **call.kwargs))
+            except BaseException as exc:
+                result = (call, STATUS_ERROR, RemoteError.from_exception(exc))
+            with self._lock:
+                self._done.append(result)
+                wake = not self._wake_scheduled
+                self._wake_scheduled = True
+            if wake:
+                try:
+                    self.runtime.loop.call_soon_threadsafe(self._deliver)
+                except RuntimeError:  # loop closed during shutdown
+                    return
+
+    def _deliver(self) -> None:
+        with self._lock:
+            done, self._done = self._done, deque()
+            self._wake_scheduled = False
+        for call, status, value in done:
+            self.runtime._finish(call, status, value)
+
+
+def import_class(class_path: str) -> type:
+    """Import ``"pkg.module:Class"`` (or ``pkg.module.Class``) from installed modules."""
+    module_name, sep, attr = class_path.partition(":")
+    if not sep:
+        module_name, _, attr = class_path.rpartition(".")
+    if not module_name or not attr:
+        raise ValueError(f"class path {class_path!r} must look like 'pkg.module:Class'")
+    module = importlib.import_module(module_name)
+    obj: Any = module
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj

@@ -1,0 +1,107 @@
+"""The native async API of a single-host run: a runtime plus a local node.
+
+::
+
+    async with Driver.start() as driver:
+        counter = await driver.create_actor("mypkg.mod:Counter", args=(0,))
+        ref = counter.add.remote(5)
+        print(await driver.get(ref))
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+from actorrl.runtime.actor import ActorHandle, ActorSpec
+from actorrl.runtime.core import Runtime
+from actorrl.runtime.node import DEFAULT_START_TIMEOUT_S, LocalNode
+from actorrl.runtime.refs import ObjectRef
+
+
+class Driver:
+    """Owns this process's :class:`Runtime` and a :class:`LocalNode` for its actors."""
+
+    def __init__(self, runtime: Runtime, node: LocalNode, session_dir: str,
+                 owns_session_dir: bool) -> None:
+        self.runtime = runtime
+        self.node = node
+        self.session_dir = session_dir
+        self._owns_session_dir = owns_session_dir
+
+    @classmethod
+    def start(cls, session_dir: str | None = None, num_cpus: float | None = None,
+              num_gpus: float | None = None) -> Driver:
+        """Start on the running event loop. ``session_dir`` holds sockets and actor logs (a
+        fresh temporary directory by default, removed at shutdown)."""
+        owns = session_dir is None
+        session_dir = session_dir or tempfile.mkdtemp(prefix="actorrl-")
+        os.makedirs(session_dir, exist_ok=True)
+        runtime = Runtime.start(session_dir, "driver")
+        node = LocalNode(runtime, session_dir, num_cpus=num_cpus, num_gpus=num_gpus)
+        return cls(runtime, node, session_dir, owns)
+
+    async def __aenter__(self) -> Driver:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.shutdown()
+
+    async def create_actor(self, class_path: str, args: Sequence[Any] = (),
+                           kwargs: dict[str, Any] | None = None, *, num_cpus: float = 1.0,
+                           num_gpus: float = 0.0, name: str = "",
+                           env: dict[str, str] | None = None,
+                           timeout_s: float = DEFAULT_START_TIMEOUT_S) -> ActorHandle:
+        """Start an actor of ``class_path`` (``"pkg.module:Class"``) in a new process."""
+        spec = ActorSpec(class_path, tuple(args), dict(kwargs or {}), float(num_cpus),
+                         float(num_gpus), name, dict(env or {}))
+        return await self.node.start_actor(spec, timeout_s)
+
+    async def restart_actor(self, handle: ActorHandle,
+                            timeout_s: float = DEFAULT_START_TIMEOUT_S) -> ActorHandle:
+        """Start a fresh actor from ``handle``'s creation spec (killing the old process if
+        it still runs); returns the new handle."""
+        if handle.spec is None:
+            raise ValueError(f"{handle!r} carries no creation spec; only the process that "
+                             "created an actor can restart it")
+        await self.node.stop_actor(handle, timeout_s=1.0)
+        return await self.node.start_actor(handle.spec, timeout_s)
+
+    async def kill_actor(self, handle: ActorHandle, timeout_s: float = 5.0) -> None:
+        """Stop an actor: ask it to exit, SIGKILL after ``timeout_s``."""
+        await self.node.stop_actor(handle, timeout_s)
+
+    async def get(self, refs: ObjectRef | Sequence[ObjectRef],
+                  timeout_s: float | None = None) -> Any:
+        """Resolve a ref or a list of refs."""
+        return await self.runtime.get_async(refs, timeout_s)
+
+    async def wait(self, refs: Sequence[ObjectRef], num_returns: int = 1,
+                   timeout_s: float | None = None) -> tuple[list[ObjectRef], list[ObjectRef]]:
+        """``(ready, not_ready)`` once ``num_returns`` refs are ready, in first-ready order."""
+        return await self.runtime.wait_async(refs, num_returns, timeout_s)
+
+    def put(self, value: Any) -> ObjectRef:
+        """Store ``value`` here; returns a ref others fetch from this process."""
+        return self.runtime.put(value)
+
+    def free(self, refs: ObjectRef | Sequence[ObjectRef]) -> None:
+        """Release objects at their owners."""
+        self.runtime.free(refs)
+
+    async def get_and_free(self, refs: ObjectRef | Sequence[ObjectRef],
+                           timeout_s: float | None = None) -> Any:
+        """Get, then free at the owner."""
+        return await self.runtime.get_and_free_async(refs, timeout_s)
+
+    async def shutdown(self, timeout_s: float = 5.0) -> None:
+        """Stop every actor, reap them, close sockets, remove the session directory."""
+        try:
+            await self.node.shutdown(timeout_s)
+        finally:
+            self.runtime.close()
+            if self._owns_session_dir:
+                shutil.rmtree(self.session_dir, ignore_errors=True)

@@ -1,0 +1,185 @@
+"""A node: starts actor processes on this host, watches them and reports their deaths.
+
+The driver of a single-host run hosts a :class:`LocalNode` in its own process. An actor
+process says hello to its node (receiving its creation spec), builds the actor, and reports
+ready; both steps are acknowledged calls, so nothing depends on messages surviving an exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from actorrl.runtime.actor import ActorHandle, ActorSpec
+from actorrl.runtime.core import Runtime
+from actorrl.runtime.errors import ActorCreationError
+from actorrl.runtime.process import ChildProcess, Lifeline, exit_description
+from transport.rpc import Request
+
+log = logging.getLogger(__name__)
+
+DEFAULT_START_TIMEOUT_S = 120.0
+
+
+@dataclass
+class _Running:
+    spec: ActorSpec
+    process: ChildProcess
+    ready: asyncio.Future
+    endpoint: str = ""
+    stopping: bool = False
+
+
+class LocalNode:
+    """Runs actors as child processes of this process.
+
+    ``num_cpus`` / ``num_gpus`` describe the host for placement; the node records what each
+    actor asked for (``used_cpus``) but does not refuse oversubscription on its own host.
+    ``on_death(actor_id, reason)`` callbacks fire when an actor process exits unasked.
+    """
+
+    def __init__(self, runtime: Runtime, session_dir: str, num_cpus: float | None = None,
+                 num_gpus: float | None = None) -> None:
+        self.runtime = runtime
+        self.session_dir = session_dir
+        self.num_cpus = float(num_cpus if num_cpus is not None else os.cpu_count() or 1)
+        self.num_gpus = float(num_gpus if num_gpus is not None else _count_gpus())
+        self.lifeline = Lifeline()
+        self.actors: dict[str, _Running] = {}
+        self.on_death: list[Callable[[str, str], None]] = []
+        os.makedirs(os.path.join(session_dir, "logs"), exist_ok=True)
+        runtime.serve("__actor_hello__", self._on_hello)
+        runtime.serve("__actor_ready__", self._on_ready)
+
+    @property
+    def used_cpus(self) -> float:
+        """CPUs requested by the live actors."""
+        return sum(r.spec.num_cpus for r in self.actors.values())
+
+    @property
+    def used_gpus(self) -> float:
+        """GPUs requested by the live actors."""
+        return sum(r.spec.num_gpus for r in self.actors.values())
+
+    async def start_actor(self, spec: ActorSpec,
+                          timeout_s: float = DEFAULT_START_TIMEOUT_S) -> ActorHandle:
+        """Start a process for ``spec`` and return its handle once the actor is built."""
+        if spec.num_gpus > self.num_gpus - self.used_gpus + 1e-9:
+            raise ActorCreationError(
+                f"actor {spec.class_path} asks for {spec.num_gpus} GPUs but this node has "
+                f"{self.num_gpus - self.used_gpus:g} free; lower num_gpus or add a GPU node")
+        actor_id = uuid.uuid4().hex
+        label = spec.name or spec.class_path.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
+        log_path = os.path.join(self.session_dir, "logs", f"{label}-{actor_id[:8]}.log")
+        env = {"OMP_NUM_THREADS": str(max(1, int(spec.num_cpus))),
+               "MKL_NUM_THREADS": str(max(1, int(spec.num_cpus)))}
+        if spec.num_gpus == 0:
+            env["CUDA_VISIBLE_DEVICES"] = ""  # CPU actors never initialise CUDA
+        env.update(spec.env)
+        ready = asyncio.get_running_loop().create_future()
+        process = ChildProcess(
+            ["-m", "actorrl.runtime.actor_main", self.runtime.address, actor_id,
+             self.session_dir, str(self.lifeline.read_fd)],
+            log_path, self.lifeline, env=env,
+            on_exit=lambda p, a=actor_id: self._on_exit(a, p))
+        self.actors[actor_id] = _Running(spec, process, ready)
+        try:
+            endpoint = await asyncio.wait_for(asyncio.shield(ready), timeout_s)
+        except TimeoutError:
+            process.kill()
+            raise ActorCreationError(
+                f"actor {spec.class_path} did not start within {timeout_s:g} s; its log "
+                f"({log_path}) ends with:\n{process.log_tail()}") from None
+        except BaseException:
+            process.kill()
+            raise
+        self.runtime.forget_dead(endpoint)
+        return ActorHandle(actor_id, endpoint, spec.class_path, spec.name, spec)
+
+    def _on_hello(self, request: Request) -> None:
+        running = self.actors.get(request.args[0])
+        if running is None:
+            raise ValueError(f"unknown actor id {request.args[0]!r}")
+        spec = running.spec
+        request.reply([spec.class_path, list(spec.args), spec.kwargs])
+
+    def _on_ready(self, request: Request) -> None:
+        actor_id, endpoint, error = request.args
+        request.reply(True)
+        running = self.actors.get(actor_id)
+        if running is None or running.ready.done():
+            return
+        running.endpoint = endpoint
+        if error is not None:
+            running.ready.set_exception(ActorCreationError(
+                f"constructing {running.spec.class_path} failed: {error}"))
+        else:
+            running.ready.set_result(endpoint)
+
+    def _on_exit(self, actor_id: str, process: ChildProcess) -> None:
+        running = self.actors.pop(actor_id, None)
+        if running is None:
+            return
+        reason = f"actor process {process.pid} {exit_description(process.returncode)}"
+        if not running.ready.done():
+            running.ready.set_exception(ActorCreationError(
+                f"actor {running.spec.class_path} {reason} while starting; its log "
+                f"({process.log_path}) ends with:\n{process.log_tail()}"))
+            return
+        if running.endpoint:
+            self.runtime.mark_dead(running.endpoint, reason)
+        if not running.stopping:
+            log.warning("actor %s (%s) died: %s", actor_id[:8], running.spec.class_path, reason)
+            for callback in list(self.on_death):
+                callback(actor_id, reason)
+
+    def process_of(self, handle: ActorHandle) -> ChildProcess | None:
+        """The child process running ``handle``'s actor, if it runs here."""
+        running = self.actors.get(handle.actor_id)
+        return running.process if running else None
+
+    async def stop_actor(self, handle: ActorHandle, timeout_s: float = 5.0) -> None:
+        """Ask the actor to exit, then SIGKILL it if it has not within ``timeout_s``."""
+        running = self.actors.get(handle.actor_id)
+        if running is None:
+            return
+        running.stopping = True
+        await self._stop(running, timeout_s)
+
+    async def _stop(self, running: _Running, timeout_s: float) -> None:
+        if running.endpoint and running.process.returncode is None:
+            try:
+                self.runtime.client(running.endpoint).notify("__exit__")
+            except Exception as exc:
+                log.debug("could not ask %s to exit: %s", running.endpoint, exc)
+        if await running.process.wait(timeout_s) is None:
+            running.process.kill()
+            await running.process.wait(timeout_s)
+
+    def kill_actor(self, handle: ActorHandle) -> None:
+        """SIGKILL the actor's process (it is reported dead, like a crash)."""
+        running = self.actors.get(handle.actor_id)
+        if running is not None:
+            running.process.kill()
+
+    async def shutdown(self, timeout_s: float = 5.0) -> None:
+        """Stop every actor (politely, then by SIGKILL) and reap them all."""
+        running = list(self.actors.values())
+        for r in running:
+            r.stopping = True
+        await asyncio.gather(*(self._stop(r, timeout_s) for r in running))
+        self.lifeline.close()
+
+
+def _count_gpus() -> float:
+    """CUDA devices visible to this process, without importing torch here."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return float(len([d for d in visible.split(",") if d.strip()]))
+    return float(len([d for d in os.listdir("/dev") if d.startswith("nvidia") and
+                      d[6:].isdigit()])) if os.path.isdir("/dev") else 0.0
+

@@ -1,0 +1,127 @@
+"""Starting, watching and reaping actor processes (spawned fresh interpreters, never fork).
+
+Every child inherits the read end of a *lifeline* pipe whose write end only its parent
+holds. When the parent dies, even by SIGKILL, the pipe reports EOF and the child exits, so
+no orphan survives its parent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+
+
+class Lifeline:
+    """The parent's side of the lifeline pipe: pass ``read_fd`` to children."""
+
+    def __init__(self) -> None:
+        self.read_fd, self._write_fd = os.pipe()
+
+    def close(self) -> None:
+        """Close both ends (children then see EOF and exit)."""
+        for fd in (self.read_fd, self._write_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def watch_lifeline(loop: asyncio.AbstractEventLoop, fd: int, on_parent_death: Callable[[], None]
+                   ) -> None:
+    """In a child: call ``on_parent_death`` when the lifeline pipe reports EOF."""
+
+    def readable() -> None:
+        try:
+            data = os.read(fd, 1)
+        except OSError:
+            data = b""
+        if not data:
+            loop.remove_reader(fd)
+            on_parent_death()
+
+    loop.add_reader(fd, readable)
+
+
+def exit_description(returncode: int | None) -> str:
+    """Human words for a process exit code (``-9`` -> ``killed by SIGKILL``)."""
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exited with code {returncode}"
+
+
+class ChildProcess:
+    """A spawned Python child process whose exit is reported on the event loop."""
+
+    def __init__(self, argv: Sequence[str], log_path: str, lifeline: Lifeline,
+                 env: dict[str, str] | None = None,
+                 on_exit: Callable[[ChildProcess], None] | None = None) -> None:
+        self.log_path = log_path
+        self.exited = asyncio.get_running_loop().create_future()
+        self._on_exit = on_exit
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        with open(log_path, "ab") as log_file:
+            self.popen = subprocess.Popen(
+                [sys.executable, *argv],
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=full_env,
+                pass_fds=(lifeline.read_fd,),
+            )
+        self.pid = self.popen.pid
+        self._loop = asyncio.get_running_loop()
+        self._pidfd = os.pidfd_open(self.pid)
+        self._loop.add_reader(self._pidfd, self._reap)
+
+    def _reap(self) -> None:
+        self._loop.remove_reader(self._pidfd)
+        os.close(self._pidfd)
+        self.popen.wait()
+        if not self.exited.done():
+            self.exited.set_result(self.popen.returncode)
+        if self._on_exit is not None:
+            self._on_exit(self)
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit code once reaped, else None."""
+        return self.popen.returncode
+
+    def kill(self) -> None:
+        """SIGKILL the process (no-op if it already exited)."""
+        if self.popen.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.popen.kill()
+
+    def terminate(self) -> None:
+        """SIGTERM the process (no-op if it already exited)."""
+        if self.popen.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.popen.terminate()
+
+    async def wait(self, timeout_s: float) -> int | None:
+        """Wait for exit up to ``timeout_s``; returns the exit code or None if still alive."""
+        try:
+            return await asyncio.wait_for(asyncio.shield(self.exited), timeout_s)
+        except TimeoutError:
+            return None
+
+    def log_tail(self, max_bytes: int = 4000) -> str:
+        """The last bytes of the process's combined stdout/stderr log."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                f.seek(max(0, size - max_bytes))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""

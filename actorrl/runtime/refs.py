@@ -1,0 +1,149 @@
+"""Object references and the per-process store of owned objects.
+
+An :class:`ObjectRef` names an object by a 16-byte id and the endpoint of the process that
+owns it (the one that produced it). The value stays with its owner until it is freed;
+anyone holding the ref fetches it straight from the owner.
+
+Lifetime: a ref created in a process by a call or ``put`` is *tracked*. When the last
+Python reference to it is dropped the owner is told to free the object, unless the ref
+escaped inside a value sent to another process (then only an explicit ``free`` releases
+it). Refs passed directly as call arguments are kept alive until that call completes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable
+from typing import Any
+
+from transport.codec import register_type
+
+STATUS_OK = 0
+STATUS_ERROR = 1
+STATUS_MISSING = 2
+
+_prefix = os.urandom(8)
+_counter = itertools.count()
+_counter_pid = os.getpid()
+
+
+def new_object_id() -> bytes:
+    """A fresh, globally unique 16-byte object id (random per process + a counter)."""
+    global _prefix, _counter, _counter_pid
+    if os.getpid() != _counter_pid:  # never reuse the parent's prefix after a fork
+        _prefix, _counter, _counter_pid = os.urandom(8), itertools.count(), os.getpid()
+    return _prefix + next(_counter).to_bytes(8, "little")
+
+
+class ObjectRef:
+    """A reference to a value owned by some process; resolve it with ``get``.
+
+    Attributes other than ``id`` and ``owner`` are this process's bookkeeping: the call's
+    completion future, a cached value, and lifetime flags.
+    """
+
+    __slots__ = ("id", "owner", "_runtime", "_future", "_value", "_has_value", "_tracked",
+                 "_escaped", "_freed", "_ready_seq", "_pinned", "__weakref__")
+
+    def __init__(self, object_id: bytes, owner: str) -> None:
+        self.id = object_id
+        self.owner = owner
+        self._runtime: Any = None
+        self._future: Any = None
+        self._value: Any = None
+        self._has_value = False
+        self._tracked = False
+        self._escaped = False
+        self._freed = False
+        self._ready_seq = -1
+        self._pinned: Any = None
+
+    def hex(self) -> str:
+        """The id as hex, for logs."""
+        return self.id.hex()
+
+    def __repr__(self) -> str:
+        return f"ObjectRef({self.id.hex()[-12:]} @ {self.owner})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ObjectRef) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    def __del__(self) -> None:
+        if self._tracked and not self._escaped and not self._freed:
+            runtime = self._runtime
+            if runtime is not None:
+                try:
+                    runtime.release(self.owner, self.id)
+                except Exception:  # interpreter shutdown, closed loop: nothing to free
+                    pass
+
+
+def _ref_to_wire(ref: ObjectRef) -> list[Any]:
+    ref._escaped = True
+    return [ref.id, ref.owner]
+
+
+register_type(ObjectRef, "actorrl.ObjectRef", _ref_to_wire, lambda s: ObjectRef(s[0], s[1]))
+
+
+Waiter = Callable[[int, Any], None]
+
+
+class ObjectStore:
+    """Objects owned by this process: id -> (status, value), plus waiters for pending ids.
+
+    Single-threaded: used only from the process's event loop.
+    """
+
+    def __init__(self) -> None:
+        self._objects: dict[bytes, tuple[int, Any]] = {}
+        self._pending: dict[bytes, list[Waiter]] = {}
+        self._free_on_completion: set[bytes] = set()
+
+    def __len__(self) -> int:
+        return len(self._objects)
+
+    def __contains__(self, object_id: bytes) -> bool:
+        return object_id in self._objects or object_id in self._pending
+
+    def add_pending(self, object_id: bytes) -> None:
+        """Announce an object that will be produced later."""
+        self._pending.setdefault(object_id, [])
+
+    def set(self, object_id: bytes, status: int, value: Any) -> None:
+        """Store a produced value (or error record) and wake its waiters."""
+        waiters = self._pending.pop(object_id, ())
+        if object_id in self._free_on_completion:
+            self._free_on_completion.discard(object_id)
+        else:
+            self._objects[object_id] = (status, value)
+        for waiter in waiters:
+            waiter(status, value)
+
+    def lookup(self, object_id: bytes) -> tuple[int, Any] | None:
+        """The stored (status, value), or None when pending or unknown."""
+        return self._objects.get(object_id)
+
+    def when_ready(self, object_id: bytes, waiter: Waiter) -> None:
+        """Call ``waiter(status, value)`` once the object exists (now if it does)."""
+        found = self._objects.get(object_id)
+        if found is not None:
+            waiter(*found)
+        elif object_id in self._pending:
+            self._pending[object_id].append(waiter)
+        else:
+            waiter(STATUS_MISSING, None)
+
+    def free(self, object_id: bytes) -> None:
+        """Drop an object; a pending one is dropped as soon as it is produced."""
+        if self._objects.pop(object_id, None) is None and object_id in self._pending:
+            self._free_on_completion.add(object_id)
+
+    def fail_pending(self, error: Any) -> None:
+        """Fail every pending object with ``error`` (status ERROR)."""
+        for object_id in list(self._pending):
+            self.set(object_id, STATUS_ERROR, error)

@@ -1,0 +1,1 @@
+"""Actor classes used by the runtime tests (imported by spawned actor processes)."""

@@ -1,0 +1,333 @@
+"""Request/reply over ROUTER/DEALER with request ids, so many calls share one connection.
+
+Wire format of every message (after the ROUTER identity frame on the server side)::
+
+    frame 0: prefix  = kind (u8) + request id (u64, little endian)
+    frame 1: codec header (msgpack)            -- see transport.codec
+    frame 2..: zero-copy array buffers
+
+A request's codec body is ``[method, args, kwargs]``; a reply's is the value (kind OK) or a
+:class:`RemoteError` record (kind ERROR). Kind NOTIFY is a request that wants no reply.
+
+The server never dies of bad input: a message it cannot parse is answered with an error
+when its request id can be read, and dropped and logged otherwise; oversize messages
+(``max_message_bytes``) are refused with an error reply before decoding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import struct
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from transport.codec import Codec, DecodeError, EncodeError
+from transport.errors import CallTimeoutError, PeerLostError, RemoteError
+from transport.sockets import AsyncSocket, context
+
+log = logging.getLogger(__name__)
+
+KIND_REQUEST = 1
+KIND_NOTIFY = 2
+KIND_OK = 3
+KIND_ERROR = 4
+_PREFIX = struct.Struct("<BQ")
+DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024**3
+
+
+def _frame_len(frame: Any) -> int:
+    if isinstance(frame, zmq.Frame):
+        return len(frame)
+    return memoryview(frame).nbytes
+
+
+@dataclass(slots=True)
+class Request:
+    """One received call. Reply exactly once with :meth:`reply` or :meth:`fail`
+    (unless ``wants_reply`` is false), possibly later and from any coroutine on the loop."""
+
+    server: RpcServer
+    peer: bytes
+    request_id: int
+    method: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    wants_reply: bool
+    replied: bool = False
+
+    def reply(self, value: Any) -> None:
+        """Send ``value`` back to the caller."""
+        if self.replied or not self.wants_reply:
+            return
+        self.replied = True
+        self.server.send_reply(self.peer, self.request_id, value)
+
+    def fail(self, exc: BaseException) -> None:
+        """Send ``exc`` back to the caller as a :class:`RemoteError`."""
+        if self.replied or not self.wants_reply:
+            return
+        self.replied = True
+        self.server.send_error(self.peer, self.request_id, RemoteError.from_exception(exc))
+
+
+RequestHandler = Callable[[Request], None]
+
+
+class RpcServer:
+    """A ROUTER socket bound to one or more endpoints, dispatching requests to ``handler``.
+
+    ``handler(request)`` runs on the event loop and must not block; it replies through the
+    request (now or later). Exceptions it raises are sent back as errors.
+    """
+
+    def __init__(self, handler: RequestHandler, codec: Codec | None = None,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 curve_server_secret_key: bytes | None = None) -> None:
+        self.handler = handler
+        self.codec = codec or Codec()
+        self.max_message_bytes = max_message_bytes
+        sock = context().socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 0)  # never drop a reply; callers bound their in-flight
+        sock.setsockopt(zmq.RCVHWM, 0)
+        if curve_server_secret_key is not None:
+            sock.curve_server = True
+            sock.curve_secretkey = curve_server_secret_key
+        self._sock = sock
+        self.endpoints: list[str] = []
+        self._async: AsyncSocket | None = None
+        self.bytes_received = 0
+        self.bytes_sent = 0
+        self.messages_dropped = 0
+
+    def bind(self, address: str) -> str:
+        """Bind to ``address`` (``tcp://host:0`` picks a free port); returns the endpoint."""
+        self._sock.bind(address)
+        endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.endpoints.append(endpoint)
+        return endpoint
+
+    def start(self) -> None:
+        """Start serving on the running event loop."""
+        self._async = AsyncSocket(self._sock, self._on_message)
+
+    def _on_message(self, frames: list[Any]) -> None:
+        self.bytes_received += sum(_frame_len(f) for f in frames)
+        if len(frames) < 3:
+            self.messages_dropped += 1
+            log.warning("dropped malformed message: %d frames", len(frames))
+            return
+        peer = frames[0].bytes
+        prefix = frames[1].bytes
+        if len(prefix) != _PREFIX.size:
+            self.messages_dropped += 1
+            log.warning("dropped message with a malformed %d-byte prefix", len(prefix))
+            return
+        kind, request_id = _PREFIX.unpack(prefix)
+        if kind not in (KIND_REQUEST, KIND_NOTIFY):
+            self.messages_dropped += 1
+            log.warning("dropped message of unknown kind %d", kind)
+            return
+        wants_reply = kind == KIND_REQUEST
+        size = sum(_frame_len(f) for f in frames[2:])
+        if size > self.max_message_bytes:
+            self._refuse(peer, request_id, wants_reply, ValueError(
+                f"message of {size} bytes exceeds this server's limit of "
+                f"{self.max_message_bytes} bytes"))
+            return
+        try:
+            body = self.codec.decode(frames[2:])
+            method, args, kwargs = body
+            if not isinstance(method, str) or not isinstance(args, list) or not isinstance(
+                    kwargs, dict):
+                raise DecodeError("request body must be [method: str, args: list, kwargs: map]")
+        except (DecodeError, ValueError, TypeError) as exc:
+            self._refuse(peer, request_id, wants_reply, exc)
+            return
+        request = Request(self, peer, request_id, method, args, kwargs, wants_reply)
+        try:
+            self.handler(request)
+        except Exception as exc:
+            if wants_reply and not request.replied:
+                request.fail(exc)
+            else:
+                log.exception("notification handler for %r failed", method)
+
+    def _refuse(self, peer: bytes, request_id: int, wants_reply: bool,
+                exc: BaseException) -> None:
+        self.messages_dropped += 1
+        log.warning("refused request %d: %s", request_id, exc)
+        if wants_reply:
+            self.send_error(peer, request_id, RemoteError.from_exception(exc))
+
+    def send_reply(self, peer: bytes, request_id: int, value: Any) -> None:
+        """Send a successful reply (encoding errors become an error reply)."""
+        try:
+            frames = self.codec.encode(value)
+        except EncodeError as exc:
+            self.send_error(peer, request_id, RemoteError.from_exception(exc))
+            return
+        self._send([peer, _PREFIX.pack(KIND_OK, request_id), *frames])
+
+    def send_error(self, peer: bytes, request_id: int, error: RemoteError) -> None:
+        """Send an error reply."""
+        self._send([peer, _PREFIX.pack(KIND_ERROR, request_id), *self.codec.encode(error)])
+
+    def _send(self, frames: list[Any]) -> None:
+        if self._async is None:
+            return
+        self.bytes_sent += sum(_frame_len(f) for f in frames)
+        try:
+            self._async.send(frames)
+        except zmq.ZMQError as exc:
+            log.warning("could not send reply: %s", exc)
+
+    def close(self) -> None:
+        """Stop serving and close the socket."""
+        if self._async is not None:
+            self._async.close()
+        else:
+            self._sock.close(linger=0)
+
+
+class RpcClient:
+    """A DEALER connection to one server; many calls in flight, matched by request id.
+
+    If the connection drops (the peer died), every pending call fails with
+    :class:`PeerLostError`; so does every call made while the peer has been unreachable for
+    ``connect_timeout_s`` since the client was created.
+    """
+
+    _ids = itertools.count(1)
+
+    def __init__(self, endpoint: str, codec: Codec | None = None,
+                 connect_timeout_s: float = 30.0,
+                 curve_keys: tuple[bytes, bytes, bytes] | None = None) -> None:
+        self.endpoint = endpoint
+        self.codec = codec or Codec()
+        self.loop = asyncio.get_running_loop()
+        sock = context().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        if curve_keys is not None:
+            server_public, public, secret = curve_keys
+            sock.curve_serverkey = server_public
+            sock.curve_publickey = public
+            sock.curve_secretkey = secret
+        self._pending: dict[int, asyncio.Future] = {}
+        self._monitor = sock.get_monitor_socket(
+            zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        self._monitor_async = AsyncSocket(self._monitor, self._on_monitor_event)
+        sock.connect(endpoint)
+        self._async = AsyncSocket(sock, self._on_message)
+        self.connected = False
+        self.lost: PeerLostError | None = None
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self._connect_timer = self.loop.call_later(connect_timeout_s, self._connect_timed_out,
+                                                   connect_timeout_s)
+
+    def _on_monitor_event(self, frames: list[Any]) -> None:
+        event, _value = struct.unpack("=hi", frames[0].bytes[:6])
+        if event in (zmq.EVENT_CONNECTED, zmq.EVENT_HANDSHAKE_SUCCEEDED):
+            self.connected = True
+            self._connect_timer.cancel()
+        elif event == zmq.EVENT_DISCONNECTED and self.connected:
+            self._fail_all(PeerLostError(f"connection to {self.endpoint} was lost"))
+        elif event in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):
+            self._fail_all(PeerLostError(
+                f"{self.endpoint} refused the connection (authentication failed)"))
+
+    def _connect_timed_out(self, timeout_s: float) -> None:
+        if not self.connected:
+            self._fail_all(PeerLostError(
+                f"could not connect to {self.endpoint} within {timeout_s:g} s"))
+
+    def _fail_all(self, error: PeerLostError) -> None:
+        self.lost = error
+        pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(error)
+
+    def _on_message(self, frames: list[Any]) -> None:
+        self.bytes_received += sum(_frame_len(f) for f in frames)
+        if len(frames) < 2 or len(frames[0]) != _PREFIX.size:
+            log.warning("dropped malformed reply from %s", self.endpoint)
+            return
+        kind, request_id = _PREFIX.unpack(frames[0].bytes)
+        fut = self._pending.pop(request_id, None)
+        if fut is None or fut.done():
+            return
+        try:
+            value = self.codec.decode(frames[1:])
+        except DecodeError as exc:
+            fut.set_exception(exc)
+            return
+        if kind == KIND_OK:
+            fut.set_result(value)
+        elif kind == KIND_ERROR and isinstance(value, RemoteError):
+            fut.set_exception(value)
+        else:
+            fut.set_exception(DecodeError(f"reply of unknown kind {kind}"))
+
+    def call(self, method: str, args: Iterable[Any] = (), kwargs: dict[str, Any] | None = None,
+             timeout_s: float | None = None) -> asyncio.Future:
+        """Send a request; the returned future resolves to the reply value.
+
+        Raises :class:`EncodeError` at once if the arguments cannot be encoded.
+        """
+        return self.call_encoded(self.codec.encode([method, list(args), kwargs or {}]),
+                                 timeout_s)
+
+    def call_encoded(self, frames: list[Any], timeout_s: float | None = None) -> asyncio.Future:
+        """Like :meth:`call`, with the body ``[method, args, kwargs]`` already encoded (so a
+        caller on another thread can encode and fail early, then hand frames to the loop)."""
+        request_id = next(self._ids)
+        fut = self.loop.create_future()
+        if self.lost is not None and not self.connected:
+            fut.set_exception(self.lost)
+            return fut
+        self._pending[request_id] = fut
+        self._send([_PREFIX.pack(KIND_REQUEST, request_id), *frames])
+        if timeout_s is not None:
+            handle = self.loop.call_later(timeout_s, self._expire, request_id, timeout_s)
+            fut.add_done_callback(lambda _f: handle.cancel())
+        return fut
+
+    def notify(self, method: str, args: Iterable[Any] = (),
+               kwargs: dict[str, Any] | None = None) -> None:
+        """Send a request that wants no reply (best effort)."""
+        frames = self.codec.encode([method, list(args), kwargs or {}])
+        self._send([_PREFIX.pack(KIND_NOTIFY, 0), *frames])
+
+    def _send(self, frames: list[Any]) -> None:
+        self.bytes_sent += sum(_frame_len(f) for f in frames)
+        self._async.send(frames)
+
+    def _expire(self, request_id: int, timeout_s: float) -> None:
+        fut = self._pending.pop(request_id, None)
+        if fut is not None and not fut.done():
+            fut.set_exception(CallTimeoutError(
+                f"no reply from {self.endpoint} within {timeout_s:g} s"))
+
+    @property
+    def in_flight(self) -> int:
+        """Calls sent and not yet answered."""
+        return len(self._pending)
+
+    def close(self) -> None:
+        """Close the connection; pending calls fail with PeerLostError."""
+        self._connect_timer.cancel()
+        self._fail_all(PeerLostError(f"client to {self.endpoint} was closed"))
+        with contextlib.suppress(Exception):
+            self._async.sock.disable_monitor()
+        self._monitor_async.close()
+        self._async.close()
