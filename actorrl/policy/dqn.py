@@ -1,0 +1,595 @@
+"""Ape-X DQN policy: double Q, dueling heads, n-step returns, a target network, Huber loss
+with importance weights, and epsilon-greedy exploration (linear schedule or Ape-X's fixed
+per-worker epsilons).
+
+Read top to bottom: the config, the Q network, n-step postprocessing, then the policy.
+
+Target network: the policy owns ``target_model`` and syncs it itself. Every applied update
+counts the rows it trained on (``num_steps_trained``); when ``num_steps_trained`` minus its
+value at the last sync reaches ``target_network_update_freq``, ``update_target()`` copies
+the online weights (RLlib's Ape-X rule, counted in trained rows). The rows of an update are
+the batch's ``count`` for :meth:`DQNPolicy.learn_on_batch` and for
+``compute_gradients`` + ``apply_gradients`` on this same policy; gradients computed
+elsewhere count ``train_batch_size`` rows per applied update. ``update_target()`` may also
+be called directly.
+
+Rollout workers (``worker_index >= 1``) never train, so their target network follows the
+weights they receive: ``set_weights`` syncs it. That keeps the worker-side initial
+priorities (``worker_side_prioritization``) computed with the current network.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from actorrl.batch import SampleBatch
+from actorrl.policy.base import LossOutput, TorchPolicy
+
+N_STEPS = "n_steps"
+"""Column written by n-step postprocessing: the number of env steps ``k`` between ``obs``
+and ``new_obs``, so the target is ``rewards + gamma**k * (1 - terminateds) * Q'(new_obs)``."""
+
+
+# ---- config ------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class ExplorationConfig:
+    """Epsilon-greedy exploration (RLlib's ``exploration_config``)."""
+
+    type: str = "EpsilonGreedy"
+    """``EpsilonGreedy`` (linear schedule) or ``PerWorkerEpsilonGreedy`` (Ape-X epsilons)."""
+    initial_epsilon: float = 1.0
+    """Epsilon at global timestep 0."""
+    final_epsilon: float = 0.02
+    """Epsilon from ``epsilon_timesteps`` on."""
+    epsilon_timesteps: int = 10000
+    """Env steps over which epsilon falls linearly from initial to final."""
+
+    def __post_init__(self) -> None:
+        if self.type not in ("EpsilonGreedy", "PerWorkerEpsilonGreedy"):
+            raise ValueError(
+                "exploration_config.type must be 'EpsilonGreedy' or 'PerWorkerEpsilonGreedy', "
+                f"got {self.type!r}"
+            )
+        for name in ("initial_epsilon", "final_epsilon"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"exploration_config.{name} must be in [0, 1], got {value}")
+        if self.epsilon_timesteps < 1:
+            raise ValueError(
+                f"exploration_config.epsilon_timesteps must be >= 1, got {self.epsilon_timesteps}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class DQNPolicyConfig:
+    """The settings :class:`DQNPolicy` reads from its config dict (RLlib key names).
+
+    The dict is the algorithm's whole config, so keys not listed here are ignored.
+    """
+
+    lr: float = 5e-4
+    """Adam learning rate."""
+    adam_epsilon: float = 1e-8
+    """Adam epsilon."""
+    gamma: float = 0.99
+    """Discount factor."""
+    n_step: int = 1
+    """Length of the n-step returns built in ``postprocess_trajectory``."""
+    double_q: bool = True
+    """Pick the next action with the online net and evaluate it with the target net."""
+    dueling: bool = True
+    """Separate value and advantage streams, Q = V + A - mean(A)."""
+    hiddens: tuple[int, ...] = (256,)
+    """Hidden layers of each head (advantage, and value when dueling), after the trunk."""
+    huber_threshold: float = 1.0
+    """Huber loss delta: quadratic below, linear above."""
+    grad_clip: float | None = 40.0
+    """Global gradient-norm clip; ``None`` disables it."""
+    target_network_update_freq: int = 500
+    """Trained rows between two target-network syncs."""
+    train_batch_size: int = 32
+    """Rows per update; counts the rows of gradients applied from elsewhere."""
+    exploration_config: ExplorationConfig = field(default_factory=ExplorationConfig)
+    """Epsilon-greedy schedule."""
+    per_worker_exploration: bool = False
+    """Ape-X: worker i of N uses eps = 0.4 ** (1 + 7 (i-1)/(N-1)); worker 0 acts greedily."""
+    worker_index: int = 0
+    """0 for the learner / local worker, 1..num_workers for rollout workers."""
+    num_workers: int = 0
+    """Number of rollout workers."""
+    worker_side_prioritization: bool = False
+    """Postprocessing stores initial priorities ``|td_error| + eps`` in ``weights``."""
+    prioritized_replay_eps: float = 1e-6
+    """Added to ``|td_error|`` to make priorities."""
+    seed: int | None = None
+    """Seed of the exploration RNG (offset by ``worker_index``)."""
+    model: Mapping[str, Any] = field(default_factory=dict)
+    """Trunk config: ``fcnet_hiddens`` [256, 256], ``fcnet_activation`` relu,
+    ``conv_filters`` (image observations), ``conv_activation`` relu."""
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("lr", self.lr > 0, "> 0"),
+            ("gamma", 0.0 <= self.gamma <= 1.0, "in [0, 1]"),
+            ("n_step", self.n_step >= 1, ">= 1"),
+            ("huber_threshold", self.huber_threshold > 0, "> 0"),
+            ("grad_clip", self.grad_clip is None or self.grad_clip > 0, "> 0 or None"),
+            ("target_network_update_freq", self.target_network_update_freq >= 1, ">= 1"),
+            ("train_batch_size", self.train_batch_size >= 1, ">= 1"),
+            ("worker_index", self.worker_index >= 0, ">= 0"),
+            ("num_workers", self.num_workers >= 0, ">= 0"),
+            ("prioritized_replay_eps", self.prioritized_replay_eps >= 0, ">= 0"),
+        ]
+        problems = [f"{name} must be {allowed}, got {getattr(self, name)!r}"
+                    for name, ok, allowed in checks if not ok]
+        if any(h < 1 for h in self.hiddens):
+            problems.append(f"hiddens must be positive layer sizes, got {list(self.hiddens)}")
+        if self.per_worker_exploration and self.worker_index > max(self.num_workers, 1):
+            problems.append(
+                f"worker_index must be <= num_workers ({self.num_workers}) with "
+                f"per_worker_exploration, got {self.worker_index}"
+            )
+        if problems:
+            raise ValueError("invalid DQN policy config: " + "; ".join(problems))
+
+    @classmethod
+    def from_dict(cls, config: Mapping[str, Any]) -> DQNPolicyConfig:
+        """Read the known keys of an algorithm config dict (others are ignored)."""
+        known = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in config.items() if k in known}
+        if "hiddens" in kwargs:
+            kwargs["hiddens"] = tuple(int(h) for h in kwargs["hiddens"])
+        if kwargs.get("grad_clip") is not None:
+            kwargs["grad_clip"] = float(kwargs["grad_clip"])
+        kwargs["exploration_config"] = _exploration_from(kwargs.get("exploration_config"))
+        return cls(**kwargs)
+
+    @property
+    def per_worker(self) -> bool:
+        """Whether Ape-X per-worker epsilons are in use."""
+        return (self.per_worker_exploration
+                or self.exploration_config.type == "PerWorkerEpsilonGreedy")
+
+
+def _exploration_from(value: Any) -> ExplorationConfig:
+    if value is None or isinstance(value, ExplorationConfig):
+        return value or ExplorationConfig()
+    if not isinstance(value, Mapping):
+        raise ValueError(f"exploration_config must be a dict, got {type(value).__name__}")
+    known = [f.name for f in fields(ExplorationConfig)]
+    unknown = [k for k in value if k not in known]
+    if unknown:
+        hints = []
+        for key in unknown:
+            close = difflib.get_close_matches(key, known, n=1)
+            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise ValueError(
+            f"exploration_config has unknown keys {', '.join(hints)}; allowed: {known}"
+        )
+    return ExplorationConfig(**value)
+
+
+def apex_worker_epsilon(worker_index: int, num_workers: int) -> float:
+    """Ape-X's fixed epsilon of rollout worker ``worker_index`` (1..N) of ``num_workers``:
+    ``0.4 ** (1 + 7 (i - 1) / (N - 1))``, and 0.4 for a single worker."""
+    if worker_index < 1:
+        raise ValueError(f"worker_index must be >= 1 for a worker epsilon, got {worker_index}")
+    if num_workers <= 1:
+        return 0.4
+    return 0.4 ** (1.0 + 7.0 * (worker_index - 1) / (num_workers - 1))
+
+
+def linear_epsilon(timestep: int, cfg: ExplorationConfig) -> float:
+    """The linear epsilon schedule at ``timestep`` (constant after ``epsilon_timesteps``)."""
+    frac = min(max(timestep, 0) / cfg.epsilon_timesteps, 1.0)
+    return cfg.initial_epsilon + frac * (cfg.final_epsilon - cfg.initial_epsilon)
+
+
+# ---- the Q network -----------------------------------------------------------------------
+_ACTIVATIONS: dict[str | None, type[nn.Module] | None] = {
+    "relu": nn.ReLU, "tanh": nn.Tanh, "elu": nn.ELU, "swish": nn.SiLU, "silu": nn.SiLU,
+    "linear": None, None: None,
+}
+
+
+def _activation(name: str | None) -> type[nn.Module] | None:
+    if name not in _ACTIVATIONS:
+        raise ValueError(
+            f"activation must be one of {sorted(k for k in _ACTIVATIONS if k)}, got {name!r}"
+        )
+    return _ACTIVATIONS[name]
+
+
+def _mlp(in_dim: int, hiddens: tuple[int, ...] | list[int], activation: str | None,
+         out_dim: int | None) -> nn.Sequential:
+    """Fully connected layers with ``activation`` after each hidden layer, then an optional
+    linear output layer."""
+    act = _activation(activation)
+    layers: list[nn.Module] = []
+    for size in hiddens:
+        layers.append(nn.Linear(in_dim, int(size)))
+        if act is not None:
+            layers.append(act())
+        in_dim = int(size)
+    if out_dim is not None:
+        layers.append(nn.Linear(in_dim, out_dim))
+    return nn.Sequential(*layers)
+
+
+class _FlatEncoder(nn.Module):
+    """MLP trunk over flattened (or one-hot, for Discrete spaces) observations."""
+
+    def __init__(self, obs_space: gym.Space, hiddens: list[int], activation: str | None) -> None:
+        super().__init__()
+        self.num_categories = int(obs_space.n) if isinstance(obs_space, gym.spaces.Discrete) else 0
+        in_dim = self.num_categories or int(np.prod(obs_space.shape))
+        self.net = _mlp(in_dim, hiddens, activation, None)
+        self.out_dim = int(hiddens[-1]) if hiddens else in_dim
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        if self.num_categories:
+            x = nn.functional.one_hot(obs.long().view(-1), self.num_categories).float()
+        else:
+            x = obs.reshape(obs.shape[0], -1).float()
+        return self.net(x)
+
+
+def _default_conv_filters(height: int, width: int) -> list[list[Any]]:
+    """RLlib's default filters for 84x84 and 42x42 images, Nature-CNN filters otherwise."""
+    if (height, width) == (84, 84):
+        return [[16, [8, 8], 4], [32, [4, 4], 2], [256, [11, 11], 1]]
+    if (height, width) == (42, 42):
+        return [[16, [4, 4], 2], [32, [4, 4], 2], [256, [11, 11], 1]]
+    return [[32, [8, 8], 4], [64, [4, 4], 2], [64, [3, 3], 1]]
+
+
+def _same_padding(size: tuple[int, int], kernel: tuple[int, int], stride: int
+                  ) -> tuple[nn.Module, tuple[int, int]]:
+    """Zero padding that makes a strided conv output ``ceil(size / stride)``, and that size."""
+    pads: list[int] = []
+    out: list[int] = []
+    for dim, k in zip(size, kernel):
+        out_dim = -(-dim // stride)
+        total = max((out_dim - 1) * stride + k - dim, 0)
+        pads.append(total // 2)
+        pads.append(total - total // 2)
+        out.append(out_dim)
+    # ZeroPad2d takes (left, right, top, bottom): width first
+    return nn.ZeroPad2d((pads[2], pads[3], pads[0], pads[1])), (out[0], out[1])
+
+
+class _ConvEncoder(nn.Module):
+    """Conv trunk over HWC image observations (uint8 images are scaled to [0, 1]).
+
+    ``conv_filters`` is a list of ``[out_channels, kernel, stride]``; every layer but the
+    last pads "same" (as RLlib), the last is unpadded, and the output is flattened.
+    """
+
+    def __init__(self, obs_space: gym.spaces.Box, filters: list[list[Any]] | None,
+                 activation: str | None) -> None:
+        super().__init__()
+        height, width, channels = obs_space.shape
+        filters = filters or _default_conv_filters(height, width)
+        act = _activation(activation)
+        layers: list[nn.Module] = []
+        in_ch, size = channels, (height, width)
+        for i, (out_ch, kernel, stride) in enumerate(filters):
+            kernel_hw = (kernel, kernel) if isinstance(kernel, int) else tuple(kernel)
+            if i < len(filters) - 1:
+                pad, size = _same_padding(size, kernel_hw, int(stride))
+                layers.append(pad)
+            layers.append(nn.Conv2d(in_ch, int(out_ch), kernel_hw, int(stride)))
+            if act is not None:
+                layers.append(act())
+            in_ch = int(out_ch)
+        layers.append(nn.Flatten())
+        self.net = nn.Sequential(*layers)
+        self.scale = 1.0 / 255.0 if obs_space.dtype == np.uint8 else 1.0
+        try:
+            with torch.no_grad():
+                self.out_dim = int(self.net(torch.zeros(1, channels, height, width)).shape[1])
+        except RuntimeError as exc:
+            raise ValueError(
+                f"model.conv_filters {filters} do not fit {height}x{width} images ({exc}); "
+                "set model.conv_filters to [[out_channels, kernel, stride], ...]"
+            ) from exc
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.net(obs.float().permute(0, 3, 1, 2) * self.scale)
+
+
+def build_trunk(obs_space: gym.Space, model_config: Mapping[str, Any]) -> tuple[nn.Module, int]:
+    """The observation encoder and its output width: a conv stack for 3-D Box spaces, else
+    an MLP of ``fcnet_hiddens`` (default [256, 256]) with ``fcnet_activation`` (relu)."""
+    if isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 3:
+        conv = _ConvEncoder(obs_space, model_config.get("conv_filters"),
+                            model_config.get("conv_activation", "relu"))
+        return conv, conv.out_dim
+    if not isinstance(obs_space, (gym.spaces.Box, gym.spaces.Discrete)):
+        raise ValueError(f"observation space {obs_space} is not supported (Box or Discrete)")
+    flat = _FlatEncoder(obs_space, list(model_config.get("fcnet_hiddens", [256, 256])),
+                        model_config.get("fcnet_activation", "relu"))
+    return flat, flat.out_dim
+
+
+class QNetwork(nn.Module):
+    """Q(s, .) for a discrete action space: trunk, then an advantage head and, when
+    dueling, a value head aggregated as ``V + A - mean(A)``."""
+
+    def __init__(self, trunk: nn.Module, trunk_dim: int, num_actions: int,
+                 hiddens: tuple[int, ...], dueling: bool) -> None:
+        super().__init__()
+        self.trunk = trunk
+        self.advantage = _mlp(trunk_dim, hiddens, "relu", num_actions)
+        self.value = _mlp(trunk_dim, hiddens, "relu", 1) if dueling else None
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """``[B, num_actions]`` Q-values."""
+        features = self.trunk(obs)
+        advantages = self.advantage(features)
+        if self.value is None:
+            return advantages
+        return self.value(features) + advantages - advantages.mean(dim=1, keepdim=True)
+
+
+# ---- n-step returns ----------------------------------------------------------------------
+def adjust_nstep(batch: SampleBatch, n_step: int, gamma: float) -> SampleBatch:
+    """n-step transitions from consecutive ones, as a new batch.
+
+    Row ``i`` becomes ``r_i + gamma r_{i+1} + ... + gamma^{k-1} r_{i+k-1}`` with ``new_obs``,
+    ``terminateds`` and ``truncateds`` of row ``i+k-1``, and ``n_steps = k``, where ``k`` is
+    ``n_step`` or fewer when the trajectory ends first: at a terminated or truncated row,
+    where ``eps_id`` changes, or at the end of the batch (a fragment cut). Only a
+    terminated row stops the bootstrap; truncation and cuts bootstrap from ``new_obs``.
+    """
+    count = batch.count
+    out = SampleBatch(dict(batch))
+    if count == 0:
+        out[N_STEPS] = np.zeros(0, dtype=np.int32)
+        return out
+    terminated = np.asarray(batch[SampleBatch.TERMINATEDS]).astype(bool)
+    truncated = (np.asarray(batch[SampleBatch.TRUNCATEDS]).astype(bool)
+                 if SampleBatch.TRUNCATEDS in batch else np.zeros(count, dtype=bool))
+    ends = terminated | truncated
+    ends[-1] = True
+    if SampleBatch.EPS_ID in batch:
+        eps = np.asarray(batch[SampleBatch.EPS_ID])
+        ends[:-1] |= eps[1:] != eps[:-1]
+    end_rows = np.flatnonzero(ends)
+    rows = np.arange(count)
+    segment_end = end_rows[np.searchsorted(end_rows, rows)]
+    last = np.minimum(rows + n_step - 1, segment_end)
+    steps = last - rows + 1
+
+    rewards = np.asarray(batch[SampleBatch.REWARDS], dtype=np.float64)
+    total = np.zeros(count, dtype=np.float64)
+    for j in range(n_step):
+        inside = j < steps
+        total += np.where(inside, gamma**j * rewards[np.minimum(rows + j, count - 1)], 0.0)
+
+    reward_dtype = batch[SampleBatch.REWARDS].dtype
+    out[SampleBatch.REWARDS] = total.astype(reward_dtype if reward_dtype.kind == "f"
+                                            else np.float32)
+    out[SampleBatch.NEXT_OBS] = np.asarray(batch[SampleBatch.NEXT_OBS])[last]
+    out[SampleBatch.TERMINATEDS] = np.asarray(batch[SampleBatch.TERMINATEDS])[last]
+    if SampleBatch.TRUNCATEDS in batch:
+        out[SampleBatch.TRUNCATEDS] = np.asarray(batch[SampleBatch.TRUNCATEDS])[last]
+    out[N_STEPS] = steps.astype(np.int32)
+    return out
+
+
+def huber_loss(x: torch.Tensor, delta: float = 1.0) -> torch.Tensor:
+    """Elementwise Huber loss: ``0.5 x^2`` for ``|x| < delta``, else
+    ``delta (|x| - 0.5 delta)``."""
+    abs_x = x.abs()
+    return torch.where(abs_x < delta, 0.5 * x.pow(2), delta * (abs_x - 0.5 * delta))
+
+
+# ---- the policy --------------------------------------------------------------------------
+class DQNPolicy(TorchPolicy):
+    """DQN / Ape-X DQN policy for discrete action spaces. See the module docstring for the
+    target network and :class:`DQNPolicyConfig` for the settings."""
+
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space,
+                 config: dict[str, Any], device: str | torch.device = "cpu") -> None:
+        if not isinstance(action_space, gym.spaces.Discrete):
+            raise ValueError(f"DQNPolicy needs a Discrete action space, got {action_space}")
+        self.dqn_config = DQNPolicyConfig.from_dict(config)
+        resolved = {"lr": self.dqn_config.lr, "grad_clip": self.dqn_config.grad_clip,
+                    **config}
+        super().__init__(observation_space, action_space, resolved, device)
+        self.target_model = copy.deepcopy(self.model)
+        self.target_model.requires_grad_(False)
+        self.target_model.eval()
+        self.num_steps_trained = 0
+        self.last_target_update_steps = 0
+        self.num_target_updates = 0
+        self._pending_rows = 0
+        seed = self.dqn_config.seed
+        self._rng = np.random.default_rng(
+            None if seed is None else [seed, self.dqn_config.worker_index])
+
+    # ---- model and acting ----------------------------------------------------------------
+    def make_model(self) -> nn.Module:
+        """The Q network (see :class:`QNetwork`)."""
+        cfg = self.dqn_config
+        trunk, trunk_dim = build_trunk(self.observation_space, cfg.model)
+        return QNetwork(trunk, trunk_dim, int(self.action_space.n), cfg.hiddens, cfg.dueling)
+
+    def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        """Adam with ``lr`` and ``adam_epsilon``."""
+        return torch.optim.Adam(model.parameters(), lr=self.dqn_config.lr,
+                                eps=self.dqn_config.adam_epsilon)
+
+    def current_epsilon(self) -> float:
+        """The exploration epsilon now: Ape-X's fixed per-worker value (0 on the learner,
+        worker 0) with per-worker exploration, else the linear schedule at
+        ``global_timestep``."""
+        cfg = self.dqn_config
+        if cfg.per_worker:
+            if cfg.worker_index == 0:
+                return 0.0
+            return apex_worker_epsilon(cfg.worker_index, cfg.num_workers)
+        return linear_epsilon(self.global_timestep, cfg.exploration_config)
+
+    def compute_actions(self, obs: np.ndarray, explore: bool = True
+                        ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Epsilon-greedy actions (greedy when ``explore`` is false). Exploring advances
+        ``global_timestep`` by the number of observations, as RLlib does; the rollout
+        worker may overwrite it with :meth:`on_global_timestep`."""
+        obs_t = torch.as_tensor(np.asarray(obs), device=self.device)
+        with torch.no_grad():
+            q_values = self.model(obs_t)
+        actions = q_values.argmax(dim=1).cpu().numpy()
+        if explore:
+            epsilon = self.current_epsilon()
+            if epsilon > 0.0:
+                explore_rows = self._rng.random(len(actions)) < epsilon
+                random_actions = self._rng.integers(0, self.action_space.n, len(actions))
+                actions = np.where(explore_rows, random_actions, actions)
+            self.global_timestep += len(actions)
+        return actions.astype(np.int64), {}
+
+    # ---- postprocessing ------------------------------------------------------------------
+    def postprocess_trajectory(self, batch: SampleBatch) -> SampleBatch:
+        """n-step returns (:func:`adjust_nstep`, adds the ``n_steps`` column) and a
+        ``weights`` column: ones, or with ``worker_side_prioritization`` the initial replay
+        priorities ``|td_error| + prioritized_replay_eps`` (RLlib's convention: the replay
+        actor reads priorities of new rows from ``weights``)."""
+        cfg = self.dqn_config
+        out = adjust_nstep(batch, cfg.n_step, cfg.gamma)
+        if cfg.worker_side_prioritization and out.count > 0:
+            td_error = self.compute_td_error(out)
+            out[SampleBatch.WEIGHTS] = (np.abs(td_error) + cfg.prioritized_replay_eps
+                                        ).astype(np.float32)
+        else:
+            out[SampleBatch.WEIGHTS] = np.ones(out.count, dtype=np.float32)
+        return out
+
+    # ---- loss ----------------------------------------------------------------------------
+    def _td_error(self, model: nn.Module, batch: dict[str, torch.Tensor]
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(td_error, q_t)``: ``Q(s, a) - target`` per row (target detached) and the
+        online Q-values of ``obs``."""
+        cfg = self.dqn_config
+        obs, new_obs = batch[SampleBatch.OBS], batch[SampleBatch.NEXT_OBS]
+        count = obs.shape[0]
+        if cfg.double_q:
+            q_both = model(torch.cat([obs, new_obs], dim=0))
+            q_t, q_tp1_online = q_both[:count], q_both[count:].detach()
+        else:
+            q_t, q_tp1_online = model(obs), None
+        actions = batch[SampleBatch.ACTIONS].long().view(-1, 1)
+        q_selected = q_t.gather(1, actions).squeeze(1)
+
+        with torch.no_grad():
+            target_device = next(self.target_model.parameters()).device
+            q_tp1 = self.target_model(new_obs.to(target_device)).to(q_t.device)
+            if q_tp1_online is not None:
+                best = q_tp1_online.argmax(dim=1, keepdim=True)
+                q_tp1_best = q_tp1.gather(1, best).squeeze(1)
+            else:
+                q_tp1_best = q_tp1.max(dim=1).values
+            not_done = 1.0 - batch[SampleBatch.TERMINATEDS].float()
+            if N_STEPS in batch:
+                discount = torch.pow(torch.full_like(q_tp1_best, cfg.gamma),
+                                     batch[N_STEPS].float())
+            else:
+                discount = torch.full_like(q_tp1_best, cfg.gamma**cfg.n_step)
+            target = batch[SampleBatch.REWARDS].float() + discount * not_done * q_tp1_best
+        return q_selected - target, q_t
+
+    def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput:
+        """``mean(weights * huber(td_error))`` with the double-Q (or max) n-step target from
+        the target network. Rows carry ``n_steps`` from postprocessing; without it the
+        discount is ``gamma ** n_step`` (RLlib's rule). Missing ``weights`` count as 1."""
+        td_error, q_t = self._td_error(model, batch)
+        weights = batch.get(SampleBatch.WEIGHTS)
+        per_row = huber_loss(td_error, self.dqn_config.huber_threshold)
+        if weights is not None:
+            per_row = weights.float() * per_row
+        loss = per_row.mean()
+        stats = {
+            "loss": loss.detach(),
+            "mean_q": q_t.detach().mean(),
+            "min_q": q_t.detach().min(),
+            "max_q": q_t.detach().max(),
+            "mean_td_error": td_error.detach().mean(),
+            "cur_lr": self.optimizer.param_groups[0]["lr"],
+        }
+        return LossOutput(loss=loss, stats=stats, per_sample={"td_error": td_error.detach()})
+
+    def compute_td_error(self, batch: SampleBatch) -> np.ndarray:
+        """Per-row TD errors of ``batch`` with the current networks, without a gradient
+        step (for initial replay priorities)."""
+        with torch.no_grad():
+            td_error, _ = self._td_error(self.model, self.batch_to_tensors(batch))
+        return td_error.cpu().numpy()
+
+    # ---- training and the target network -------------------------------------------------
+    def compute_gradients(self, batch: SampleBatch) -> tuple[list[np.ndarray], dict[str, Any]]:
+        """Gradients as in the base; the rows count toward the target sync when these
+        gradients are applied to this policy."""
+        grads, info = super().compute_gradients(batch)
+        self._pending_rows += batch.count
+        return grads, info
+
+    def learn_on_batch(self, batch: SampleBatch) -> dict[str, Any]:
+        """One SGD step; returns ``learner_stats`` and per-row ``td_error``. Counts the rows
+        toward the target-network sync."""
+        self._pending_rows += batch.count
+        info = super().learn_on_batch(batch)
+        info["learner_stats"]["num_target_updates"] = float(self.num_target_updates)
+        return info
+
+    def after_update(self, num_updates: int) -> None:
+        """Count the rows of the update just applied and sync the target network when
+        ``target_network_update_freq`` rows were trained since the last sync."""
+        rows = self._pending_rows or self.dqn_config.train_batch_size
+        self._pending_rows = 0
+        self.num_steps_trained += rows
+        since = self.num_steps_trained - self.last_target_update_steps
+        if since >= self.dqn_config.target_network_update_freq:
+            self.update_target()
+
+    def update_target(self) -> None:
+        """Copy the online network into the target network."""
+        self.target_model.load_state_dict(self.model.state_dict())
+        self.last_target_update_steps = self.num_steps_trained
+        self.num_target_updates += 1
+
+    def set_weights(self, weights: dict[str, np.ndarray]) -> None:
+        """Load online weights; on a rollout worker (``worker_index >= 1``) the target
+        network follows them."""
+        super().set_weights(weights)
+        if self.dqn_config.worker_index >= 1:
+            self.target_model.load_state_dict(self.model.state_dict())
+
+    def get_state(self) -> dict[str, Any]:
+        """The base state plus target weights and the target-sync counters."""
+        state = super().get_state()
+        state["target_weights"] = {k: v.detach().cpu().numpy().copy()
+                                   for k, v in self.target_model.state_dict().items()}
+        state["num_steps_trained"] = self.num_steps_trained
+        state["last_target_update_steps"] = self.last_target_update_steps
+        state["num_target_updates"] = self.num_target_updates
+        return state
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`get_state` returned."""
+        super().set_state(state)
+        if "target_weights" in state:
+            self.target_model.load_state_dict(
+                {k: torch.as_tensor(np.asarray(v)) for k, v in state["target_weights"].items()})
+        self.num_steps_trained = int(state.get("num_steps_trained", 0))
+        self.last_target_update_steps = int(state.get("last_target_update_steps", 0))
+        self.num_target_updates = int(state.get("num_target_updates", 0))
