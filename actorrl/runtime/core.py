@@ -40,7 +40,6 @@ from actorrl.runtime.errors import (
 )
 from actorrl.runtime.refs import (
     STATUS_ERROR,
-    STATUS_MISSING,
     STATUS_OK,
     ObjectRef,
     ObjectStore,

@@ -1,0 +1,224 @@
+"""The actor runtime with real spawned processes on loopback (ipc)."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import actorrl.runtime as rt
+from actorrl.runtime import Driver
+from transport.codec import EncodeError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def runtime():
+    """A started sync runtime, shut down after the test."""
+    rt.init()
+    yield rt.driver()
+    rt.shutdown()
+
+
+def _wait_pids_gone(pids: list[int], timeout_s: float) -> list[int]:
+    """Block until every pid has exited (via pidfds) or the timeout passes; returns the
+    pids still alive."""
+    fds = {}
+    for pid in pids:
+        try:
+            fds[os.pidfd_open(pid)] = pid
+        except ProcessLookupError:
+            continue
+    alive = set(fds)
+    deadline_s = timeout_s
+    try:
+        while alive and deadline_s > 0:
+            ready, _, _ = select.select(list(alive), [], [], deadline_s)
+            if not ready:
+                break
+            alive -= set(ready)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return [fds[fd] for fd in alive]
+
+
+def test_calls_run_in_submission_order(runtime):
+    """Calls from one caller to one actor execute in the order they were submitted."""
+    counter = rt.create_actor("tests.actors.basic:Counter", args=(0,))
+    refs = [counter.add.remote(i) for i in range(200)]
+    totals = rt.get(refs, timeout=30)
+    assert rt.get(counter.history.remote(), timeout=30) == list(range(200))
+    assert totals == list(np.cumsum(range(200)))
+
+
+def test_wait_returns_in_first_ready_order(runtime):
+    """wait() lists ready refs in the order they completed, not the order given."""
+    gates = [rt.create_actor("tests.actors.basic:Gate") for _ in range(3)]
+    refs = [g.wait_for.remote("go", i) for i, g in enumerate(gates)]
+    ready, not_ready = rt.wait(refs, num_returns=1, timeout=0.2)
+    assert ready == [] and not_ready == refs
+    order = [2, 0, 1]
+    for step, i in enumerate(order):
+        rt.get(gates[i].open.remote("go"), timeout=30)
+        ready, _ = rt.wait(refs, num_returns=step + 1, timeout=30)
+        assert [refs.index(r) for r in ready] == order[: step + 1]
+    ready, not_ready = rt.wait(refs, num_returns=3, timeout=30)
+    assert [refs.index(r) for r in ready] == [2, 0, 1]
+    assert not_ready == []
+    assert rt.get(ready, timeout=30) == [2, 0, 1]
+
+
+def test_ref_moves_from_owner_to_consumer_not_through_holder(runtime):
+    """A 64 MB result passed by ref goes from its producer straight to the consumer: the
+    driver (which holds the ref) and a relay actor (which passes it on) receive almost
+    nothing."""
+    size = 64 * 1024 * 1024
+    producer = rt.create_actor("tests.actors.basic:Store")
+    consumer = rt.create_actor("tests.actors.basic:Store")
+    relay = rt.create_actor("tests.actors.basic:Relay")
+    runtime_ = rt.Runtime.current()
+    before = runtime_.server.bytes_received + sum(
+        c.bytes_received for c in runtime_._clients.values())
+    consumer_before = rt.get(consumer.bytes_received.remote(), timeout=30)
+
+    ref = producer.make.remote(size)
+    total = rt.get(relay.forward.remote(consumer, [ref]), timeout=60)
+    assert total == size // 8
+
+    after = runtime_.server.bytes_received + sum(
+        c.bytes_received for c in runtime_._clients.values())
+    assert after - before < 64 * 1024, "the driver received the bulk data"
+    assert rt.get(relay.bytes_received.remote(), timeout=30) < 64 * 1024
+    consumer_after = rt.get(consumer.bytes_received.remote(), timeout=30)
+    assert consumer_after - consumer_before >= size
+
+
+def test_ref_passed_back_to_owner_resolves_locally_without_copy(runtime):
+    """A ref given back to the actor that owns it resolves to the very same object."""
+    store = rt.create_actor("tests.actors.basic:Store")
+    ref = store.make.remote(1024 * 1024)
+    rt.get(store.remember.remote(ref), timeout=30)
+    assert rt.get(store.is_kept.remote(ref), timeout=30) is True
+    # A value sent from elsewhere is a different object.
+    other = rt.put({"a": np.ones(4)})
+    rt.get(store.remember.remote(other), timeout=30)
+    assert rt.get(store.is_kept.remote(rt.put({"a": np.ones(4)})), timeout=30) is False
+
+
+def test_put_get_free(runtime):
+    """put() stores locally; actors fetch it; after free() the object is gone."""
+    store = rt.create_actor("tests.actors.basic:Store")
+    value = {"x": np.arange(100_000, dtype=np.float64)}
+    ref = rt.put(value)
+    assert rt.get(ref) is value
+    assert rt.get(store.consume.remote(ref), timeout=30) == float(value["x"].sum())
+    made = store.make.remote(800)
+    assert rt.get_and_free(made, timeout=30)["a"].shape == (100,)
+    with pytest.raises(rt.ObjectLostError):
+        rt.get(rt.ObjectRef(made.id, made.owner), timeout=30)
+
+
+def test_remote_exception_carries_type_message_and_traceback(runtime):
+    """An exception inside a method raises RemoteError at get with the remote details."""
+    counter = rt.create_actor("tests.actors.basic:Counter")
+    with pytest.raises(rt.RemoteError) as info:
+        rt.get(counter.fail.remote("it broke"), timeout=30)
+    assert info.value.type_name == "ValueError"
+    assert info.value.message == "it broke"
+    assert "in fail" in info.value.remote_traceback
+    with pytest.raises(rt.RemoteError, match="no public method 'nope'"):
+        rt.get(counter.nope.remote(), timeout=30)
+    # The actor still serves after errors.
+    assert rt.get(counter.add.remote(1), timeout=30) == 1
+
+
+def test_unencodable_argument_fails_at_the_sender(runtime):
+    """An argument the codec cannot carry raises at .remote(), naming its type."""
+    counter = rt.create_actor("tests.actors.basic:Counter")
+    with pytest.raises(EncodeError, match="object"):
+        counter.echo.remote(object())
+
+
+def test_constructor_failure_is_reported(runtime):
+    """A failing constructor raises ActorCreationError with the remote message."""
+    with pytest.raises(rt.ActorCreationError, match="constructor exploded"):
+        rt.create_actor("tests.actors.basic:Broken")
+    with pytest.raises(rt.ActorCreationError, match="No module named"):
+        rt.create_actor("tests.actors.no_such_module:X")
+
+
+def test_killed_actor_gives_actor_died_and_restart_works(runtime):
+    """SIGKILL of an actor fails its pending refs with ActorDiedError; new calls on the
+    dead handle fail at once; restart builds a fresh actor from the creation spec."""
+    gate = rt.create_actor("tests.actors.basic:Gate")
+    pending = gate.wait_for.remote("never", 1)
+    counter = rt.create_actor("tests.actors.basic:Counter", args=(5,))
+    pid = rt.get(counter.pid.remote(), timeout=30)
+    blocked = counter.echo.remote(1)
+    rt.get(blocked, timeout=30)
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(rt.ActorDiedError, match="SIGKILL|lost"):
+        rt.get(counter.add.remote(1), timeout=30)
+    with pytest.raises(rt.ActorDiedError):
+        rt.get(counter.add.remote(1), timeout=30)
+    restarted = rt.restart_actor(counter)
+    assert rt.get(restarted.add.remote(1), timeout=30) == 6
+    assert rt.get(restarted.pid.remote(), timeout=30) != pid
+    gate_pid_ref = rt.driver().node.process_of(gate)
+    assert gate_pid_ref is not None
+    os.kill(gate_pid_ref.pid, signal.SIGKILL)
+    with pytest.raises(rt.ActorDiedError):
+        rt.get(pending, timeout=30)
+
+
+def test_shutdown_leaves_no_process():
+    """shutdown() reaps every actor process."""
+    rt.init()
+    actors = [rt.create_actor("tests.actors.basic:Counter") for _ in range(3)]
+    pids = rt.get([a.pid.remote() for a in actors], timeout=30)
+    rt.shutdown()
+    assert _wait_pids_gone(pids, timeout_s=10) == []
+
+
+def test_children_exit_when_parent_is_sigkilled(tmp_path):
+    """Actors notice their parent's SIGKILL (lifeline pipe EOF) and exit."""
+    script = textwrap.dedent("""
+        import sys, actorrl.runtime as rt
+        rt.init()
+        actors = [rt.create_actor("tests.actors.basic:Counter") for _ in range(2)]
+        print(*rt.get([a.pid.remote() for a in actors], timeout=60), flush=True)
+        sys.stdin.read()
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE,
+                              stdin=subprocess.PIPE, text=True)
+    try:
+        line = parent.stdout.readline()
+        pids = [int(p) for p in line.split()]
+        assert len(pids) == 2
+        parent.kill()
+        parent.wait(timeout=10)
+        assert _wait_pids_gone(pids, timeout_s=10) == []
+    finally:
+        parent.kill()
+        parent.wait(timeout=10)
+
+
+async def test_async_api_driver(tmp_path):
+    """The native async API: create, call, wait and get on the driver's loop."""
+    async with Driver.start(session_dir=str(tmp_path / "session")) as driver:
+        counter = await driver.create_actor("tests.actors.basic:Counter", args=(1,))
+        refs = [counter.add.remote(i) for i in range(10)]
+        ready, not_ready = await driver.wait(refs, num_returns=10, timeout_s=30)
+        assert len(ready) == 10 and not not_ready
+        assert await driver.get(refs[-1], timeout_s=30) == 1 + sum(range(10))
+        ref = driver.put(np.arange(5))
+        assert (await driver.get(counter.echo.remote(ref), timeout_s=30)).tolist() == list(
+            range(5))
