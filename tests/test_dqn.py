@@ -403,3 +403,28 @@ def test_invalid_config_names_the_key() -> None:
         DQNPolicyConfig.from_dict({"exploration_config": {"final_epsilonn": 0.1}})
     with pytest.raises(ValueError, match="Discrete action space"):
         DQNPolicy(CARTPOLE_OBS, gym.spaces.Box(-1, 1, (2,)), {})
+
+
+class TinyQModel(torch.nn.Module):
+    """A catalog-style custom model: ``forward(obs) -> (q_values, value)``."""
+
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space, num_outputs: int,
+                 model_config: dict) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(int(np.prod(obs_space.shape)), num_outputs)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q = self.linear(obs.float())
+        return q, torch.zeros(obs.shape[0])
+
+
+def test_custom_model_outputs_are_q_values() -> None:
+    """model.custom_model (class path) replaces the default network; its outputs are Q."""
+    policy = DQNPolicy(CARTPOLE_OBS, gym.spaces.Discrete(3),
+                       {"model": {"custom_model": f"{__name__}:TinyQModel"}})
+    obs = torch.randn(4, 4)
+    inner = policy.model.model
+    assert isinstance(inner, TinyQModel)
+    torch.testing.assert_close(policy.model(obs), inner.linear(obs))
+    info = policy.learn_on_batch(_random_batch(8))
+    assert info["td_error"].shape == (8,)

@@ -33,6 +33,7 @@ from torch import nn
 
 from actorrl.batch import SampleBatch
 from actorrl.policy.base import LossOutput, TorchPolicy
+from actorrl.policy.models import build_encoder, build_mlp, make_model, resolve_model_config
 
 N_STEPS = "n_steps"
 """Column written by n-step postprocessing: the number of env steps ``k`` between ``obs``
@@ -113,8 +114,8 @@ class DQNPolicyConfig:
     seed: int | None = None
     """Seed of the exploration RNG (offset by ``worker_index``)."""
     model: Mapping[str, Any] = field(default_factory=dict)
-    """Trunk config: ``fcnet_hiddens`` [256, 256], ``fcnet_activation`` relu,
-    ``conv_filters`` (image observations), ``conv_activation`` relu."""
+    """Trunk config (``actorrl.policy.models.MODEL_DEFAULTS``): ``fcnet_hiddens``
+    [256, 256], ``fcnet_activation`` (relu here), ``conv_filters``, ``custom_model``."""
 
     def __post_init__(self) -> None:
         checks = [
@@ -195,142 +196,17 @@ def linear_epsilon(timestep: int, cfg: ExplorationConfig) -> float:
 
 
 # ---- the Q network -----------------------------------------------------------------------
-_ACTIVATIONS: dict[str | None, type[nn.Module] | None] = {
-    "relu": nn.ReLU, "tanh": nn.Tanh, "elu": nn.ELU, "swish": nn.SiLU, "silu": nn.SiLU,
-    "linear": None, None: None,
-}
-
-
-def _activation(name: str | None) -> type[nn.Module] | None:
-    if name not in _ACTIVATIONS:
-        raise ValueError(
-            f"activation must be one of {sorted(k for k in _ACTIVATIONS if k)}, got {name!r}"
-        )
-    return _ACTIVATIONS[name]
-
-
-def _mlp(in_dim: int, hiddens: tuple[int, ...] | list[int], activation: str | None,
-         out_dim: int | None) -> nn.Sequential:
-    """Fully connected layers with ``activation`` after each hidden layer, then an optional
-    linear output layer."""
-    act = _activation(activation)
-    layers: list[nn.Module] = []
-    for size in hiddens:
-        layers.append(nn.Linear(in_dim, int(size)))
-        if act is not None:
-            layers.append(act())
-        in_dim = int(size)
-    if out_dim is not None:
-        layers.append(nn.Linear(in_dim, out_dim))
-    return nn.Sequential(*layers)
-
-
-class _FlatEncoder(nn.Module):
-    """MLP trunk over flattened (or one-hot, for Discrete spaces) observations."""
-
-    def __init__(self, obs_space: gym.Space, hiddens: list[int], activation: str | None) -> None:
-        super().__init__()
-        self.num_categories = int(obs_space.n) if isinstance(obs_space, gym.spaces.Discrete) else 0
-        in_dim = self.num_categories or int(np.prod(obs_space.shape))
-        self.net = _mlp(in_dim, hiddens, activation, None)
-        self.out_dim = int(hiddens[-1]) if hiddens else in_dim
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        if self.num_categories:
-            x = nn.functional.one_hot(obs.long().view(-1), self.num_categories).float()
-        else:
-            x = obs.reshape(obs.shape[0], -1).float()
-        return self.net(x)
-
-
-def _default_conv_filters(height: int, width: int) -> list[list[Any]]:
-    """RLlib's default filters for 84x84 and 42x42 images, Nature-CNN filters otherwise."""
-    if (height, width) == (84, 84):
-        return [[16, [8, 8], 4], [32, [4, 4], 2], [256, [11, 11], 1]]
-    if (height, width) == (42, 42):
-        return [[16, [4, 4], 2], [32, [4, 4], 2], [256, [11, 11], 1]]
-    return [[32, [8, 8], 4], [64, [4, 4], 2], [64, [3, 3], 1]]
-
-
-def _same_padding(size: tuple[int, int], kernel: tuple[int, int], stride: int
-                  ) -> tuple[nn.Module, tuple[int, int]]:
-    """Zero padding that makes a strided conv output ``ceil(size / stride)``, and that size."""
-    pads: list[int] = []
-    out: list[int] = []
-    for dim, k in zip(size, kernel):
-        out_dim = -(-dim // stride)
-        total = max((out_dim - 1) * stride + k - dim, 0)
-        pads.append(total // 2)
-        pads.append(total - total // 2)
-        out.append(out_dim)
-    # ZeroPad2d takes (left, right, top, bottom): width first
-    return nn.ZeroPad2d((pads[2], pads[3], pads[0], pads[1])), (out[0], out[1])
-
-
-class _ConvEncoder(nn.Module):
-    """Conv trunk over HWC image observations (uint8 images are scaled to [0, 1]).
-
-    ``conv_filters`` is a list of ``[out_channels, kernel, stride]``; every layer but the
-    last pads "same" (as RLlib), the last is unpadded, and the output is flattened.
-    """
-
-    def __init__(self, obs_space: gym.spaces.Box, filters: list[list[Any]] | None,
-                 activation: str | None) -> None:
-        super().__init__()
-        height, width, channels = obs_space.shape
-        filters = filters or _default_conv_filters(height, width)
-        act = _activation(activation)
-        layers: list[nn.Module] = []
-        in_ch, size = channels, (height, width)
-        for i, (out_ch, kernel, stride) in enumerate(filters):
-            kernel_hw = (kernel, kernel) if isinstance(kernel, int) else tuple(kernel)
-            if i < len(filters) - 1:
-                pad, size = _same_padding(size, kernel_hw, int(stride))
-                layers.append(pad)
-            layers.append(nn.Conv2d(in_ch, int(out_ch), kernel_hw, int(stride)))
-            if act is not None:
-                layers.append(act())
-            in_ch = int(out_ch)
-        layers.append(nn.Flatten())
-        self.net = nn.Sequential(*layers)
-        self.scale = 1.0 / 255.0 if obs_space.dtype == np.uint8 else 1.0
-        try:
-            with torch.no_grad():
-                self.out_dim = int(self.net(torch.zeros(1, channels, height, width)).shape[1])
-        except RuntimeError as exc:
-            raise ValueError(
-                f"model.conv_filters {filters} do not fit {height}x{width} images ({exc}); "
-                "set model.conv_filters to [[out_channels, kernel, stride], ...]"
-            ) from exc
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.net(obs.float().permute(0, 3, 1, 2) * self.scale)
-
-
-def build_trunk(obs_space: gym.Space, model_config: Mapping[str, Any]) -> tuple[nn.Module, int]:
-    """The observation encoder and its output width: a conv stack for 3-D Box spaces, else
-    an MLP of ``fcnet_hiddens`` (default [256, 256]) with ``fcnet_activation`` (relu)."""
-    if isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 3:
-        conv = _ConvEncoder(obs_space, model_config.get("conv_filters"),
-                            model_config.get("conv_activation", "relu"))
-        return conv, conv.out_dim
-    if not isinstance(obs_space, (gym.spaces.Box, gym.spaces.Discrete)):
-        raise ValueError(f"observation space {obs_space} is not supported (Box or Discrete)")
-    flat = _FlatEncoder(obs_space, list(model_config.get("fcnet_hiddens", [256, 256])),
-                        model_config.get("fcnet_activation", "relu"))
-    return flat, flat.out_dim
-
-
 class QNetwork(nn.Module):
-    """Q(s, .) for a discrete action space: trunk, then an advantage head and, when
-    dueling, a value head aggregated as ``V + A - mean(A)``."""
+    """Q(s, .) for a discrete action space: a trunk from :func:`build_encoder`, then an
+    advantage head and, when dueling, a value head, aggregated as ``V + A - mean(A)``.
+    Each head has the ``hiddens`` layers (relu) before its output layer."""
 
     def __init__(self, trunk: nn.Module, trunk_dim: int, num_actions: int,
                  hiddens: tuple[int, ...], dueling: bool) -> None:
         super().__init__()
         self.trunk = trunk
-        self.advantage = _mlp(trunk_dim, hiddens, "relu", num_actions)
-        self.value = _mlp(trunk_dim, hiddens, "relu", 1) if dueling else None
+        self.advantage = build_mlp(trunk_dim, hiddens, "relu", num_actions)
+        self.value = build_mlp(trunk_dim, hiddens, "relu", 1) if dueling else None
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """``[B, num_actions]`` Q-values."""
@@ -339,6 +215,32 @@ class QNetwork(nn.Module):
         if self.value is None:
             return advantages
         return self.value(features) + advantages - advantages.mean(dim=1, keepdim=True)
+
+
+class CustomQNetwork(nn.Module):
+    """Adapts a catalog model (``forward(obs) -> (outputs, value)``) whose ``outputs`` are
+    the Q-values."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """``[B, num_actions]`` Q-values: the wrapped model's outputs."""
+        return self.model(obs)[0]
+
+
+def build_q_network(obs_space: gym.Space, num_actions: int, cfg: DQNPolicyConfig
+                    ) -> nn.Module:
+    """The Q network for ``cfg``: ``model.custom_model`` when set (its outputs are the
+    Q-values; ``dueling`` and ``hiddens`` do not apply), else :class:`QNetwork` over
+    :func:`build_encoder` (``fcnet_activation`` defaults to relu for DQN)."""
+    model_config = resolve_model_config({"fcnet_activation": "relu", **cfg.model})
+    if model_config["custom_model"] is not None:
+        return CustomQNetwork(make_model(obs_space, gym.spaces.Discrete(num_actions),
+                                         num_actions, model_config))
+    trunk, trunk_dim = build_encoder(obs_space, model_config)
+    return QNetwork(trunk, trunk_dim, num_actions, cfg.hiddens, cfg.dueling)
 
 
 # ---- n-step returns ----------------------------------------------------------------------
@@ -421,9 +323,8 @@ class DQNPolicy(TorchPolicy):
     # ---- model and acting ----------------------------------------------------------------
     def make_model(self) -> nn.Module:
         """The Q network (see :class:`QNetwork`)."""
-        cfg = self.dqn_config
-        trunk, trunk_dim = build_trunk(self.observation_space, cfg.model)
-        return QNetwork(trunk, trunk_dim, int(self.action_space.n), cfg.hiddens, cfg.dueling)
+        return build_q_network(self.observation_space, int(self.action_space.n),
+                               self.dqn_config)
 
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         """Adam with ``lr`` and ``adam_epsilon``."""
