@@ -1,0 +1,131 @@
+"""Action distributions over a batch of model outputs.
+
+``dist_class_for(action_space)`` picks the distribution; ``cls.required_outputs(space)``
+says how many model outputs it reads per row.
+"""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import torch
+import torch.nn.functional as F
+
+
+class ActionDistribution:
+    """A batch of distributions parameterized by model outputs ``inputs`` [B, num_outputs]."""
+
+    def __init__(self, inputs: torch.Tensor) -> None:
+        self.inputs = inputs
+
+    @staticmethod
+    def required_outputs(action_space: gym.Space) -> int:
+        """Model outputs per row needed for ``action_space``."""
+        raise NotImplementedError
+
+    def sample(self) -> torch.Tensor:
+        """One random action per row."""
+        raise NotImplementedError
+
+    def deterministic_sample(self) -> torch.Tensor:
+        """The most likely action per row."""
+        raise NotImplementedError
+
+    def logp(self, actions: torch.Tensor) -> torch.Tensor:
+        """Log-probability (density) of ``actions``, shape [B]."""
+        raise NotImplementedError
+
+    def entropy(self) -> torch.Tensor:
+        """Entropy per row, shape [B]."""
+        raise NotImplementedError
+
+    def kl(self, other: ActionDistribution) -> torch.Tensor:
+        """KL(self || other) per row, shape [B]."""
+        raise NotImplementedError
+
+
+class Categorical(ActionDistribution):
+    """Categorical over ``Discrete(n)`` actions; inputs are unnormalized logits [B, n]."""
+
+    def __init__(self, inputs: torch.Tensor) -> None:
+        super().__init__(inputs)
+        self.log_probs = F.log_softmax(inputs, dim=-1)
+
+    @staticmethod
+    def required_outputs(action_space: gym.Space) -> int:
+        """``n`` logits."""
+        return int(action_space.n)
+
+    def sample(self) -> torch.Tensor:
+        """Sampled indices (int64), by the Gumbel-max trick (faster than multinomial)."""
+        gumbel = -torch.empty_like(self.log_probs).exponential_().log()
+        return (self.log_probs + gumbel).argmax(dim=-1)
+
+    def deterministic_sample(self) -> torch.Tensor:
+        """Argmax indices (int64)."""
+        return self.inputs.argmax(dim=-1)
+
+    def logp(self, actions: torch.Tensor) -> torch.Tensor:
+        """Log-probability of integer ``actions`` [B]."""
+        return self.log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+
+    def entropy(self) -> torch.Tensor:
+        """-sum p log p."""
+        return -(self.log_probs.exp() * self.log_probs).sum(-1)
+
+    def kl(self, other: ActionDistribution) -> torch.Tensor:
+        """sum p (log p - log q)."""
+        assert isinstance(other, Categorical)
+        return (self.log_probs.exp() * (self.log_probs - other.log_probs)).sum(-1)
+
+
+class DiagGaussian(ActionDistribution):
+    """Independent Gaussians over 1-D ``Box`` actions; inputs are ``[mean, log_std]``
+    concatenated, [B, 2 * action_dim]."""
+
+    def __init__(self, inputs: torch.Tensor) -> None:
+        super().__init__(inputs)
+        self.mean, self.log_std = torch.chunk(inputs, 2, dim=-1)
+        self.std = self.log_std.exp()
+
+    @staticmethod
+    def required_outputs(action_space: gym.Space) -> int:
+        """A mean and a log standard deviation per action dimension."""
+        return 2 * int(math.prod(action_space.shape))
+
+    def sample(self) -> torch.Tensor:
+        """mean + std * N(0, 1)."""
+        return self.mean + self.std * torch.randn_like(self.mean)
+
+    def deterministic_sample(self) -> torch.Tensor:
+        """The mean."""
+        return self.mean
+
+    def logp(self, actions: torch.Tensor) -> torch.Tensor:
+        """Sum over dimensions of the Gaussian log-density."""
+        z = (actions - self.mean) / self.std
+        return (-0.5 * z.pow(2) - self.log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+
+    def entropy(self) -> torch.Tensor:
+        """Sum over dimensions of log std + 0.5 log(2 pi e)."""
+        return (self.log_std + 0.5 * math.log(2 * math.pi * math.e)).sum(-1)
+
+    def kl(self, other: ActionDistribution) -> torch.Tensor:
+        """Closed-form KL between diagonal Gaussians."""
+        assert isinstance(other, DiagGaussian)
+        var_ratio = (self.std / other.std).pow(2)
+        mean_term = ((self.mean - other.mean) / other.std).pow(2)
+        return 0.5 * (var_ratio + mean_term - 1.0 - var_ratio.log()).sum(-1)
+
+
+def dist_class_for(action_space: gym.Space) -> type[ActionDistribution]:
+    """Categorical for ``Discrete``, DiagGaussian for a 1-D ``Box``; ``ValueError`` else."""
+    if isinstance(action_space, gym.spaces.Discrete):
+        if int(action_space.start) != 0:
+            raise ValueError(f"Discrete action spaces must start at 0, got {action_space!r}")
+        return Categorical
+    if isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
+        return DiagGaussian
+    raise ValueError(f"no action distribution for action space {action_space!r}; "
+                     f"supported: Discrete, 1-D Box")

@@ -1,0 +1,211 @@
+"""Actor-critic policy for A2C and A3C (and plain policy gradient with ``use_critic=False``).
+
+Per trajectory fragment (on the rollout worker) :func:`compute_advantages` adds
+``advantages`` and ``value_targets``, bootstrapping from V(``new_obs[-1]``) when the
+fragment was cut or truncated by a time limit and from 0 when the episode terminated.
+The loss, averaged over the batch, is::
+
+    -logp(a) * advantage + vf_loss_coeff * 0.5 * (V(s) - value_target)^2
+        - entropy_coeff * entropy
+
+Averaging (not summing, as RLlib's A3C does) keeps the step size independent of the batch
+size; a count-weighted average of gradients of several batches equals the gradient on
+their union.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from actorrl.batch import SampleBatch
+from actorrl.policy.action_dist import dist_class_for
+from actorrl.policy.base import LossOutput, TorchPolicy
+from actorrl.policy.models import make_model
+
+ACTOR_CRITIC_DEFAULTS: dict[str, Any] = {
+    "gamma": 0.99,            # discount factor
+    "lambda": 1.0,            # GAE lambda (1.0: discounted returns minus the baseline)
+    "use_gae": True,          # generalized advantage estimation (needs use_critic)
+    "use_critic": True,       # learn a value function; False: REINFORCE on returns
+    "vf_loss_coeff": 0.5,     # weight of the value loss
+    "entropy_coeff": 0.01,    # weight of the entropy bonus
+    "lr": 1e-4,               # Adam learning rate
+    "grad_clip": 40.0,        # global gradient norm clip (None: no clipping)
+    "model": {},              # model options, see actorrl.policy.models.MODEL_DEFAULTS
+}
+
+# Tuned for single-process A2C on CartPole-v1 (tests/test_actor_critic.py reaches a mean
+# return of 150 from three seeds); worker and policy keys together.
+A2C_CARTPOLE_DEFAULTS: dict[str, Any] = {
+    "num_envs_per_worker": 8,
+    "rollout_fragment_length": 16,
+    "batch_mode": "truncate_episodes",
+    "gamma": 0.99,
+    "lambda": 0.95,
+    "use_gae": True,
+    "use_critic": True,
+    "vf_loss_coeff": 0.5,
+    "entropy_coeff": 0.01,
+    "lr": 3e-3,
+    "grad_clip": 0.5,
+    "model": {"fcnet_hiddens": [64, 64], "fcnet_activation": "tanh"},
+}
+
+
+def discount_cumsum(values: np.ndarray, discount: float) -> np.ndarray:
+    """``out[t] = sum_k discount**k * values[t + k]`` (float32), by a reverse recursion."""
+    out = np.empty(len(values), dtype=np.float64)
+    running = 0.0
+    for t, value in zip(range(len(values) - 1, -1, -1), values[::-1].tolist()):
+        running = value + discount * running
+        out[t] = running
+    return out.astype(np.float32)
+
+
+def compute_advantages(rewards: np.ndarray, vf_preds: np.ndarray | None, last_value: float,
+                       gamma: float, lambda_: float, use_gae: bool = True,
+                       use_critic: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Advantages and value targets of one trajectory fragment (RLlib's semantics).
+
+    ``last_value`` is the bootstrap value after the last step (0 when it terminated).
+    GAE: ``delta_t = r_t + gamma V_{t+1} - V_t``, advantages the (gamma lambda)-discounted
+    sum of deltas, targets advantages + V. Without GAE: discounted returns R (with the
+    bootstrap) minus V, targets R. Without a critic: advantages R, targets 0.
+    """
+    rewards = np.asarray(rewards, dtype=np.float64)
+    if use_gae:
+        if not use_critic or vf_preds is None:
+            raise ValueError("use_gae=True needs use_critic=True and vf_preds")
+        values = np.append(np.asarray(vf_preds, dtype=np.float64), last_value)
+        deltas = rewards + gamma * values[1:] - values[:-1]
+        advantages = discount_cumsum(deltas, gamma * lambda_)
+        return advantages, (advantages + values[:-1]).astype(np.float32)
+    returns = discount_cumsum(np.append(rewards, last_value), gamma)[:-1]
+    if use_critic:
+        if vf_preds is None:
+            raise ValueError("use_critic=True needs vf_preds")
+        return (returns - np.asarray(vf_preds, dtype=np.float32)).astype(np.float32), returns
+    return returns, np.zeros_like(returns)
+
+
+def explained_variance(targets: torch.Tensor, predictions: torch.Tensor) -> torch.Tensor:
+    """1 - Var(targets - predictions) / Var(targets), floored at -1."""
+    var_targets = targets.var(unbiased=False)
+    ratio = (targets - predictions).var(unbiased=False) / var_targets.clamp_min(1e-8)
+    return torch.clamp(1.0 - ratio, min=-1.0)
+
+
+class ActorCriticPolicy(TorchPolicy):
+    """A2C/A3C policy; config keys and defaults in :data:`ACTOR_CRITIC_DEFAULTS`.
+
+    The model follows :mod:`actorrl.policy.models`' interface (``forward(obs) ->
+    (dist_inputs, value)``). ``compute_actions`` stores ``action_logp``, ``vf_preds`` and
+    ``action_dist_inputs``. Learner stats: ``policy_loss``, ``vf_loss``, ``entropy``,
+    ``vf_explained_var``, ``total_loss`` and ``grad_gnorm`` (before clipping).
+    """
+
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space,
+                 config: dict[str, Any], device: str | torch.device = "cpu") -> None:
+        config = {**ACTOR_CRITIC_DEFAULTS, **config}
+        if config["use_gae"] and not config["use_critic"]:
+            raise ValueError("use_gae=True needs use_critic=True (got use_critic=False)")
+        for key in ("gamma", "lambda"):
+            if not 0.0 <= float(config[key]) <= 1.0:
+                raise ValueError(f"{key} must be in [0, 1], got {config[key]}")
+        self.dist_class = dist_class_for(action_space)
+        self.grad_gnorm = float("nan")
+        super().__init__(observation_space, action_space, config, device)
+
+    def make_model(self) -> torch.nn.Module:
+        """The catalog model with the distribution's number of outputs."""
+        num_outputs = self.dist_class.required_outputs(self.action_space)
+        return make_model(self.observation_space, self.action_space, num_outputs,
+                          self.config.get("model"))
+
+    @torch.no_grad()
+    def compute_actions(self, obs: np.ndarray, explore: bool = True
+                        ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Sampled (``explore``) or most likely actions, with logp, value and dist inputs."""
+        self._eval_mode()
+        dist_inputs, values = self.model(torch.as_tensor(obs, device=self.device))
+        dist = self.dist_class(dist_inputs)
+        actions = dist.sample() if explore else dist.deterministic_sample()
+        extras = {
+            SampleBatch.ACTION_LOGP: dist.logp(actions).float().cpu().numpy(),
+            SampleBatch.VF_PREDS: values.float().cpu().numpy(),
+            SampleBatch.ACTION_DIST_INPUTS: dist_inputs.float().cpu().numpy(),
+        }
+        return actions.cpu().numpy(), extras
+
+    @torch.no_grad()
+    def compute_values(self, obs: np.ndarray) -> np.ndarray:
+        """State values V(obs) for a batch of observations."""
+        self._eval_mode()
+        return self.model(torch.as_tensor(obs, device=self.device))[1].float().cpu().numpy()
+
+    def _eval_mode(self) -> None:
+        if self.model.training:  # eval() walks every submodule: only switch when needed
+            self.model.eval()
+
+    def postprocess_trajectory(self, batch: SampleBatch) -> SampleBatch:
+        """Add ``advantages`` and ``value_targets`` (bootstrapping as in the module doc)."""
+        terminated = bool(batch[SampleBatch.TERMINATEDS][-1])
+        use_critic = bool(self.config["use_critic"])
+        last_value = 0.0
+        if not terminated and use_critic:
+            last_value = float(self.compute_values(batch[SampleBatch.NEXT_OBS][-1:])[0])
+        advantages, targets = compute_advantages(
+            batch[SampleBatch.REWARDS],
+            batch[SampleBatch.VF_PREDS] if use_critic else None,
+            last_value,
+            gamma=float(self.config["gamma"]),
+            lambda_=float(self.config["lambda"]),
+            use_gae=bool(self.config["use_gae"]),
+            use_critic=use_critic,
+        )
+        batch[SampleBatch.ADVANTAGES] = advantages
+        batch[SampleBatch.VALUE_TARGETS] = targets
+        return batch
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput:
+        """Mean policy-gradient loss plus value loss minus entropy bonus."""
+        dist_inputs, values = model(batch[SampleBatch.OBS])
+        dist = self.dist_class(dist_inputs)
+        logp = dist.logp(batch[SampleBatch.ACTIONS])
+        advantages = batch[SampleBatch.ADVANTAGES].float()
+        policy_loss = -(logp * advantages).mean()
+        entropy = dist.entropy().mean()
+        total = policy_loss - float(self.config["entropy_coeff"]) * entropy
+        stats: dict[str, Any] = {"policy_loss": policy_loss.detach(),
+                                 "entropy": entropy.detach()}
+        if self.config["use_critic"]:
+            targets = batch[SampleBatch.VALUE_TARGETS].float()
+            vf_loss = 0.5 * (values - targets).pow(2).mean()
+            total = total + float(self.config["vf_loss_coeff"]) * vf_loss
+            stats["vf_loss"] = vf_loss.detach()
+            stats["vf_explained_var"] = explained_variance(targets, values.detach())
+        stats["total_loss"] = total.detach()
+        return LossOutput(loss=total, stats=stats)
+
+    def compute_gradients(self, batch: SampleBatch) -> tuple[list[np.ndarray], dict[str, Any]]:
+        """The base's gradients, with ``grad_gnorm`` added to the learner stats."""
+        grads, info = super().compute_gradients(batch)
+        info["learner_stats"]["grad_gnorm"] = float(
+            np.sqrt(sum(float(np.square(g, dtype=np.float64).sum()) for g in grads)))
+        return grads, info
+
+    def learn_on_batch(self, batch: SampleBatch) -> dict[str, Any]:
+        """The base's SGD step, with ``grad_gnorm`` added to the learner stats."""
+        info = super().learn_on_batch(batch)
+        info["learner_stats"]["grad_gnorm"] = self.grad_gnorm
+        return info
+
+    def _clip_and_step(self) -> None:
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        self.grad_gnorm = float(torch.linalg.vector_norm(
+            torch.stack([torch.linalg.vector_norm(g) for g in grads]))) if grads else 0.0
+        super()._clip_and_step()

@@ -1,0 +1,247 @@
+"""Default networks and the model catalog.
+
+Model interface (policies rely on it; custom models must follow it)
+    A model is a ``torch.nn.Module`` built as ``cls(obs_space, action_space, num_outputs,
+    model_config)`` whose ``forward(obs)`` takes a batch of raw observations as a tensor
+    (any dtype; uint8 images included) and returns ``(outputs, value)``: ``outputs``
+    [B, num_outputs] (action-distribution inputs, or Q-values) and ``value`` [B] (the state
+    value; models without a critic may return zeros).
+
+Building blocks for other models
+    :func:`build_mlp` (a plain MLP) and :func:`build_encoder` (observation -> feature vector,
+    choosing an MLP for flat observations and a conv net for rank-3 HWC images) are shared
+    with the DQN and IMPALA networks.
+
+``model_config`` keys (RLlib names; unknown keys are rejected): see :data:`MODEL_DEFAULTS`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from actorrl.classpath import resolve_callable
+
+MODEL_DEFAULTS: dict[str, Any] = {
+    # Hidden layer sizes of the MLP for flat observations.
+    "fcnet_hiddens": [256, 256],
+    # Activation of those layers: "tanh", "relu" or "linear".
+    "fcnet_activation": "tanh",
+    # Conv layers for rank-3 image observations: [[out_channels, kernel, stride], ...]
+    # (kernel an int or [kh, kw]); "same" padding except the last layer ("valid").
+    # None picks RLlib-like defaults from the image size (see default_conv_filters).
+    "conv_filters": None,
+    # Activation of the conv layers.
+    "conv_activation": "relu",
+    # Actor-critic: whether the value head shares the policy's encoder (else its own copy).
+    "vf_share_layers": False,
+    # "pkg.module:Class" of a custom torch.nn.Module (see the module docstring).
+    "custom_model": None,
+    # Free-form options for the custom model (it reads them from model_config).
+    "custom_model_config": {},
+}
+
+_ACTIVATIONS: dict[str, type[nn.Module]] = {
+    "tanh": nn.Tanh, "relu": nn.ReLU, "linear": nn.Identity,
+}
+
+
+def resolve_model_config(model_config: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``MODEL_DEFAULTS`` overridden by ``model_config``; unknown keys raise ``ValueError``
+    with close-match suggestions."""
+    cfg = dict(model_config or {})
+    unknown = sorted(set(cfg) - set(MODEL_DEFAULTS))
+    if unknown:
+        problems = []
+        for key in unknown:
+            close = difflib.get_close_matches(key, list(MODEL_DEFAULTS), n=1)
+            problems.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise ValueError(f"unknown model option(s) {', '.join(problems)}; "
+                         f"supported: {', '.join(sorted(MODEL_DEFAULTS))}")
+    return {**MODEL_DEFAULTS, **cfg}
+
+
+def activation_class(name: str) -> type[nn.Module]:
+    """The module class of activation ``name`` ("tanh", "relu" or "linear")."""
+    try:
+        return _ACTIVATIONS[name]
+    except KeyError:
+        raise ValueError(f"unknown activation {name!r}; supported: "
+                         f"{', '.join(_ACTIVATIONS)}") from None
+
+
+def normc_init_(layer: nn.Linear, std: float = 1.0) -> nn.Linear:
+    """RLlib's normalized-column init: Gaussian weights with each output row scaled to
+    norm ``std``; zero bias. Small ``std`` (0.01) for policy logits keeps the initial
+    policy near uniform."""
+    with torch.no_grad():
+        weight = torch.randn_like(layer.weight)
+        weight *= std / weight.norm(dim=1, keepdim=True)
+        layer.weight.copy_(weight)
+        if layer.bias is not None:
+            layer.bias.zero_()
+    return layer
+
+
+def build_mlp(in_dim: int, hiddens: Sequence[int], activation: str,
+              out_dim: int | None = None, out_init_std: float = 1.0) -> nn.Sequential:
+    """Linear + activation per entry of ``hiddens``, then (if ``out_dim``) a final linear
+    layer with no activation, initialized with norm ``out_init_std``."""
+    act = activation_class(activation)
+    layers: list[nn.Module] = []
+    size = in_dim
+    for hidden in hiddens:
+        layers += [normc_init_(nn.Linear(size, int(hidden)), 1.0), act()]
+        size = int(hidden)
+    if out_dim is not None:
+        layers.append(normc_init_(nn.Linear(size, out_dim), out_init_std))
+    return nn.Sequential(*layers)
+
+
+class Flatten(nn.Module):
+    """Casts observations to float32 and flattens all but the batch dimension."""
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """[B, ...] -> [B, prod(...)] float32."""
+        return obs.reshape(obs.shape[0], -1).float()
+
+
+class OneHot(nn.Module):
+    """One-hot encodes ``Discrete(n)`` observations."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """[B] integers -> [B, n] float32."""
+        return F.one_hot(obs.long().reshape(-1), self.n).float()
+
+
+def default_conv_filters(height: int, width: int) -> list[list[Any]]:
+    """RLlib-like conv stack for an image: two strided layers (8x8/4 then 4x4/2 for images
+    of at least 64 pixels a side, else 4x4/2 twice), then 256 channels with a kernel
+    covering what is left, so the output is 256 features (RLlib's 84x84 and 42x42 stacks)."""
+    first = [16, [8, 8], 4] if min(height, width) >= 64 else [16, [4, 4], 2]
+    h, w = height, width
+    for _, _, stride in (first, [32, [4, 4], 2]):
+        h, w = math.ceil(h / stride), math.ceil(w / stride)
+    return [first, [32, [4, 4], 2], [256, [h, w], 1]]
+
+
+class ConvEncoder(nn.Module):
+    """Conv net for HWC images (uint8 scaled by 1/255): conv layers with "same" padding
+    except the last ("valid"), then flattened features."""
+
+    def __init__(self, obs_shape: Sequence[int], filters: Sequence[Sequence[Any]],
+                 activation: str, scale_uint8: bool) -> None:
+        super().__init__()
+        height, width, channels = (int(d) for d in obs_shape)
+        self.scale = 1.0 / 255.0 if scale_uint8 else 1.0
+        act = activation_class(activation)
+        layers: list[nn.Module] = []
+        h, w, c = height, width, channels
+        for index, (out_channels, kernel, stride) in enumerate(filters):
+            kh, kw = (kernel, kernel) if isinstance(kernel, int) else (int(k) for k in kernel)
+            last = index == len(filters) - 1
+            if not last:
+                pad_h, h = _same_padding(h, kh, stride)
+                pad_w, w = _same_padding(w, kw, stride)
+                layers.append(nn.ZeroPad2d((pad_w[0], pad_w[1], pad_h[0], pad_h[1])))
+            else:
+                h, w = (h - kh) // stride + 1, (w - kw) // stride + 1
+                if h < 1 or w < 1:
+                    raise ValueError(f"conv_filters {list(filters)!r} shrink a "
+                                     f"{height}x{width} image to nothing")
+            layers += [nn.Conv2d(c, int(out_channels), (kh, kw), stride), act()]
+            c = int(out_channels)
+        self.layers = nn.Sequential(*layers)
+        self.out_dim = c * h * w
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """[B, H, W, C] -> [B, out_dim] float32."""
+        x = obs.float().permute(0, 3, 1, 2)
+        if self.scale != 1.0:
+            x = x * self.scale
+        return self.layers(x).reshape(obs.shape[0], -1)
+
+
+def _same_padding(size: int, kernel: int, stride: int) -> tuple[tuple[int, int], int]:
+    out = math.ceil(size / stride)
+    total = max((out - 1) * stride + kernel - size, 0)
+    return (total // 2, total - total // 2), out
+
+
+def build_encoder(obs_space: gym.Space, model_config: Mapping[str, Any] | None
+                  ) -> tuple[nn.Module, int]:
+    """Observation -> feature vector, and the feature size.
+
+    Rank-3 ``Box`` (HWC image): :class:`ConvEncoder` with ``conv_filters``. Other ``Box``
+    shapes: flattened, then an MLP with ``fcnet_hiddens``. ``Discrete``: one-hot, then the
+    MLP. Other spaces raise ``ValueError`` (use a custom model).
+    """
+    cfg = resolve_model_config(model_config)
+    if isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 3:
+        filters = cfg["conv_filters"] or default_conv_filters(*obs_space.shape[:2])
+        conv = ConvEncoder(obs_space.shape, filters, cfg["conv_activation"],
+                           scale_uint8=obs_space.dtype == np.uint8)
+        return conv, conv.out_dim
+    if isinstance(obs_space, gym.spaces.Box):
+        pre, in_dim = Flatten(), int(math.prod(obs_space.shape))
+    elif isinstance(obs_space, gym.spaces.Discrete):
+        pre, in_dim = OneHot(int(obs_space.n)), int(obs_space.n)
+    else:
+        raise ValueError(f"no default model for observation space {obs_space!r}; set "
+                         f"model.custom_model")
+    hiddens = list(cfg["fcnet_hiddens"])
+    mlp = build_mlp(in_dim, hiddens, cfg["fcnet_activation"])
+    return nn.Sequential(pre, mlp), (int(hiddens[-1]) if hiddens else in_dim)
+
+
+class ActorCriticModel(nn.Module):
+    """Default actor-critic network: ``forward(obs) -> (outputs [B, num_outputs],
+    value [B])``. The value head has its own encoder unless ``vf_share_layers``."""
+
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space, num_outputs: int,
+                 model_config: Mapping[str, Any] | None) -> None:
+        super().__init__()
+        cfg = resolve_model_config(model_config)
+        self.encoder, features = build_encoder(obs_space, cfg)
+        self.policy_head = normc_init_(nn.Linear(features, num_outputs), 0.01)
+        self.value_encoder: nn.Module | None = None
+        if not cfg["vf_share_layers"]:
+            self.value_encoder, features = build_encoder(obs_space, cfg)
+        self.value_head = normc_init_(nn.Linear(features, 1), 1.0)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Policy outputs and state values for a batch of observations."""
+        features = self.encoder(obs)
+        outputs = self.policy_head(features)
+        if self.value_encoder is not None:
+            features = self.value_encoder(obs)
+        return outputs, self.value_head(features).squeeze(-1)
+
+
+def make_model(obs_space: gym.Space, action_space: gym.Space, num_outputs: int,
+               model_config: Mapping[str, Any] | None,
+               default_cls: type[nn.Module] = ActorCriticModel) -> nn.Module:
+    """The model catalog: ``model_config['custom_model']`` (a class or ``"pkg.module:Class"``)
+    when set, else ``default_cls``; either is called as ``cls(obs_space, action_space,
+    num_outputs, model_config)`` with the resolved config."""
+    cfg = resolve_model_config(model_config)
+    cls = default_cls
+    if cfg["custom_model"] is not None:
+        cls = resolve_callable(cfg["custom_model"], "model.custom_model")
+    model = cls(obs_space, action_space, num_outputs, cfg)
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model.custom_model {cfg['custom_model']!r} built a "
+                         f"{type(model).__name__}, expected a torch.nn.Module")
+    return model

@@ -1,0 +1,546 @@
+"""``RolloutWorker``: envs plus policies; collects experience and runs policy updates.
+
+Plain synchronous code (no asyncio, no transport): an actor wraps it to run remotely.
+
+Sampling
+    Each step computes the actions of all ``num_envs_per_worker`` envs in one batched
+    forward pass per policy, then steps the envs one after the other
+    (:mod:`actorrl.envs`). Every env's (and, multi-agent, every agent's) trajectory is
+    kept apart; a contiguous piece of one episode is handed to the policy's
+    ``postprocess_trajectory`` when the episode ends or the fragment is cut, and only then
+    joined with the others. ``batch_mode="truncate_episodes"``: every env runs exactly
+    ``rollout_fragment_length`` steps per ``sample()``; the batch is grouped by env (env 0's
+    rows first), in time order within each env. ``"complete_episodes"``: whole episodes
+    only, at least ``rollout_fragment_length * num_envs_per_worker`` env steps; unfinished
+    episodes carry over to the next ``sample()``.
+
+Gradients (RLlib's convention)
+    ``compute_gradients(SampleBatch)`` returns the default policy's gradients (a list of
+    arrays) and its info; ``compute_gradients(MultiAgentBatch)`` returns
+    ``{policy_id: grads}`` and ``{policy_id: info, "batch_count": env_steps}`` for the
+    trainable policies in the batch. ``apply_gradients`` takes either form.
+    ``learn_on_batch`` always returns ``{policy_id: info}``.
+
+Config keys (plain dict, RLlib names; other keys pass through to the policies' configs):
+see :data:`WORKER_DEFAULTS`. ``multiagent.policies`` maps policy id ->
+``(policy_cls or "pkg.module:Class" or None, obs_space or None, action_space or None,
+config_overrides)``; ``None`` class means the worker's ``policy`` argument, ``None`` spaces
+are taken from the env's agents mapped to that policy. ``policy_mapping_fn(agent_id) ->
+policy_id`` (a callable or a path) is called once per agent per episode. Each policy's
+config also gets ``worker_index`` and ``num_workers`` (e.g. for per-worker exploration).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from actorrl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
+from actorrl.classpath import resolve_callable
+from actorrl.envs import (
+    ALL_AGENTS,
+    EnvSpec,
+    EpisodeMetrics,
+    MultiAgentVectorEnv,
+    VectorEnv,
+    make_vector_env,
+)
+from actorrl.policy.base import TorchPolicy
+
+WORKER_DEFAULTS: dict[str, Any] = {
+    "num_envs_per_worker": 1,           # envs per worker, stepped in a loop
+    "rollout_fragment_length": 200,     # env steps per env per sample() (truncate mode)
+    "batch_mode": "truncate_episodes",  # or "complete_episodes"
+    "env_config": {},                   # passed to the env factory / gymnasium.make
+    "seed": None,                       # env i of worker w: seed + 1000 w + i; torch: seed + w
+    "explore": True,                    # sample actions (False: most likely actions)
+    "clip_actions": True,               # clip Box actions to the space before env.step
+    "multiagent": {},                   # policies, policy_mapping_fn, policies_to_train
+}
+BATCH_MODES = ("truncate_episodes", "complete_episodes")
+MULTIAGENT_KEYS = ("policies", "policy_mapping_fn", "policies_to_train")
+
+PolicyClass = type[TorchPolicy]
+
+
+class RolloutWorker:
+    """Envs and policies of one worker; see the module docstring.
+
+    ``env``: a gymnasium id, ``"pkg.module:factory"`` or callable (:func:`make_env`).
+    ``policy``: the policy class (or its path) for single-agent envs and for multi-agent
+    policy specs that name no class. ``worker_index`` is 0 for the local worker, 1..N for
+    remote ones; ``seed`` overrides ``config['seed']``.
+    """
+
+    def __init__(self, env: EnvSpec, policy: PolicyClass | str | None, config: Mapping[str, Any],
+                 *, worker_index: int = 0, num_workers: int = 0, seed: int | None = None
+                 ) -> None:
+        self.config = resolve_worker_config(config)
+        self.worker_index = worker_index
+        self.num_workers = num_workers
+        seed = self.config["seed"] if seed is None else seed
+        if seed is not None:
+            torch.manual_seed(int(seed) + worker_index)
+        self.env = make_vector_env(
+            env, self.config["env_config"], num_envs=self.config["num_envs_per_worker"],
+            worker_index=worker_index, num_workers=num_workers, seed=seed)
+        default_cls = None if policy is None else resolve_callable(policy, "policy class")
+        multiagent = self.config["multiagent"]
+        self.policy_map: dict[str, TorchPolicy] = {}
+        rng = np.random.default_rng(None if seed is None else int(seed) + worker_index)
+        sampler_args = dict(
+            fragment_length=int(self.config["rollout_fragment_length"]),
+            complete_episodes=self.config["batch_mode"] == "complete_episodes",
+            explore=bool(self.config["explore"]),
+            clip_actions=bool(self.config["clip_actions"]),
+            rng=rng,
+        )
+        if isinstance(self.env, MultiAgentVectorEnv):
+            mapping_fn = self._build_multiagent_policies(default_cls, multiagent)
+            self.sampler: _SingleAgentSampler | _MultiAgentSampler = _MultiAgentSampler(
+                self.env, self.policy_map, mapping_fn, **sampler_args)
+        else:
+            if multiagent.get("policies"):
+                raise ValueError("multiagent.policies is set but env makes single-agent "
+                                 "gymnasium envs; multi-agent needs an actorrl.envs."
+                                 "MultiAgentEnv")
+            if default_cls is None:
+                raise ValueError("RolloutWorker needs a policy class for a single-agent env")
+            self.policy_map[DEFAULT_POLICY_ID] = default_cls(
+                self.env.observation_space, self.env.action_space, self._policy_config({}))
+            self.sampler = _SingleAgentSampler(self.env, self.policy_map[DEFAULT_POLICY_ID],
+                                               **sampler_args)
+        to_train = multiagent.get("policies_to_train")
+        self.policies_to_train = list(self.policy_map) if to_train is None else list(to_train)
+        unknown = sorted(set(self.policies_to_train) - set(self.policy_map))
+        if unknown:
+            raise ValueError(f"multiagent.policies_to_train names unknown policies {unknown}; "
+                             f"policies are {sorted(self.policy_map)}")
+        self.num_env_steps_sampled = 0
+
+    # ---- construction helpers ----------------------------------------------------------
+    def _policy_config(self, overrides: Mapping[str, Any]) -> dict[str, Any]:
+        return {**self.config, **overrides, "worker_index": self.worker_index,
+                "num_workers": self.num_workers}
+
+    def _build_multiagent_policies(self, default_cls: PolicyClass | None,
+                                   multiagent: Mapping[str, Any]) -> Callable[[str], str]:
+        specs = multiagent.get("policies") or {}
+        if not specs:
+            raise ValueError("env makes MultiAgentEnvs: set multiagent.policies "
+                             "(policy id -> (policy_cls, obs_space, action_space, config))")
+        mapping_spec = multiagent.get("policy_mapping_fn")
+        if mapping_spec is None:
+            if len(specs) != 1:
+                raise ValueError(f"multiagent.policy_mapping_fn is needed with several "
+                                 f"policies ({sorted(specs)})")
+            only = next(iter(specs))
+            mapping_fn: Callable[[str], str] = lambda agent_id: only  # noqa: E731
+        else:
+            mapping_fn = resolve_callable(mapping_spec, "multiagent.policy_mapping_fn")
+        env = self.env
+        assert isinstance(env, MultiAgentVectorEnv)
+        for pid, spec in specs.items():
+            if not isinstance(spec, (tuple, list)) or len(spec) != 4:
+                raise ValueError(f"multiagent.policies[{pid!r}] must be (policy_cls, obs_space, "
+                                 f"action_space, config), got {spec!r}")
+            cls_spec, obs_space, action_space, overrides = spec
+            cls = default_cls if cls_spec is None else resolve_callable(
+                cls_spec, f"multiagent.policies[{pid!r}] class")
+            if cls is None:
+                raise ValueError(f"multiagent.policies[{pid!r}] names no policy class and the "
+                                 f"worker has no default policy class")
+            agents = [a for a in env.possible_agents if mapping_fn(a) == pid]
+            if obs_space is None or action_space is None:
+                if not agents:
+                    raise ValueError(f"multiagent.policies[{pid!r}] gives no spaces and no agent "
+                                     f"of {env.possible_agents} maps to it")
+                obs_space = obs_space or env.observation_spaces[agents[0]]
+                action_space = action_space or env.action_spaces[agents[0]]
+            self.policy_map[pid] = cls(obs_space, action_space,
+                                       self._policy_config(overrides or {}))
+        return mapping_fn
+
+    # ---- sampling ----------------------------------------------------------------------
+    def sample(self) -> SampleBatch | MultiAgentBatch:
+        """One batch of experience (see the module docstring for sizes and order)."""
+        batch = self.sampler.sample()
+        self.num_env_steps_sampled += batch.count
+        return batch
+
+    def sample_with_count(self) -> tuple[SampleBatch | MultiAgentBatch, int]:
+        """:meth:`sample` and its env-step count."""
+        batch = self.sample()
+        return batch, batch.count
+
+    def get_metrics(self) -> EpisodeMetrics:
+        """Episodes finished since the last call (mergeable across workers)."""
+        return self.env.pop_metrics()
+
+    # ---- learning ----------------------------------------------------------------------
+    def compute_gradients(self, batch: SampleBatch | MultiAgentBatch) -> tuple[Any, dict]:
+        """Gradients without applying them (forms in the module docstring)."""
+        if isinstance(batch, MultiAgentBatch):
+            grads: dict[str, list[np.ndarray]] = {}
+            info: dict[str, Any] = {}
+            for pid, policy_batch in batch.policy_batches.items():
+                if pid in self.policies_to_train:
+                    grads[pid], info[pid] = self.get_policy(pid).compute_gradients(policy_batch)
+            info["batch_count"] = batch.count
+            return grads, info
+        return self.get_policy(DEFAULT_POLICY_ID).compute_gradients(batch)
+
+    def apply_gradients(self, grads: Mapping[str, list[np.ndarray]] | list[np.ndarray]) -> None:
+        """Apply ``{policy_id: grads}`` or the default policy's ``grads``."""
+        if isinstance(grads, Mapping):
+            for pid, policy_grads in grads.items():
+                self.get_policy(pid).apply_gradients(policy_grads)
+        else:
+            self.get_policy(DEFAULT_POLICY_ID).apply_gradients(grads)
+
+    def learn_on_batch(self, batch: SampleBatch | MultiAgentBatch) -> dict[str, dict[str, Any]]:
+        """One update of every trainable policy with data in ``batch``: ``{policy_id: info}``."""
+        if isinstance(batch, SampleBatch):
+            return {DEFAULT_POLICY_ID: self.get_policy(DEFAULT_POLICY_ID).learn_on_batch(batch)}
+        return {pid: self.get_policy(pid).learn_on_batch(policy_batch)
+                for pid, policy_batch in batch.policy_batches.items()
+                if pid in self.policies_to_train}
+
+    # ---- policies and weights ------------------------------------------------------------
+    def get_policy(self, policy_id: str = DEFAULT_POLICY_ID) -> TorchPolicy:
+        """The policy ``policy_id``; ``KeyError`` naming the known ids otherwise."""
+        try:
+            return self.policy_map[policy_id]
+        except KeyError:
+            raise KeyError(f"no policy {policy_id!r} on this worker; policies are "
+                           f"{sorted(self.policy_map)}") from None
+
+    def foreach_policy(self, fn: Callable[[TorchPolicy, str], Any]) -> list[Any]:
+        """``[fn(policy, policy_id)]`` over all policies."""
+        return [fn(policy, pid) for pid, policy in self.policy_map.items()]
+
+    def foreach_trainable_policy(self, fn: Callable[[TorchPolicy, str], Any]) -> list[Any]:
+        """``[fn(policy, policy_id)]`` over ``policies_to_train``."""
+        return [fn(self.policy_map[pid], pid) for pid in self.policies_to_train]
+
+    def get_weights(self, policies: list[str] | None = None) -> dict[str, dict[str, np.ndarray]]:
+        """``{policy_id: {param_name: array}}`` for ``policies`` (default: all)."""
+        ids = list(self.policy_map) if policies is None else policies
+        return {pid: self.get_policy(pid).get_weights() for pid in ids}
+
+    def set_weights(self, weights: Mapping[str, Mapping[str, np.ndarray]],
+                    global_timestep: int | None = None) -> None:
+        """Load :meth:`get_weights` output (any subset of policies); optionally also
+        :meth:`set_global_timestep`."""
+        for pid, policy_weights in weights.items():
+            self.get_policy(pid).set_weights(dict(policy_weights))
+        if global_timestep is not None:
+            self.set_global_timestep(global_timestep)
+
+    def set_global_timestep(self, timestep: int) -> None:
+        """Tell every policy the global env-step count."""
+        for policy in self.policy_map.values():
+            policy.on_global_timestep(int(timestep))
+
+    def get_state(self) -> dict[str, dict[str, Any]]:
+        """``{policy_id: policy.get_state()}`` for checkpoints."""
+        return {pid: policy.get_state() for pid, policy in self.policy_map.items()}
+
+    def set_state(self, state: Mapping[str, Mapping[str, Any]]) -> None:
+        """Restore :meth:`get_state` output."""
+        for pid, policy_state in state.items():
+            self.get_policy(pid).set_state(dict(policy_state))
+
+    def stop(self) -> None:
+        """Close the envs."""
+        self.env.close()
+
+
+def resolve_worker_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``WORKER_DEFAULTS`` overridden by ``config``, validated (``ValueError`` names the key,
+    the value and what is allowed)."""
+    cfg = {**WORKER_DEFAULTS, **config}
+    if cfg["batch_mode"] not in BATCH_MODES:
+        raise ValueError(f"batch_mode must be one of {BATCH_MODES}, got {cfg['batch_mode']!r}")
+    for key in ("rollout_fragment_length", "num_envs_per_worker"):
+        if not isinstance(cfg[key], int) or cfg[key] < 1:
+            raise ValueError(f"{key} must be an int >= 1, got {cfg[key]!r}")
+    multiagent = dict(cfg["multiagent"] or {})
+    unknown = sorted(set(multiagent) - set(MULTIAGENT_KEYS))
+    if unknown:
+        raise ValueError(f"unknown multiagent key(s) {unknown}; allowed: {list(MULTIAGENT_KEYS)}")
+    cfg["multiagent"] = multiagent
+    cfg["env_config"] = dict(cfg["env_config"] or {})
+    return cfg
+
+
+# ---- trajectory collection ---------------------------------------------------------------
+
+class _Trajectory:
+    """Rows of one agent in one env since the last flush, column by column."""
+
+    __slots__ = ("columns", "num_rows")
+
+    def __init__(self) -> None:
+        self.columns: dict[str, list[Any]] = {}
+        self.num_rows = 0
+
+    def add(self, row: Mapping[str, Any]) -> None:
+        if not self.columns:
+            self.columns = {key: [] for key in row}
+        for key, value in row.items():
+            self.columns[key].append(value)
+        self.num_rows += 1
+
+    def flush(self, policy: TorchPolicy) -> SampleBatch:
+        """The rows as a postprocessed batch; the trajectory is emptied."""
+        batch = SampleBatch({key: np.asarray(values) for key, values in self.columns.items()})
+        self.columns = {}
+        self.num_rows = 0
+        return policy.postprocess_trajectory(batch)
+
+
+def _env_actions(action_space: gym.Space, actions: np.ndarray, clip: bool) -> Any:
+    """Actions as the env wants them: Python ints for Discrete, clipped rows for Box."""
+    if isinstance(action_space, gym.spaces.Discrete):
+        return actions.tolist()
+    if clip and isinstance(action_space, gym.spaces.Box):
+        return np.clip(actions, action_space.low, action_space.high)
+    return actions
+
+
+class _SingleAgentSampler:
+    """Collects from a :class:`VectorEnv` with one policy."""
+
+    def __init__(self, env: VectorEnv, policy: TorchPolicy, *, fragment_length: int,
+                 complete_episodes: bool, explore: bool, clip_actions: bool,
+                 rng: np.random.Generator) -> None:
+        self.env = env
+        self.policy = policy
+        self.fragment_length = fragment_length
+        self.complete_episodes = complete_episodes
+        self.explore = explore
+        self.clip_actions = clip_actions
+        self.rng = rng
+        n = env.num_envs
+        self.obs: np.ndarray | None = None
+        self.trajectories = [_Trajectory() for _ in range(n)]
+        self.eps_ids = rng.integers(0, 2**62, size=n)
+        self.episode_steps = np.zeros(n, dtype=np.int64)
+        self.agent_index = np.zeros(n, dtype=np.int64)
+
+    def sample(self) -> SampleBatch:
+        if self.obs is None:
+            self.obs = self.env.reset()
+        pieces: list[list[SampleBatch]] = [[] for _ in range(self.env.num_envs)]
+        if self.complete_episodes:
+            target_env_steps = self.fragment_length * self.env.num_envs
+            collected = 0
+            while collected < target_env_steps:
+                collected += self._step(pieces)
+        else:
+            for _ in range(self.fragment_length):
+                self._step(pieces)
+            for i, trajectory in enumerate(self.trajectories):
+                if trajectory.num_rows:
+                    pieces[i].append(trajectory.flush(self.policy))
+        return SampleBatch.concat_samples([p for env_pieces in pieces for p in env_pieces])
+
+    def _step(self, pieces: list[list[SampleBatch]]) -> int:
+        """One step of every env; returns env steps of the episodes that ended."""
+        obs = self.obs
+        assert obs is not None
+        actions, extras = self.policy.compute_actions(obs, explore=self.explore)
+        step = self.env.step(_env_actions(self.env.action_space, actions, self.clip_actions))
+        columns = {
+            SampleBatch.OBS: obs,
+            SampleBatch.ACTIONS: actions,
+            SampleBatch.REWARDS: step.rewards,
+            SampleBatch.NEXT_OBS: step.next_obs,
+            SampleBatch.TERMINATEDS: step.terminateds,
+            SampleBatch.TRUNCATEDS: step.truncateds,
+            SampleBatch.EPS_ID: self.eps_ids,
+            SampleBatch.T: self.episode_steps,
+            SampleBatch.AGENT_INDEX: self.agent_index,
+            **extras,
+        }
+        finished_steps = 0
+        for i, trajectory in enumerate(self.trajectories):
+            trajectory.add({key: column[i] for key, column in columns.items()})
+        self.episode_steps = self.episode_steps + 1
+        for i in np.flatnonzero(step.dones).tolist():
+            pieces[i].append(self.trajectories[i].flush(self.policy))
+            finished_steps += int(self.episode_steps[i])
+            self.episode_steps[i] = 0
+            self.eps_ids[i] = self.rng.integers(0, 2**62)
+        self.obs = step.obs
+        return finished_steps
+
+
+@dataclass
+class _PendingAction:
+    """An agent's action waiting for the agent's next observation."""
+
+    obs: np.ndarray
+    action: Any
+    extras: dict[str, Any]
+    reward: float
+    policy_id: str
+
+
+class _MultiAgentSampler:
+    """Collects from a :class:`MultiAgentVectorEnv`, one batched forward per policy."""
+
+    def __init__(self, env: MultiAgentVectorEnv, policies: Mapping[str, TorchPolicy],
+                 mapping_fn: Callable[[str], str], *, fragment_length: int,
+                 complete_episodes: bool, explore: bool, clip_actions: bool,
+                 rng: np.random.Generator) -> None:
+        self.env = env
+        self.policies = policies
+        self.mapping_fn = mapping_fn
+        self.fragment_length = fragment_length
+        self.complete_episodes = complete_episodes
+        self.explore = explore
+        self.clip_actions = clip_actions
+        self.rng = rng
+        n = env.num_envs
+        self.obs: list[dict[str, Any]] | None = None
+        self.trajectories: list[dict[str, _Trajectory]] = [{} for _ in range(n)]
+        self.pending: list[dict[str, _PendingAction]] = [{} for _ in range(n)]
+        self.agent_policy: list[dict[str, str]] = [{} for _ in range(n)]
+        self.agent_index: list[dict[str, int]] = [{} for _ in range(n)]
+        self.agent_steps: list[dict[str, int]] = [{} for _ in range(n)]
+        self.done_agents: list[set[str]] = [set() for _ in range(n)]
+        self.eps_ids = rng.integers(0, 2**62, size=n)
+        self.episode_steps = [0] * n
+        # postprocessed pieces of each env's current episode, per policy
+        self.episode_pieces: list[list[tuple[str, SampleBatch]]] = [[] for _ in range(n)]
+
+    def sample(self) -> MultiAgentBatch:
+        if self.obs is None:
+            self.obs = self.env.reset()
+        out: list[tuple[str, SampleBatch]] = []
+        if self.complete_episodes:
+            env_steps = 0
+            target_env_steps = self.fragment_length * self.env.num_envs
+            while env_steps < target_env_steps:
+                env_steps += self._step(out)
+        else:
+            for _ in range(self.fragment_length):
+                self._step(out)
+            env_steps = self.fragment_length * self.env.num_envs
+            for i in range(self.env.num_envs):
+                self._flush_env(i)
+                out.extend(self.episode_pieces[i])
+                self.episode_pieces[i] = []
+        per_policy: dict[str, list[SampleBatch]] = {}
+        for pid, piece in out:
+            per_policy.setdefault(pid, []).append(piece)
+        return MultiAgentBatch(
+            {pid: SampleBatch.concat_samples(b) for pid, b in per_policy.items()}, env_steps)
+
+    def _policy_id(self, i: int, agent_id: str) -> str:
+        pid = self.agent_policy[i].get(agent_id)
+        if pid is None:
+            pid = self.mapping_fn(agent_id)
+            if pid not in self.policies:
+                raise ValueError(f"policy_mapping_fn({agent_id!r}) returned {pid!r}, not one of "
+                                 f"{sorted(self.policies)}")
+            self.agent_policy[i][agent_id] = pid
+            self.agent_index[i][agent_id] = len(self.agent_index[i])
+        return pid
+
+    def _step(self, out: list[tuple[str, SampleBatch]]) -> int:
+        """One step of every env; returns env steps of the episodes that ended."""
+        assert self.obs is not None
+        groups: dict[str, tuple[list[tuple[int, str]], list[Any]]] = {}
+        for i, obs_dict in enumerate(self.obs):
+            for agent_id, agent_obs in obs_dict.items():
+                if agent_id not in self.done_agents[i]:
+                    keys, obs_rows = groups.setdefault(self._policy_id(i, agent_id), ([], []))
+                    keys.append((i, agent_id))
+                    obs_rows.append(agent_obs)
+        action_dicts: list[dict[str, Any]] = [{} for _ in range(self.env.num_envs)]
+        for pid, (keys, obs_rows) in groups.items():
+            policy = self.policies[pid]
+            obs = np.stack(obs_rows)
+            actions, extras = policy.compute_actions(obs, explore=self.explore)
+            env_actions = _env_actions(policy.action_space, actions, self.clip_actions)
+            for j, (i, agent_id) in enumerate(keys):
+                action_dicts[i][agent_id] = env_actions[j]
+                self.pending[i][agent_id] = _PendingAction(
+                    obs[j], actions[j], {k: v[j] for k, v in extras.items()}, 0.0, pid)
+        finished_steps = 0
+        for i, step in enumerate(self.env.step(action_dicts)):
+            self.episode_steps[i] += 1
+            self._close_transitions(i, step.obs, step.rewards, step.terminateds,
+                                    step.truncateds, step.episode_done)
+            if step.episode_done:
+                self._flush_env(i)
+                if self.complete_episodes:
+                    out.extend(self.episode_pieces[i])
+                    self.episode_pieces[i] = []
+                finished_steps += self.episode_steps[i]
+                self._start_episode(i)
+                self.obs[i] = step.reset_obs or {}
+            else:
+                self.obs[i] = step.obs
+        return finished_steps
+
+    def _close_transitions(self, i: int, obs: dict, rewards: dict, terminateds: dict,
+                           truncateds: dict, episode_done: bool) -> None:
+        pending = self.pending[i]
+        for agent_id, reward in rewards.items():
+            if agent_id in pending:
+                pending[agent_id].reward += float(reward)
+        for agent_id in list(pending):
+            agent_terminated = bool(terminateds.get(agent_id, False))
+            agent_truncated = bool(truncateds.get(agent_id, False))
+            if not (agent_id in obs or agent_terminated or agent_truncated or episode_done):
+                continue  # not this agent's turn yet: keep summing its rewards
+            act = pending.pop(agent_id)
+            terminated = agent_terminated or bool(terminateds[ALL_AGENTS])
+            truncated = not terminated and (agent_truncated or bool(truncateds[ALL_AGENTS]))
+            t = self.agent_steps[i].get(agent_id, 0)
+            self.agent_steps[i][agent_id] = t + 1
+            trajectory = self.trajectories[i].setdefault(agent_id, _Trajectory())
+            trajectory.add({
+                SampleBatch.OBS: act.obs,
+                SampleBatch.ACTIONS: act.action,
+                SampleBatch.REWARDS: np.float32(act.reward),
+                SampleBatch.NEXT_OBS: obs.get(agent_id, act.obs),
+                SampleBatch.TERMINATEDS: terminated,
+                SampleBatch.TRUNCATEDS: truncated,
+                SampleBatch.EPS_ID: self.eps_ids[i],
+                SampleBatch.T: t,
+                SampleBatch.AGENT_INDEX: self.agent_index[i][agent_id],
+                **act.extras,
+            })
+            if terminated or truncated:
+                self.done_agents[i].add(agent_id)
+                self._flush_agent(i, agent_id)
+
+    def _flush_agent(self, i: int, agent_id: str) -> None:
+        trajectory = self.trajectories[i].get(agent_id)
+        if trajectory is not None and trajectory.num_rows:
+            pid = self.agent_policy[i][agent_id]
+            self.episode_pieces[i].append((pid, trajectory.flush(self.policies[pid])))
+
+    def _flush_env(self, i: int) -> None:
+        for agent_id in self.trajectories[i]:
+            self._flush_agent(i, agent_id)
+
+    def _start_episode(self, i: int) -> None:
+        self.trajectories[i] = {}
+        self.pending[i] = {}
+        self.agent_policy[i] = {}
+        self.agent_index[i] = {}
+        self.agent_steps[i] = {}
+        self.done_agents[i] = set()
+        self.eps_ids[i] = self.rng.integers(0, 2**62)
+        self.episode_steps[i] = 0
