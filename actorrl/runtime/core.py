@@ -120,7 +120,7 @@ class Runtime:
         self.loop_thread_id = threading.get_ident()
         self.name = name
         self.codec = Codec()
-        self.store = ObjectStore()
+        self.store = ObjectStore(loop)
         self.server = RpcServer(self._on_request, codec=self.codec)
         self.address = self.server.bind(f"ipc://{os.path.join(address_dir, name)}.sock")
         for address in extra_bind:
@@ -315,6 +315,10 @@ class Runtime:
             raise ObjectLostError(
                 str(self._died_error(ref.owner, f"owner of {ref!r}", exc))) from None
         return status, value
+
+    def on_ready(self, ref: ObjectRef, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` on the loop once ``ref`` is ready (value or error)."""
+        self._readiness(ref).add_done_callback(lambda _f: callback())
 
     def _readiness(self, ref: ObjectRef) -> asyncio.Future:
         """A future done when ``ref`` is ready (value or error); never raises itself."""

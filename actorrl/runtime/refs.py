@@ -12,8 +12,10 @@ it). Refs passed directly as call arguments are kept alive until that call compl
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -96,13 +98,21 @@ Waiter = Callable[[int, Any], None]
 class ObjectStore:
     """Objects owned by this process: id -> (status, value), plus waiters for pending ids.
 
+    A request for an id this store has never heard of waits up to ``unknown_wait_s``: the
+    call that produces it may still be on its way (a consumer's fetch can overtake the
+    producer's call on another connection). Ids freed recently answer MISSING at once.
     Single-threaded: used only from the process's event loop.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None,
+                 unknown_wait_s: float = 60.0, remember_freed: int = 100_000) -> None:
+        self._loop = loop
+        self._unknown_wait_s = unknown_wait_s
         self._objects: dict[bytes, tuple[int, Any]] = {}
         self._pending: dict[bytes, list[Waiter]] = {}
         self._free_on_completion: set[bytes] = set()
+        self._freed: OrderedDict[bytes, None] = OrderedDict()
+        self._remember_freed = remember_freed
 
     def __len__(self) -> int:
         return len(self._objects)
@@ -119,6 +129,7 @@ class ObjectStore:
         waiters = self._pending.pop(object_id, ())
         if object_id in self._free_on_completion:
             self._free_on_completion.discard(object_id)
+            self._remember(object_id)
         else:
             self._objects[object_id] = (status, value)
         for waiter in waiters:
@@ -135,13 +146,28 @@ class ObjectStore:
             waiter(*found)
         elif object_id in self._pending:
             self._pending[object_id].append(waiter)
-        else:
+        elif object_id in self._freed or self._loop is None:
             waiter(STATUS_MISSING, None)
+        else:
+            self._pending[object_id] = [waiter]
+            self._loop.call_later(self._unknown_wait_s, self._expire_unknown, object_id)
+
+    def _expire_unknown(self, object_id: bytes) -> None:
+        if object_id in self._pending and object_id not in self._objects:
+            for waiter in self._pending.pop(object_id):
+                waiter(STATUS_MISSING, None)
 
     def free(self, object_id: bytes) -> None:
         """Drop an object; a pending one is dropped as soon as it is produced."""
-        if self._objects.pop(object_id, None) is None and object_id in self._pending:
+        if self._objects.pop(object_id, None) is not None:
+            self._remember(object_id)
+        elif object_id in self._pending:
             self._free_on_completion.add(object_id)
+
+    def _remember(self, object_id: bytes) -> None:
+        self._freed[object_id] = None
+        if len(self._freed) > self._remember_freed:
+            self._freed.popitem(last=False)
 
     def fail_pending(self, error: Any) -> None:
         """Fail every pending object with ``error`` (status ERROR)."""

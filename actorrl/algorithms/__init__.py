@@ -1,0 +1,33 @@
+"""Algorithms: a typed config, a policy and a pipeline each, run by the Trainer."""
+
+from __future__ import annotations
+
+import difflib
+
+from actorrl.algorithms.trainer import AlgorithmSpec, Trainer
+
+
+def _registry() -> dict[str, AlgorithmSpec]:
+    from actorrl.algorithms.impala import IMPALA
+
+    return {spec.name: spec for spec in (IMPALA,)}
+
+
+def algorithm_names() -> list[str]:
+    """Names accepted by :func:`get_algorithm`."""
+    return sorted(_registry())
+
+
+def get_algorithm(name: str) -> AlgorithmSpec:
+    """The spec of algorithm ``name``; a clear error with suggestions otherwise."""
+    registry = _registry()
+    spec = registry.get(name.lower())
+    if spec is None:
+        close = difflib.get_close_matches(name.lower(), list(registry), n=2, cutoff=0.5)
+        hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+        raise ValueError(f"unknown algorithm {name!r}; choose one of "
+                         f"{', '.join(algorithm_names())}.{hint}")
+    return spec
+
+
+__all__ = ["AlgorithmSpec", "Trainer", "algorithm_names", "get_algorithm"]

@@ -1,0 +1,230 @@
+"""The trainer: builds an algorithm's actors, runs its pipeline, reports RLlib results.
+
+All wiring for a job lives here: which actors exist (rollout workers, the learner, replay
+shards via the pipeline), where they run, how a failed worker is replaced, and what one
+training iteration's result dict holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from actorrl.config import AlgorithmConfig
+from actorrl.envs import EpisodeMetrics, EpisodeWindow
+from actorrl.runtime import ActorDiedError, ActorHandle, Driver, Runtime
+
+log = logging.getLogger(__name__)
+
+WORKER_CLASS = "actorrl.rollout_actor:RolloutWorkerActor"
+LEARNER_CLASS = "actorrl.learner.actor:LearnerActor"
+
+
+class Pipeline(Protocol):
+    """What every pipeline exposes to the trainer (RLlib's PolicyOptimizer surface)."""
+
+    workers: list[ActorHandle]
+
+    @property
+    def num_steps_sampled(self) -> int: ...
+
+    @property
+    def num_steps_trained(self) -> int: ...
+
+    async def step(self) -> Any: ...
+
+    async def stats(self) -> dict[str, Any]: ...
+
+    async def stop(self) -> None: ...
+
+    def reset(self, workers: list[ActorHandle]) -> None: ...
+
+
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    """An algorithm: its config class, policy class path, and how to build its pipeline."""
+
+    name: str
+    config_cls: type[AlgorithmConfig]
+    policy: str
+    build_pipeline: Callable[[Trainer], Pipeline]
+    learner_config: Callable[[Any], dict[str, Any]] | None = None
+    """Learner settings from the config; None: the algorithm has no learner process."""
+    learner_placement: str = "learner"
+    """Name of the actor the learner-side actors (replay shards) are placed next to."""
+
+
+class Trainer:
+    """Runs one algorithm on a :class:`Driver`'s actors. Create with :meth:`create`."""
+
+    def __init__(self, spec: AlgorithmSpec, config: AlgorithmConfig, driver: Driver) -> None:
+        self.spec = spec
+        self.config = config
+        self.driver = driver
+        self.runtime: Runtime = driver.runtime
+        self.workers: list[ActorHandle] = []
+        self.learner: ActorHandle | None = None
+        self.pipeline: Pipeline | None = None
+        self.episodes = EpisodeWindow(config.metrics_smoothing_episodes)
+        self.iteration = 0
+        self.time_total_s = 0.0
+        self.timesteps_offset = 0
+        self.trained_offset = 0
+        self.worker_config = config.to_dict()
+        self.num_worker_restarts = 0
+
+    @classmethod
+    async def create(cls, spec: AlgorithmSpec, config: AlgorithmConfig, driver: Driver
+                     ) -> Trainer:
+        """Start the workers and the learner, sync their weights, build the pipeline."""
+        trainer = cls(spec, config, driver)
+        await trainer._setup()
+        return trainer
+
+    async def _setup(self) -> None:
+        config = self.config
+        starts = [self._start_worker(i) for i in range(1, config.num_workers + 1)]
+        if self.spec.learner_config is not None:
+            starts.append(self._start_learner())
+        started = await asyncio.gather(*starts)
+        self.workers = list(started[: config.num_workers])
+        if self.spec.learner_config is not None:
+            self.learner = started[-1]
+            await self.broadcast_learner_weights()
+        self.pipeline = self.spec.build_pipeline(self)
+
+    async def _start_worker(self, index: int) -> ActorHandle:
+        return await self.driver.create_actor(
+            WORKER_CLASS,
+            args=(self.config.env, self.spec.policy, self.worker_config),
+            kwargs={"worker_index": index, "num_workers": self.config.num_workers},
+            num_cpus=1, name=f"worker-{index}")
+
+    async def _start_learner(self) -> ActorHandle:
+        assert self.spec.learner_config is not None
+        learner_config = self.spec.learner_config(self.config)
+        num_gpus = 0.0 if self.config._fake_gpus else float(self.config.num_gpus)
+        return await self.driver.create_actor(
+            LEARNER_CLASS,
+            args=(self.config.env, self.spec.policy, self.worker_config, learner_config),
+            num_cpus=1, num_gpus=num_gpus, name="learner")
+
+    async def broadcast_learner_weights(self, workers: list[ActorHandle] | None = None
+                                        ) -> None:
+        """Give ``workers`` (default: all) the learner's current weights."""
+        assert self.learner is not None
+        weights = self.learner.get_weights.remote()
+        targets = self.workers if workers is None else workers
+        await self.runtime.get_async([w.set_weights.remote(weights) for w in targets],
+                                     timeout_s=120)
+
+    async def replace_worker(self, dead: ActorHandle) -> ActorHandle | None:
+        """Start a fresh worker in place of ``dead`` (same index), synced to the learner."""
+        try:
+            new = await self.driver.restart_actor(dead)
+        except Exception as exc:  # keep training with the workers left
+            log.error("could not replace rollout worker %r: %s", dead, exc)
+            return None
+        self.num_worker_restarts += 1
+        self.workers = [new if w == dead else w for w in self.workers]
+        if self.learner is not None:
+            await self.broadcast_learner_weights([new])
+        log.warning("replaced rollout worker %r with %r", dead, new)
+        return new
+
+    # ---- iterations ---------------------------------------------------------------------
+    async def train(self) -> dict[str, Any]:
+        """Run pipeline steps for at least ``min_iter_time_s`` and
+        ``timesteps_per_iteration`` env steps; return one result dict."""
+        assert self.pipeline is not None
+        config = self.config
+        start = time.perf_counter()
+        sampled_before = self.pipeline.num_steps_sampled
+        while True:
+            await self.pipeline.step()
+            elapsed = time.perf_counter() - start
+            sampled = self.pipeline.num_steps_sampled - sampled_before
+            if elapsed >= config.min_iter_time_s and sampled >= config.timesteps_per_iteration:
+                break
+        episodes = await self._collect_metrics()
+        time_this_iter = time.perf_counter() - start
+        self.iteration += 1
+        self.time_total_s += time_this_iter
+        info = await self.pipeline.stats()
+        info["num_worker_restarts"] = self.num_worker_restarts
+        sampled_total = self.pipeline.num_steps_sampled + self.timesteps_offset
+        return {
+            **self.episodes.update(episodes),
+            "timesteps_total": sampled_total,
+            "timesteps_this_iter": self.pipeline.num_steps_sampled - sampled_before,
+            "num_steps_trained": self.pipeline.num_steps_trained + self.trained_offset,
+            "training_iteration": self.iteration,
+            "time_this_iter_s": time_this_iter,
+            "time_total_s": self.time_total_s,
+            "num_healthy_workers": len(self.pipeline.workers),
+            "timestamp": time.time(),
+            "info": info,
+        }
+
+    async def _collect_metrics(self) -> EpisodeMetrics:
+        assert self.pipeline is not None
+        workers = list(self.pipeline.workers)
+        refs = [w.get_metrics.remote() for w in workers]
+        results = await asyncio.gather(
+            *(self.runtime.get_async(r, timeout_s=60) for r in refs), return_exceptions=True)
+        metrics = [r for r in results if isinstance(r, EpisodeMetrics)]
+        for worker, result in zip(workers, results):
+            if isinstance(result, ActorDiedError):
+                log.warning("could not collect metrics from %r: %s", worker, result)
+            elif isinstance(result, BaseException):
+                raise result
+        return EpisodeMetrics.merge(metrics)
+
+    # ---- state --------------------------------------------------------------------------
+    async def get_state(self) -> dict[str, Any]:
+        """Everything a checkpoint needs: policy states (weights + optimizer), counters."""
+        source = self.learner if self.learner is not None else self.workers[0]
+        assert self.pipeline is not None
+        policies = await self.runtime.get_async(source.get_state.remote(), timeout_s=120)
+        if self.learner is not None:
+            policies = policies["policies"]
+        return {
+            "algorithm": self.spec.name,
+            "config": self.config.to_dict(),
+            "policies": policies,
+            "iteration": self.iteration,
+            "time_total_s": self.time_total_s,
+            "timesteps_total": self.pipeline.num_steps_sampled + self.timesteps_offset,
+            "num_steps_trained": self.pipeline.num_steps_trained + self.trained_offset,
+        }
+
+    async def set_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`get_state` output; counters continue from the checkpoint."""
+        if state.get("algorithm") != self.spec.name:
+            raise ValueError(f"checkpoint is for {state.get('algorithm')!r}, not "
+                             f"{self.spec.name!r}")
+        targets = [self.learner] if self.learner is not None else list(self.workers)
+        payload = ({"policies": state["policies"], "version": 0}
+                   if self.learner is not None else state["policies"])
+        await self.runtime.get_async([t.set_state.remote(payload) for t in targets],
+                                     timeout_s=120)
+        if self.learner is not None:
+            await self.broadcast_learner_weights()
+        self.iteration = int(state["iteration"])
+        self.time_total_s = float(state["time_total_s"])
+        assert self.pipeline is not None
+        self.timesteps_offset = int(state["timesteps_total"]) - self.pipeline.num_steps_sampled
+        self.trained_offset = int(state["num_steps_trained"]) - self.pipeline.num_steps_trained
+
+    async def stop(self) -> None:
+        """Stop the pipeline and every actor of this job."""
+        if self.pipeline is not None:
+            await self.pipeline.stop()
+        actors = [*self.workers, *([self.learner] if self.learner else [])]
+        actors += list(getattr(self.pipeline, "actors_to_stop", []))
+        await asyncio.gather(*(self.driver.kill_actor(a) for a in actors),
+                             return_exceptions=True)

@@ -1,0 +1,1 @@
+"""The learner: LearnerThread / multi-tower SGD, and the learner process actor."""

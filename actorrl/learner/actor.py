@@ -1,0 +1,194 @@
+"""The learner process: an actor that owns the trainable policies and learns in a thread.
+
+It holds a local :class:`RolloutWorker` (RLlib's "local worker") whose policies it trains.
+Batches arrive as refs resolved straight from their owners (workers or replay shards), go
+into the learner thread's bounded in-queue, and results (counts, stats, per-sample outputs
+such as ``td_error``) are drained by the coordinator with :meth:`take_results`. The event
+loop stays free while the thread learns, so ``get_weights`` and ``stats`` answer at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from actorrl.batch import SampleBatch
+from actorrl.learner.config import LearnerConfig
+from actorrl.learner.thread import LearnerResult, make_learner_thread
+from actorrl.learner.towers import move_policy_to
+from actorrl.rollout import RolloutWorker
+from actorrl.runtime import ObjectRef, Runtime
+
+
+class LearnerError(RuntimeError):
+    """The learner thread stopped with an error; the message carries its traceback."""
+
+
+class LearnerActor:
+    """Actor wrapper of the learner. Construct with the same env / policy / worker config as
+    the rollout workers, plus the learner's own settings (see :class:`LearnerConfig`)."""
+
+    def __init__(self, env: str, policy: str, worker_config: Mapping[str, Any],
+                 learner_config: Mapping[str, Any], start_thread: bool = True) -> None:
+        config = dict(worker_config)
+        config["num_envs_per_worker"] = 1
+        self.worker = RolloutWorker(env, policy, config, worker_index=0,
+                                    num_workers=int(worker_config.get("num_workers", 0)))
+        self.config = LearnerConfig(**learner_config)
+        if not self.config.multi_tower and torch.cuda.is_available() and self.config.num_gpus:
+            self.worker.foreach_policy(lambda p, _pid: move_policy_to(p, torch.device("cuda")))
+        self.thread = make_learner_thread(self.worker, self.config)
+        self.device = str(getattr(self.thread, "devices", ["cpu"])[0])
+        self.weights_version = 0
+        self.num_steps_trained = 0
+        self._seen_steps = 0
+        self._results: list[LearnerResult] = []
+        self._put_thread_lock = threading.Lock()
+        if start_thread:
+            self.thread.start()
+
+    # ---- feeding ----------------------------------------------------------------------
+    def _check(self) -> None:
+        if self.thread.error is not None:
+            raise LearnerError(f"the learner thread failed: {self.thread.error!r}\n"
+                               f"{self.thread.error_traceback}")
+
+    def enqueue(self, tag: Any, batch: SampleBatch) -> bool:
+        """Put ``(tag, batch)`` in the in-queue if there is room; False when full (the
+        caller counts a drop)."""
+        self._check()
+        try:
+            self.thread.inqueue.put_nowait((tag, batch))
+        except queue.Full:
+            return False
+        return True
+
+    async def enqueue_wait(self, tag: Any, batch: SampleBatch, timeout_s: float = 600.0
+                           ) -> int:
+        """Put ``(tag, batch)`` in the in-queue, waiting (off the loop) while it is full.
+        Returns the queue size after the put."""
+        self._check()
+        await asyncio.to_thread(self.thread.inqueue.put, (tag, batch), True, timeout_s)
+        return self.thread.inqueue.qsize()
+
+    async def enqueue_refs(self, tag: Any, refs: list[ObjectRef], block: bool = True,
+                           timeout_s: float = 600.0) -> dict[str, Any]:
+        """Fetch sample batches straight from their owners (and free them there), join them
+        into one train batch, and enqueue it (waiting for room when ``block``, else dropping
+        when full). Returns ``{"queued", "count", "queue_size"}``."""
+        self._check()
+        batches = await Runtime.current().get_and_free_async(refs)
+        batch = await asyncio.to_thread(self._join, batches)
+        if block:
+            await asyncio.to_thread(self.thread.inqueue.put, (tag, batch), True, timeout_s)
+            queued = True
+        else:
+            queued = self.enqueue(tag, batch)
+        return {"queued": queued, "count": batch.count, "queue_size": self.queue_size()}
+
+    def _join(self, batches: list[Any]) -> Any:
+        batch = SampleBatch.concat_samples(batches)
+        unit = self.config.num_towers * self.config.tower_rows_multiple
+        if self.config.multi_tower and isinstance(batch, SampleBatch) and batch.count % unit:
+            # Towers need equal shards of whole sequences: drop the ragged tail.
+            batch = batch.slice(0, batch.count - batch.count % unit)
+        return batch
+
+    def queue_size(self) -> int:
+        """Batches waiting in the in-queue."""
+        return self.thread.inqueue.qsize()
+
+    def queue_full(self) -> bool:
+        """True when :meth:`enqueue` would drop."""
+        return self.thread.inqueue.full()
+
+    # ---- results ----------------------------------------------------------------------
+    async def take_results(self, wait_s: float = 0.0) -> dict[str, Any]:
+        """Drain finished learning steps: ``results`` (tag, env_steps, agent_steps,
+        per_sample) plus the current weights version and counters. With ``wait_s`` > 0,
+        wait (off the loop) up to that long for at least one result."""
+        self._check()
+        finished: list[LearnerResult] = []
+        if wait_s > 0 and self.thread.outqueue.empty():
+            try:
+                finished.append(
+                    await asyncio.to_thread(self.thread.outqueue.get, True, wait_s))
+            except queue.Empty:
+                self._check()
+        while True:
+            try:
+                finished.append(self.thread.outqueue.get_nowait())
+            except queue.Empty:
+                break
+        out = []
+        for result in finished:
+            self.num_steps_trained += result.env_steps
+            out.append({"tag": result.tag, "env_steps": result.env_steps,
+                        "agent_steps": result.agent_steps, "per_sample": result.per_sample})
+        return {"results": out, "weights_version": self.current_version(),
+                "num_steps_trained": self.num_steps_trained}
+
+    def current_version(self) -> int:
+        """Increases with every update applied to the weights."""
+        return self.thread.num_steps + self.weights_version
+
+    # ---- weights ----------------------------------------------------------------------
+    def get_weights(self) -> dict[str, Any]:
+        """``{"version": v, "weights": {policy_id: {name: array}}}`` read consistently
+        between two updates."""
+        with self.thread.update_lock:
+            return {"version": self.current_version(), "weights": self.worker.get_weights()}
+
+    def set_weights(self, weights: Mapping[str, Any]) -> int:
+        """Load weights (``{policy_id: {name: array}}``); returns the new version."""
+        with self.thread.update_lock:
+            self.worker.set_weights(weights)
+            self.weights_version += 1
+        return self.current_version()
+
+    def apply_gradients(self, grads: Any) -> int:
+        """Apply gradients computed by a rollout worker (A3C); returns the new version."""
+        with self.thread.update_lock:
+            self.worker.apply_gradients(grads)
+            self.weights_version += 1
+        return self.current_version()
+
+    def set_global_timestep(self, timestep: int) -> None:
+        """Tell the policies the global env-step count (schedules)."""
+        self.worker.set_global_timestep(timestep)
+
+    # ---- stats and state --------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """learner_queue window stats, last learner info, timing_breakdown, counters."""
+        self._check()
+        return {
+            "learner_queue": self.thread.learner_queue_size.stats(),
+            "learner": self.thread.learner_info,
+            "timing_breakdown": self.thread.timing_breakdown(),
+            "num_steps": self.thread.num_steps,
+            "weights_updated": self.thread.weights_updated,
+            "device": self.device,
+            "num_towers": self.config.num_towers,
+        }
+
+    def get_state(self) -> dict[str, Any]:
+        """Policy weights and optimizer states plus counters, for checkpoints."""
+        with self.thread.update_lock:
+            return {"policies": self.worker.get_state(), "version": self.current_version(),
+                    "num_steps_trained": self.num_steps_trained}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`get_state` output."""
+        with self.thread.update_lock:
+            self.worker.set_state(state["policies"])
+            self.weights_version = int(state.get("version", 0)) - self.thread.num_steps
+            self.num_steps_trained = int(state.get("num_steps_trained", 0))
+
+    def stop(self) -> None:
+        """Stop the learner thread."""
+        self.thread.stop()

@@ -1,0 +1,163 @@
+"""Data-parallel SGD over model replicas ("towers"), one per device.
+
+A :class:`TowerSet` wraps one policy. Tower 0 *is* the policy's model; the others are
+replicas on their own devices. A batch is split into equal contiguous shards, one per tower,
+and pre-loaded into one of ``num_stacks`` stacks (device tensors ready to use). A learning
+step computes the policy's loss on every tower's shard, averages the gradients into tower
+0, applies them once with the policy's optimizer (clipping included), and copies the new
+parameters back to the replicas, so all towers stay identical.
+
+Because each tower's loss is a mean over its shard and the shards are equal in size, the
+averaged gradient equals the full-batch gradient: N towers give the same update as one.
+
+Towers on distinct CUDA devices run in parallel threads; CPU towers (``_fake_gpus``) share
+the same cores, so they run one after the other rather than fight over them.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import torch
+
+from actorrl.batch import SampleBatch
+from actorrl.policy.base import LossOutput, TorchPolicy
+
+
+def tower_devices(num_gpus: float, fake_gpus: bool) -> list[torch.device]:
+    """Devices for ``num_gpus`` towers (CPU replicas when ``fake_gpus``)."""
+    if num_gpus <= 0:
+        return [torch.device("cpu")]
+    if fake_gpus:
+        return [torch.device("cpu")] * int(num_gpus)
+    available = torch.cuda.device_count()
+    wanted = max(1, int(np.ceil(num_gpus)))
+    if available < wanted:
+        raise RuntimeError(
+            f"num_gpus={num_gpus} needs {wanted} CUDA devices but {available} are visible; "
+            "set num_gpus=0 to learn on the CPU, or _fake_gpus=True to test towers on CPU")
+    return [torch.device(f"cuda:{i}") for i in range(wanted)]
+
+
+def move_policy_to(policy: TorchPolicy, device: torch.device) -> None:
+    """Move every torch module a policy holds (model, target model...) to ``device``."""
+    for value in vars(policy).values():
+        if isinstance(value, torch.nn.Module):
+            value.to(device)
+    policy.device = device
+
+
+class TowerSet:
+    """Towers of one policy plus their pre-loaded batch stacks. Thread-safe per stack: a
+    loader thread may fill one stack while the learner learns on another."""
+
+    def __init__(self, policy: TorchPolicy, devices: list[torch.device], num_stacks: int = 1
+                 ) -> None:
+        if not devices:
+            raise ValueError("a TowerSet needs at least one device")
+        self.policy = policy
+        self.devices = devices
+        move_policy_to(policy, devices[0])
+        self.replicas: list[torch.nn.Module] = [policy.model]
+        for device in devices[1:]:
+            self.replicas.append(copy.deepcopy(policy.model).to(device))
+        self.stacks: list[list[dict[str, torch.Tensor]] | None] = [None] * num_stacks
+        self.stack_counts = [0] * num_stacks
+        self.stack_batches: list[SampleBatch | None] = [None] * num_stacks
+        parallel = len({d for d in devices}) > 1
+        self._pool = ThreadPoolExecutor(len(devices), "tower") if parallel else None
+        self._lock = threading.Lock()
+
+    @property
+    def num_towers(self) -> int:
+        """Number of replicas."""
+        return len(self.replicas)
+
+    def load(self, batch: SampleBatch, stack: int) -> int:
+        """Split ``batch`` across the towers into stack ``stack``; returns rows loaded."""
+        n = self.num_towers
+        if batch.count < n or batch.count % n:
+            raise ValueError(f"a batch of {batch.count} rows cannot be split evenly across "
+                             f"{n} towers; make train_batch_size a multiple of {n}")
+        shard = batch.count // n
+        tensors = []
+        for i, device in enumerate(self.devices):
+            part = batch.slice(i * shard, (i + 1) * shard)
+            if device.type == "cuda":
+                cols = self.policy.batch_to_tensors(part, torch.device("cpu"))
+                tensors.append({k: v.pin_memory().to(device, non_blocking=True)
+                                for k, v in cols.items()})
+            else:
+                tensors.append(self.policy.batch_to_tensors(part, device))
+        self.stacks[stack] = tensors
+        self.stack_counts[stack] = batch.count
+        self.stack_batches[stack] = batch
+        return batch.count
+
+    def release(self, stack: int) -> None:
+        """Free a stack's tensors."""
+        self.stacks[stack] = None
+        self.stack_batches[stack] = None
+        self.stack_counts[stack] = 0
+
+    def _tower_loss(self, i: int, tensors: dict[str, torch.Tensor]) -> LossOutput:
+        model = self.replicas[i]
+        model.train()
+        for p in model.parameters():
+            p.grad = None
+        out = self.policy.loss(model, tensors)
+        out.loss.backward()
+        return out
+
+    def learn_on_loaded(self, stack: int) -> dict[str, Any]:
+        """One SGD step on a loaded stack; returns ``learner_stats`` and per-sample outputs
+        (concatenated in the batch's row order)."""
+        tensors = self.stacks[stack]
+        if tensors is None:
+            raise RuntimeError(f"tower stack {stack} is not loaded")
+        with self._lock:
+            if self._pool is not None:
+                outs = list(self._pool.map(self._tower_loss, range(self.num_towers), tensors))
+            else:
+                outs = [self._tower_loss(i, t) for i, t in enumerate(tensors)]
+            self._average_gradients_into_tower0()
+            self.policy._clip_and_step()
+            self._sync_replicas()
+        stats: dict[str, float] = {}
+        for out in outs:
+            for key, value in out.stats.items():
+                value = float(value.detach().cpu()) if isinstance(value, torch.Tensor) else value
+                stats[key] = stats.get(key, 0.0) + float(value) / len(outs)
+        info: dict[str, Any] = {"learner_stats": stats}
+        for key in outs[0].per_sample:
+            info[key] = np.concatenate([o.per_sample[key].detach().cpu().numpy() for o in outs])
+        return info
+
+    def _average_gradients_into_tower0(self) -> None:
+        if self.num_towers == 1:
+            return
+        main_params = list(self.replicas[0].parameters())
+        others = [list(r.parameters()) for r in self.replicas[1:]]
+        scale = 1.0 / self.num_towers
+        with torch.no_grad():
+            for j, main in enumerate(main_params):
+                grads = [p[j].grad for p in others if p[j].grad is not None]
+                if main.grad is None and not grads:
+                    continue
+                total = main.grad.clone() if main.grad is not None else torch.zeros_like(main)
+                for g in grads:
+                    total.add_(g.to(main.device))
+                main.grad = total.mul_(scale)
+
+    def _sync_replicas(self) -> None:
+        if self.num_towers == 1:
+            return
+        state = self.replicas[0].state_dict()
+        with torch.no_grad():
+            for replica in self.replicas[1:]:
+                for key, value in replica.state_dict().items():
+                    value.copy_(state[key])
