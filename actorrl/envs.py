@@ -23,7 +23,8 @@ Multi-agent protocol (:class:`MultiAgentEnv`)
     returned ``obs``. ``terminateds`` and ``truncateds`` also carry ``"__all__"``, which
     ends the episode for everybody. An agent whose own flag is set is done for the rest of
     the episode. Rewards are credited to the agent's last action and summed until the agent
-    next observes (turn-based games work). When an agent is done or the episode ends, the
+    next observes (turn-based games work); rewards before an agent's first action are
+    counted in the episode total only. When an agent is done or the episode ends, the
     env should include the agent's final observation in ``obs``; if it does not, the
     agent's last observation stands in. ``possible_agents``, ``observation_spaces`` and
     ``action_spaces`` describe the agents (used to infer policy spaces).
