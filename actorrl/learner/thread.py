@@ -157,22 +157,27 @@ class MultiTowerLearnerThread(LearnerThread):
             config.learner_queue_timeout, config.num_sgd_iter,
             init_num_passes=config.num_sgd_iter)
         self.loader_threads = [
-            threading.Thread(target=self._load_loop, name=f"learner-loader-{i}", daemon=True)
+            threading.Thread(target=self._load_loop, args=(i,), name=f"learner-loader-{i}",
+                             daemon=True)
             for i in range(config.num_data_load_threads)
         ]
         for thread in self.loader_threads:
             thread.start()
 
-    def _load_loop(self) -> None:
+    def _load_loop(self, index: int) -> None:
+        # Like RLlib, only the first loader reports into the learner's timers (a TimerStat
+        # times one block at a time).
+        queue_timer = self.queue_timer if index == 0 else TimerStat()
+        load_timer = self.load_timer if index == 0 else TimerStat()
         try:
             while not self.stopped:
-                with self.queue_timer:
+                with queue_timer:
                     tag, batch = self.inqueue.get()
                 if batch is None:
                     self.ready_tower_stacks.put(None)
                     return
                 stack = self.idle_tower_stacks.get()
-                with self.load_timer:
+                with load_timer:
                     ma = as_multi_agent(batch)
                     for pid, towers in self.towers.items():
                         if pid in ma.policy_batches:
