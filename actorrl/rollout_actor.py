@@ -54,6 +54,12 @@ class RolloutWorkerActor:
         """Gradients of the loss on ``batch`` and info with ``batch_count``."""
         return self.worker.compute_gradients(batch)
 
+    def compute_gradients_ref(self, batch: SampleBatch | MultiAgentBatch) -> dict[str, Any]:
+        """Gradients on ``batch`` kept here: ``{"grads": ref, "info": info}`` (info has
+        ``batch_count``), so whoever applies them fetches them from this worker."""
+        grads, info = self.worker.compute_gradients(batch)
+        return {"grads": Runtime.current().put(grads), "info": info}
+
     def sample_and_compute_gradients(self) -> tuple[Any, dict]:
         """``compute_gradients(sample())`` in one call; the sample never leaves."""
         return self.worker.compute_gradients(self.worker.sample())

@@ -424,8 +424,6 @@ def test_server_survives_malformed_messages_and_answers_when_it_can(server,
     assert server.alive(), server.log_tail()
 
 
-@pytest.mark.xfail(strict=True, reason="RpcServer._on_message drops a REQUEST of prefix only "
-                   "(len(frames) < 3, transport/rpc.py:122) although its id is readable")
 def test_request_without_body_gets_an_error_reply(raw_dealer) -> None:
     """A REQUEST that is only a valid prefix (no codec frames) is answered with an error,
     since its request id can be read (the module's stated contract)."""
@@ -514,9 +512,6 @@ async def test_pending_calls_fail_with_peer_lost_when_server_is_killed(doomed_se
         c.close()
 
 
-@pytest.mark.xfail(strict=True, reason="RpcClient keeps connected=True after "
-                   "EVENT_DISCONNECTED (transport/rpc.py:242), so a call made after the loss "
-                   "is queued for a peer that is gone and only ends at its deadline")
 async def test_call_after_peer_lost_fails_promptly(tmp_path) -> None:
     """Once the peer is known lost, a new call fails at once with PeerLostError instead of
     waiting for a reply that cannot come."""

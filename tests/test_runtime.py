@@ -222,3 +222,21 @@ async def test_async_api_driver(tmp_path):
         ref = driver.put(np.arange(5))
         assert (await driver.get(counter.echo.remote(ref), timeout_s=30)).tolist() == list(
             range(5))
+
+
+async def test_repeated_wait_leaves_nothing_behind_on_pending_refs(tmp_path):
+    """200 waits over a ref that stays pending leave its call future with no extra
+    callbacks (wait() removes its hooks from refs that did not become ready)."""
+    async with Driver.start(session_dir=str(tmp_path / "s")) as driver:
+        gate = await driver.create_actor("tests.actors.basic:Gate", timeout_s=60)
+        ready = gate.open.remote("other")
+        await driver.get(ready, timeout_s=30)
+        pending = gate.wait_for.remote("k", 1)
+        before = len(pending._future._callbacks)
+        for _ in range(200):
+            done, _ = await driver.wait([ready, pending], num_returns=1, timeout_s=10)
+            assert done == [ready]
+        after = len(pending._future._callbacks)
+        await driver.get(gate.open.remote("k"), timeout_s=30)
+        assert await driver.get(pending, timeout_s=30) == 1
+        assert after == before, f"{after - before} callbacks left by 200 waits"

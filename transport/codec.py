@@ -15,6 +15,7 @@ tensors, and types registered with :func:`register_type`. Anything else raises
 
 from __future__ import annotations
 
+import math
 import struct
 import sys
 import threading
@@ -123,14 +124,22 @@ def _array_from_ext(data: bytes, frames: Sequence[Any]) -> np.ndarray:
         pos += dlen
         shape = struct.unpack_from(f"<{ndim}q", data, pos)
         pos += 8 * ndim
-        if dtype.hasobject:
-            raise DecodeError("object arrays are never accepted from the wire")
+        if dtype.hasobject or dtype.fields is not None:
+            raise DecodeError("object and structured arrays are never accepted from the wire")
+        if any(d < 0 for d in shape):
+            raise DecodeError(f"malformed array header: negative dimension in array shape {shape}")
+        count = math.prod(shape)
         if index < 0:
             buf: Any = bytearray(memoryview(data)[pos:])  # small: copy so it is writable
         else:
+            if index >= len(frames):
+                raise DecodeError(
+                    f"malformed array header: refers to frame {index} of {len(frames)}")
             frame = frames[index]
             buf = frame.buffer if hasattr(frame, "buffer") else frame
-        count = int(np.prod(shape)) if ndim else 1
+        if memoryview(buf).nbytes != count * dtype.itemsize:
+            raise DecodeError(f"malformed array header: shape {shape} and dtype {dtype} needs "
+                              f"{count * dtype.itemsize} bytes, got {memoryview(buf).nbytes}")
         flat = np.frombuffer(buf, dtype=dtype, count=count)
         order = "F" if flags & _FLAG_FORTRAN else "C"
         return flat.reshape(shape, order=order)
@@ -244,7 +253,11 @@ class Codec:
                 return torch.from_numpy(arr)
             raise DecodeError(f"unknown msgpack extension type {code}")
 
-        def object_hook(obj: dict) -> Any:
+        def object_pairs_hook(pairs: list[tuple[Any, Any]]) -> Any:
+            try:
+                obj = dict(pairs)
+            except TypeError:  # list keys (tuples on the sender) come back as tuples
+                obj = {_hashable(k): v for k, v in pairs}
             tag = obj.get(TYPE_MARKER)
             if tag is None:
                 return obj
@@ -257,12 +270,16 @@ class Codec:
             return entry.from_wire(obj["v"])
 
         try:
-            return msgpack.unpackb(header, ext_hook=ext_hook, object_hook=object_hook,
+            return msgpack.unpackb(header, ext_hook=ext_hook, object_pairs_hook=object_pairs_hook,
                                    raw=False, strict_map_key=False, use_list=True)
         except DecodeError:
             raise
         except Exception as exc:
             raise DecodeError(f"cannot decode message header: {exc}") from exc
+
+
+def _hashable(key: Any) -> Any:
+    return tuple(_hashable(k) for k in key) if isinstance(key, list) else key
 
 
 _default_codec = Codec()

@@ -119,7 +119,7 @@ class RpcServer:
 
     def _on_message(self, frames: list[Any]) -> None:
         self.bytes_received += sum(_frame_len(f) for f in frames)
-        if len(frames) < 3:
+        if len(frames) < 2:
             self.messages_dropped += 1
             log.warning("dropped malformed message: %d frames", len(frames))
             return
@@ -135,6 +135,9 @@ class RpcServer:
             log.warning("dropped message of unknown kind %d", kind)
             return
         wants_reply = kind == KIND_REQUEST
+        if len(frames) < 3:
+            self._refuse(peer, request_id, wants_reply, DecodeError("request has no body"))
+            return
         size = sum(_frame_len(f) for f in frames[2:])
         if size > self.max_message_bytes:
             self._refuse(peer, request_id, wants_reply, ValueError(
@@ -240,6 +243,7 @@ class RpcClient:
             self.connected = True
             self._connect_timer.cancel()
         elif event == zmq.EVENT_DISCONNECTED and self.connected:
+            self.connected = False
             self._fail_all(PeerLostError(f"connection to {self.endpoint} was lost"))
         elif event in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):
             self._fail_all(PeerLostError(

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import queue
-import threading
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from actorrl.batch import SampleBatch
+from actorrl.batch import SampleBatch, as_multi_agent
 from actorrl.learner.config import LearnerConfig
 from actorrl.learner.thread import LearnerResult, make_learner_thread
 from actorrl.learner.towers import move_policy_to
@@ -47,8 +46,7 @@ class LearnerActor:
         self.weights_version = 0
         self.num_steps_trained = 0
         self._seen_steps = 0
-        self._results: list[LearnerResult] = []
-        self._put_thread_lock = threading.Lock()
+        self._accumulated: dict[str, tuple[list[Any] | None, int]] = {}
         if start_thread:
             self.thread.start()
 
@@ -80,16 +78,26 @@ class LearnerActor:
                            timeout_s: float = 600.0) -> dict[str, Any]:
         """Fetch sample batches straight from their owners (and free them there), join them
         into one train batch, and enqueue it (waiting for room when ``block``, else dropping
-        when full). Returns ``{"queued", "count", "queue_size"}``."""
+        it unfetched when the queue is full). Returns ``{"queued", "dropped", "count",
+        "queue_size"}``; ``None`` batches (a shard not replaying yet) are skipped."""
         self._check()
-        batches = await Runtime.current().get_and_free_async(refs)
+        runtime = Runtime.current()
+        if not block and self.thread.inqueue.full():
+            runtime.free(refs)  # dropped before fetching: no bandwidth spent on it
+            return {"queued": False, "dropped": True, "count": 0,
+                    "queue_size": self.queue_size()}
+        batches = [b for b in await runtime.get_and_free_async(refs) if b is not None]
+        if not batches:  # e.g. a replay shard before learning_starts
+            return {"queued": False, "dropped": False, "count": 0,
+                    "queue_size": self.queue_size()}
         batch = await asyncio.to_thread(self._join, batches)
         if block:
             await asyncio.to_thread(self.thread.inqueue.put, (tag, batch), True, timeout_s)
             queued = True
         else:
             queued = self.enqueue(tag, batch)
-        return {"queued": queued, "count": batch.count, "queue_size": self.queue_size()}
+        return {"queued": queued, "dropped": not queued, "count": batch.count,
+                "queue_size": self.queue_size()}
 
     def _join(self, batches: list[Any]) -> Any:
         batch = SampleBatch.concat_samples(batches)
@@ -157,6 +165,47 @@ class LearnerActor:
             self.worker.apply_gradients(grads)
             self.weights_version += 1
         return self.current_version()
+
+    async def apply_gradients_refs(self, refs: list[ObjectRef]) -> int:
+        """Fetch gradients straight from the worker that computed them (freeing them
+        there) and apply them; returns the new weights version."""
+        grads = await Runtime.current().get_and_free_async(refs[0])
+        return await asyncio.to_thread(self.apply_gradients, grads)
+
+    async def accumulate_gradients_refs(self, refs: list[ObjectRef]) -> dict[str, Any]:
+        """Microbatch step: fetch sample batches from their owners, compute gradients per
+        trainable policy on their concatenation, and add ``count * grad`` to the
+        accumulator. Returns the microbatch's row count and learner stats."""
+        batches = await Runtime.current().get_and_free_async(refs)
+        return await asyncio.to_thread(self._accumulate, batches)
+
+    def _accumulate(self, batches: list[Any]) -> dict[str, Any]:
+        batch = as_multi_agent(SampleBatch.concat_samples(batches))
+        stats: dict[str, Any] = {}
+        trainable = set(self.worker.policies_to_train)
+        with self.thread.update_lock:
+            for pid, policy_batch in batch.policy_batches.items():
+                if pid not in trainable or policy_batch.count == 0:
+                    continue
+                grads, info = self.worker.get_policy(pid).compute_gradients(policy_batch)
+                total, rows = self._accumulated.get(pid, (None, 0))
+                scaled = [g * policy_batch.count for g in grads]
+                total = scaled if total is None else [a + b for a, b in zip(total, scaled)]
+                self._accumulated[pid] = (total, rows + policy_batch.count)
+                stats[pid] = info.get("learner_stats", {})
+        return {"count": batch.count, "learner_stats": stats}
+
+    def apply_accumulated_gradients(self) -> dict[str, Any]:
+        """Apply the count-weighted mean of the accumulated gradients (equal to the
+        full-batch gradient of a mean loss) once per policy, then reset."""
+        applied = {}
+        with self.thread.update_lock:
+            for pid, (total, rows) in self._accumulated.items():
+                self.worker.get_policy(pid).apply_gradients([g / rows for g in total])
+                applied[pid] = rows
+            self._accumulated = {}
+            self.weights_version += 1
+        return {"rows": applied, "version": self.current_version()}
 
     def set_global_timestep(self, timestep: int) -> None:
         """Tell the policies the global env-step count (schedules)."""

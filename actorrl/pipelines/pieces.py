@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -12,6 +13,21 @@ from typing import Any
 from actorrl.runtime import ActorHandle, ObjectRef, Runtime
 
 
+class Wakeup:
+    """An event several task pools set when any of their tasks finishes, so a pipeline
+    step can sleep until there is something to do."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+
+    async def wait(self, timeout_s: float | None) -> None:
+        """Wait until something finished (or ``timeout_s`` passed), then re-arm."""
+        if not self.event.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.event.wait(), timeout_s)
+        self.event.clear()
+
+
 class TaskPool:
     """Calls in flight, each tagged with the actor running it (RLlib's TaskPool).
 
@@ -19,8 +35,9 @@ class TaskPool:
     ``(actor, ref)`` pairs in the order they finished.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, wakeup: Wakeup | None = None) -> None:
         self._runtime = Runtime.current()
+        self._wakeup = wakeup
         self._tasks: dict[ObjectRef, ActorHandle] = {}
         self._ready: deque[ObjectRef] = deque()
         self._event = asyncio.Event()
@@ -34,6 +51,8 @@ class TaskPool:
         if ref in self._tasks:
             self._ready.append(ref)
             self._event.set()
+            if self._wakeup is not None:
+                self._wakeup.event.set()
 
     async def completed(self, timeout_s: float | None = None
                         ) -> list[tuple[ActorHandle, ObjectRef]]:

@@ -51,7 +51,15 @@ class TorchPolicy:
         self.device = torch.device(device)
         self.global_timestep = 0
         self.model = self.make_model().to(self.device)
-        self.optimizer = self.make_optimizer(self.model)
+        self._optimizer: torch.optim.Optimizer | None = None
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The optimizer, built on first use: building the first one in a process imports
+        torch's compiler stack (seconds), which sampling-only workers never need."""
+        if self._optimizer is None:
+            self._optimizer = self.make_optimizer(self.model)
+        return self._optimizer
 
     # ---- to implement -------------------------------------------------------------
     def make_model(self) -> torch.nn.Module:

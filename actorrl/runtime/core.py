@@ -18,6 +18,7 @@ Protocol (methods served by every runtime):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import inspect
 import itertools
@@ -318,31 +319,43 @@ class Runtime:
 
     def on_ready(self, ref: ObjectRef, callback: Callable[[], None]) -> None:
         """Call ``callback()`` on the loop once ``ref`` is ready (value or error)."""
-        self._readiness(ref).add_done_callback(lambda _f: callback())
+        self._readiness(ref)[0].add_done_callback(lambda _f: callback())
 
-    def _readiness(self, ref: ObjectRef) -> asyncio.Future:
-        """A future done when ``ref`` is ready (value or error); never raises itself."""
+    def _readiness(self, ref: ObjectRef) -> tuple[asyncio.Future, Callable[[], None]]:
+        """A future done when ``ref`` is ready (value or error; it never raises), and a
+        function that removes every hook it left, for when nobody waits any more (so
+        repeated waits on a pending ref leak nothing)."""
         fut = self.loop.create_future()
 
         def done(*_: Any) -> None:
             if not fut.done():
                 fut.set_result(None)
 
+        def watch(source: asyncio.Future) -> Callable[[], None]:
+            source.add_done_callback(done)
+            return lambda: source.remove_done_callback(done)
+
         if ref.owner == self.address:
             self.store.when_ready(ref.id, done)
-        elif ref._has_value:
+            return fut, lambda: self.store.remove_waiter(ref.id, done)
+        if ref._has_value:
             done()
-        elif ref._future is not None and not isinstance(ref._future, _PendingFuture):
-            ref._future.add_done_callback(done)
-        elif ref._future is not None:
-            async def later() -> None:
-                inner = await ref._future.wait()
-                inner.add_done_callback(done)
-            self.loop.create_task(later())
-        else:
-            client_fut = self.client(ref.owner).call("__wait__", [ref.id])
-            client_fut.add_done_callback(done)
-        return fut
+            return fut, lambda: None
+        if ref._future is not None and not isinstance(ref._future, _PendingFuture):
+            return fut, watch(ref._future)
+        # A ref this process did not submit (or whose send is still queued): one shared
+        # readiness task per ref, however often it is waited on.
+        if ref._wait is None:
+            ref._wait = self.loop.create_task(self._remote_ready(ref))
+        return fut, watch(ref._wait)
+
+    async def _remote_ready(self, ref: ObjectRef) -> None:
+        if isinstance(ref._future, _PendingFuture):
+            inner = await ref._future.wait()
+            await asyncio.wait([inner])
+            return
+        with contextlib.suppress(Exception):  # an error also means "ready" (get raises it)
+            await self.client(ref.owner).call("__wait__", [ref.id])
 
     async def wait_async(self, refs: Sequence[ObjectRef], num_returns: int = 1,
                          timeout_s: float | None = None
@@ -360,9 +373,11 @@ class Runtime:
         order: list[ObjectRef] = []
         enough = self.loop.create_future()
         futures = []
+        cleanups = []
         for ref in refs:
-            rf = self._readiness(ref)
+            rf, cleanup = self._readiness(ref)
             futures.append(rf)
+            cleanups.append(cleanup)
 
             def on_ready(_f: asyncio.Future, r: ObjectRef = ref) -> None:
                 order.append(r)
@@ -379,8 +394,9 @@ class Runtime:
                 await asyncio.wait_for(asyncio.shield(enough), timeout_s)
             except TimeoutError:
                 pass
-        for rf in futures:
+        for rf, cleanup in zip(futures, cleanups):
             if not rf.done():
+                cleanup()
                 rf.cancel()
         # Refs that were already complete before the wait sort by completion order.
         ready = sorted(order, key=lambda r: (r._ready_seq < 0, r._ready_seq))

@@ -46,7 +46,7 @@ class ObjectRef:
     """
 
     __slots__ = ("id", "owner", "_runtime", "_future", "_value", "_has_value", "_tracked",
-                 "_escaped", "_freed", "_ready_seq", "_pinned", "__weakref__")
+                 "_escaped", "_freed", "_ready_seq", "_pinned", "_wait", "__weakref__")
 
     def __init__(self, object_id: bytes, owner: str) -> None:
         self.id = object_id
@@ -60,6 +60,7 @@ class ObjectRef:
         self._freed = False
         self._ready_seq = -1
         self._pinned: Any = None
+        self._wait: Any = None
 
     def hex(self) -> str:
         """The id as hex, for logs."""
@@ -151,6 +152,12 @@ class ObjectStore:
         else:
             self._pending[object_id] = [waiter]
             self._loop.call_later(self._unknown_wait_s, self._expire_unknown, object_id)
+
+    def remove_waiter(self, object_id: bytes, waiter: Waiter) -> None:
+        """Forget a waiter that is no longer interested."""
+        waiters = self._pending.get(object_id)
+        if waiters and waiter in waiters:
+            waiters.remove(waiter)
 
     def _expire_unknown(self, object_id: bytes) -> None:
         if object_id in self._pending and object_id not in self._objects:

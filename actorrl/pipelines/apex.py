@@ -1,0 +1,246 @@
+"""Ape-X's dataflow (RLlib's AsyncReplayOptimizer), read top to bottom.
+
+Actors: rollout workers, ``num_replay_buffer_shards`` replay shards, one learner process.
+In flight at all times: 2 ``sample`` calls per worker (SAMPLE_QUEUE_DEPTH) and 4 ``replay``
+calls per shard (REPLAY_QUEUE_DEPTH), plus one long-poll of the learner's results.
+
+Each step handles whatever finished:
+
+1. A finished sample goes from its worker straight to a random shard (the coordinator
+   passes the ref). The worker's step counter grows; past ``max_weight_sync_delay`` it gets
+   the learner's weights (a fresh ``get_weights`` only if the learner has updated since the
+   last one). Then it samples again. A failed worker is reported and replaced; the other
+   finished samples of the step are still used.
+2. A finished replay goes to the learner's bounded in-queue; when the queue is full the
+   learner drops it without fetching it and the drop is counted (``num_samples_dropped``).
+   The shard replays again at once.
+3. Learner results carry ``td_error`` per row; ``|td_error| + eps`` go back, as new
+   priorities, to the shard the batch came from.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from typing import Any
+
+from actorrl.metrics import TimerStat
+from actorrl.pipelines.impala import ReplaceWorker
+from actorrl.pipelines.pieces import StepCounters, TaskPool, Wakeup
+from actorrl.runtime import ActorDiedError, ActorHandle, ObjectRef, Runtime
+
+log = logging.getLogger(__name__)
+
+SAMPLE_QUEUE_DEPTH = 2
+REPLAY_QUEUE_DEPTH = 4
+
+
+class AsyncReplayOptimizer:
+    """The Ape-X pipeline over remote workers, replay shard actors and a learner actor."""
+
+    def __init__(self, workers: list[ActorHandle], replay_actors: list[ActorHandle],
+                 learner: ActorHandle, *, max_weight_sync_delay: int = 400,
+                 debug: bool = False, replace_worker: ReplaceWorker | None = None,
+                 seed: int | None = None) -> None:
+        if not workers:
+            raise ValueError("Ape-X needs at least one remote rollout worker (num_workers "
+                             ">= 1)")
+        if not replay_actors:
+            raise ValueError("Ape-X needs at least one replay shard")
+        self.runtime = Runtime.current()
+        self.workers = list(workers)
+        self.replay_actors = list(replay_actors)
+        self.learner = learner
+        self.max_weight_sync_delay = max_weight_sync_delay
+        self.debug = debug
+        self.replace_worker = replace_worker
+        self._random = random.Random(seed)
+        self.counters = StepCounters()
+        self.timers = {k: TimerStat() for k in (
+            "put_weights", "get_samples", "sample_processing", "replay_processing",
+            "update_priorities", "train", "sample")}
+        self.num_weight_syncs = 0
+        self.num_samples_dropped = 0
+        self.num_worker_failures = 0
+        self.learning_started = False
+        self.steps_since_update: dict[ActorHandle, int] = {}
+        self.weights: ObjectRef | None = None
+        self.weights_version = -1
+        self.learner_version = 0
+        self.learner_stats: dict[str, Any] = {}
+        self._wakeup = Wakeup()
+        self.sample_tasks = TaskPool(self._wakeup)
+        self.replay_tasks = TaskPool(self._wakeup)
+        self.learner_tasks = TaskPool(self._wakeup)
+        for shard in self.replay_actors:
+            for _ in range(REPLAY_QUEUE_DEPTH):
+                self.replay_tasks.add(shard, shard.replay.remote())
+        self._set_workers(self.workers)
+        self._poll_learner()
+
+    def _set_workers(self, workers: list[ActorHandle]) -> None:
+        for worker in workers:
+            self.steps_since_update[worker] = 0
+            for _ in range(SAMPLE_QUEUE_DEPTH):
+                self.sample_tasks.add(worker, worker.sample_ref.remote())
+
+    def _poll_learner(self) -> None:
+        self.learner_tasks.add(self.learner, self.learner.take_results.remote(0.5))
+
+    # ---- the step ---------------------------------------------------------------------
+    async def step(self, timeout_s: float = 1.0) -> None:
+        """One pass over everything that finished (waiting up to ``timeout_s`` for it)."""
+        await self._wakeup.wait(timeout_s)
+        start = time.perf_counter()
+        sample_steps = await self._process_samples()
+        await self._process_replays()
+        train_steps = await self._process_learner_results()
+        elapsed = time.perf_counter() - start
+        self.timers["sample"].push(elapsed)
+        self.timers["sample"].push_units_processed(sample_steps)
+        if train_steps > 0:
+            self.learning_started = True
+        if self.learning_started:
+            self.timers["train"].push(elapsed)
+            self.timers["train"].push_units_processed(train_steps)
+        self.counters.num_steps_sampled += sample_steps
+        self.counters.num_steps_trained += train_steps
+
+    async def _process_samples(self) -> int:
+        sample_steps = 0
+        with self.timers["sample_processing"]:
+            completed = await self.sample_tasks.completed(0)
+            failures: list[tuple[ActorHandle, BaseException]] = []
+            for worker, ref in completed:
+                try:
+                    info = await self.runtime.get_async(ref)
+                except ActorDiedError as exc:
+                    failures.append((worker, exc))
+                    continue
+                count = info["count"]
+                sample_steps += count
+                shard = self._random.choice(self.replay_actors)
+                shard.add_batch.remote([info["batch"]])
+                self.steps_since_update[worker] = self.steps_since_update.get(worker, 0) + count
+                if self.steps_since_update[worker] >= self.max_weight_sync_delay:
+                    self._sync_weights(worker)
+                self.sample_tasks.add(worker, worker.sample_ref.remote())
+        for worker, exc in failures:
+            await self._worker_failed(worker, exc)
+        return sample_steps
+
+    def _sync_weights(self, worker: ActorHandle) -> None:
+        # Pull new weights only when the learner has updated since the last pull.
+        if self.weights is None or self.learner_version > self.weights_version:
+            with self.timers["put_weights"]:
+                self.weights = self.learner.get_weights.remote()
+                self.weights_version = self.learner_version
+        worker.set_weights.remote(self.weights)
+        self.num_weight_syncs += 1
+        self.steps_since_update[worker] = 0
+
+    async def _process_replays(self) -> None:
+        with self.timers["replay_processing"]:
+            for shard, ref in await self.replay_tasks.completed(0):
+                self.replay_tasks.add(shard, shard.replay.remote())
+                tag = self.replay_actors.index(shard) if shard in self.replay_actors else -1
+                self.learner_tasks.add(
+                    self.learner, self.learner.enqueue_refs.remote(tag, [ref], False))
+
+    async def _process_learner_results(self) -> int:
+        train_steps = 0
+        with self.timers["update_priorities"]:
+            for _, ref in await self.learner_tasks.completed(0):
+                reply = await self.runtime.get_async(ref)
+                if "results" not in reply:  # an enqueue reply
+                    if reply["dropped"]:
+                        self.num_samples_dropped += 1
+                    continue
+                self.learner_version = reply["weights_version"]
+                for result in reply["results"]:
+                    train_steps += result["env_steps"]
+                    shard_index = result["tag"]
+                    prio_dict = {
+                        pid: (rows["batch_indexes"], rows["td_error"])
+                        for pid, rows in result["per_sample"].items()
+                        if "batch_indexes" in rows and "td_error" in rows
+                    }
+                    if prio_dict and 0 <= shard_index < len(self.replay_actors):
+                        self.replay_actors[shard_index].update_priorities.remote(prio_dict)
+                self._poll_learner()
+        return train_steps
+
+    async def _worker_failed(self, worker: ActorHandle, exc: BaseException) -> None:
+        self.num_worker_failures += 1
+        log.warning("rollout worker %r failed: %s", worker, exc)
+        self.sample_tasks.remove_actor(worker)
+        self.steps_since_update.pop(worker, None)
+        if worker in self.workers:
+            self.workers.remove(worker)
+        if self.replace_worker is None:
+            return
+        new = await self.replace_worker(worker)
+        if new is not None:
+            self.workers.append(new)
+            self._set_workers([new])
+
+    # ---- the PolicyOptimizer surface --------------------------------------------------
+    @property
+    def num_steps_sampled(self) -> int:
+        """Env steps sampled so far."""
+        return self.counters.num_steps_sampled
+
+    @property
+    def num_steps_trained(self) -> int:
+        """Env steps (replayed rows) trained on so far."""
+        return self.counters.num_steps_trained
+
+    @property
+    def actors_to_stop(self) -> list[ActorHandle]:
+        """Actors this pipeline created (the replay shards)."""
+        return list(self.replay_actors)
+
+    def reset(self, workers: list[ActorHandle]) -> None:
+        """Swap the worker set."""
+        self.sample_tasks.reset_workers(workers)
+        added = [w for w in workers if w not in self.workers]
+        self.workers = list(workers)
+        self.steps_since_update = {w: self.steps_since_update.get(w, 0) for w in workers}
+        self._set_workers(added)
+
+    async def stats(self) -> dict[str, Any]:
+        """RLlib's AsyncReplayOptimizer stats (timing and pending counts with ``debug``)."""
+        replay_stats, learner = await self.runtime.get_async(
+            [self.replay_actors[0].stats.remote(self.debug), self.learner.stats.remote()],
+            timeout_s=60)
+        timing = {f"{k}_time_ms": round(1000 * t.mean, 3) for k, t in self.timers.items()}
+        timing["learner_grad_time_ms"] = learner["timing_breakdown"]["learner_grad_time_ms"]
+        timing["learner_dequeue_time_ms"] = learner["timing_breakdown"][
+            "learner_dequeue_time_ms"]
+        stats: dict[str, Any] = {
+            **self.counters.stats(),
+            "sample_throughput": round(self.timers["sample"].mean_throughput, 3),
+            "train_throughput": round(self.timers["train"].mean_throughput, 3),
+            "num_weight_syncs": self.num_weight_syncs,
+            "num_samples_dropped": self.num_samples_dropped,
+            "num_worker_failures": self.num_worker_failures,
+            "learner_queue": learner["learner_queue"],
+            "replay_shard_0": replay_stats,
+        }
+        if self.debug:
+            stats.update({
+                "timing_breakdown": timing,
+                "pending_sample_tasks": self.sample_tasks.count,
+                "pending_replay_tasks": self.replay_tasks.count,
+            })
+        if learner["learner"]:
+            stats["learner"] = learner["learner"]
+        return stats
+
+    async def stop(self) -> None:
+        """Stop the learner thread; the trainer stops the shard actors."""
+        try:
+            await self.runtime.get_async(self.learner.stop.remote(), timeout_s=10)
+        except (ActorDiedError, TimeoutError) as exc:
+            log.debug("learner stop: %s", exc)

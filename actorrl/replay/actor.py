@@ -1,0 +1,170 @@
+"""Replay shards as actors (RLlib's ReplayActor and BatchReplayActor).
+
+A shard holds ``buffer_size / num_shards`` rows and starts replaying once it has seen
+``learning_starts / num_shards`` env steps. Samples arrive as refs and are fetched straight
+from the rollout worker that produced them (and freed there). Every method is ``async``
+so all of them run on the shard's event loop, one at a time: the buffers need no locks.
+"""
+
+from __future__ import annotations
+
+import collections
+import random
+from typing import Any
+
+import numpy as np
+
+from actorrl.batch import MultiAgentBatch, SampleBatch, as_multi_agent
+from actorrl.metrics import TimerStat
+from actorrl.replay.buffer import PrioritizedReplayBuffer, ReplayBuffer
+from actorrl.runtime import ObjectRef, Runtime
+
+
+def _shard_share(total: int, num_shards: int, what: str) -> int:
+    if num_shards < 1:
+        raise ValueError(f"num_replay_buffer_shards must be >= 1, got {num_shards}")
+    if total < 0:
+        raise ValueError(f"{what} must be >= 0, got {total}")
+    return total // num_shards
+
+
+class ReplayActor:
+    """A prioritized (or uniform) replay shard with one buffer per policy."""
+
+    def __init__(self, num_shards: int, learning_starts: int, buffer_size: int,
+                 train_batch_size: int, prioritized_replay_alpha: float = 0.6,
+                 prioritized_replay_beta: float = 0.4, prioritized_replay_eps: float = 1e-6,
+                 prioritized_replay: bool = True, seed: int | None = None) -> None:
+        self.replay_starts = _shard_share(learning_starts, num_shards, "learning_starts")
+        self.buffer_size = _shard_share(buffer_size, num_shards, "buffer_size")
+        if self.buffer_size < 1:
+            raise ValueError(f"buffer_size ({buffer_size}) must give every one of the "
+                             f"{num_shards} shards at least one row")
+        self.train_batch_size = train_batch_size
+        self.beta = prioritized_replay_beta
+        self.eps = prioritized_replay_eps
+        self.prioritized = prioritized_replay
+        rng = np.random.default_rng(seed)
+
+        def new_buffer() -> ReplayBuffer:
+            if self.prioritized:
+                return PrioritizedReplayBuffer(self.buffer_size, alpha=prioritized_replay_alpha,
+                                               eps=prioritized_replay_eps, seed=rng)
+            return ReplayBuffer(self.buffer_size, seed=rng)
+
+        self.replay_buffers: dict[str, ReplayBuffer] = collections.defaultdict(new_buffer)
+        self.add_batch_timer = TimerStat()
+        self.replay_timer = TimerStat()
+        self.update_priorities_timer = TimerStat()
+        self.num_added = 0
+
+    async def add_batch(self, refs: list[ObjectRef]) -> int:
+        """Fetch sample batches from their owners (freeing them there) and add them.
+        Returns the env steps added."""
+        batches = await Runtime.current().get_and_free_async(refs)
+        added = 0
+        with self.add_batch_timer:
+            for batch in batches:
+                for policy_id, rows in as_multi_agent(batch).policy_batches.items():
+                    self.replay_buffers[policy_id].add_batch(_replay_columns(rows))
+                added += batch.count
+        self.num_added += added
+        return added
+
+    async def replay(self) -> MultiAgentBatch | None:
+        """A train batch per policy, or None before ``learning_starts``."""
+        if self.num_added < self.replay_starts or not self.replay_buffers:
+            return None
+        with self.replay_timer:
+            samples = {}
+            for policy_id, buffer in self.replay_buffers.items():
+                if isinstance(buffer, PrioritizedReplayBuffer):
+                    samples[policy_id] = buffer.sample(self.train_batch_size, beta=self.beta)
+                else:
+                    batch = buffer.sample(self.train_batch_size)
+                    batch[SampleBatch.WEIGHTS] = np.ones(batch.count, dtype=np.float32)
+                    samples[policy_id] = batch
+        return MultiAgentBatch(samples, self.train_batch_size)
+
+    async def update_priorities(self, prio_dict: dict[str, Any]) -> None:
+        """Set priorities ``|td_error| + eps`` for the rows a train batch used:
+        ``prio_dict`` maps policy id -> (batch_indexes, td_errors)."""
+        with self.update_priorities_timer:
+            for policy_id, (batch_indexes, td_errors) in prio_dict.items():
+                buffer = self.replay_buffers.get(policy_id)
+                if isinstance(buffer, PrioritizedReplayBuffer):
+                    priorities = np.abs(np.asarray(td_errors, dtype=np.float64)) + self.eps
+                    buffer.update_priorities(np.asarray(batch_indexes), priorities)
+
+    async def stats(self, debug: bool = False) -> dict[str, Any]:
+        """Timings (ms) and each policy buffer's stats."""
+        stat: dict[str, Any] = {
+            "add_batch_time_ms": round(1000 * self.add_batch_timer.mean, 3),
+            "replay_time_ms": round(1000 * self.replay_timer.mean, 3),
+            "update_priorities_time_ms": round(1000 * self.update_priorities_timer.mean, 3),
+            "num_added": self.num_added,
+        }
+        for policy_id, buffer in self.replay_buffers.items():
+            stat[f"policy_{policy_id}"] = buffer.stats(debug=debug)
+        return stat
+
+    async def ping(self) -> bool:
+        """Liveness check."""
+        return True
+
+
+class BatchReplayActor:
+    """Whole-batch FIFO replay for recurrent models: keeps sample batches (evicting the
+    oldest once ``buffer_size / num_shards`` steps are held) and replays a random whole
+    batch. Priorities are ignored."""
+
+    def __init__(self, num_shards: int, learning_starts: int, buffer_size: int,
+                 train_batch_size: int, prioritized_replay_alpha: float = 0.6,
+                 prioritized_replay_beta: float = 0.4, prioritized_replay_eps: float = 1e-6,
+                 prioritized_replay: bool = False, seed: int | None = None) -> None:
+        self.replay_starts = _shard_share(learning_starts, num_shards, "learning_starts")
+        self.buffer_size = _shard_share(buffer_size, num_shards, "buffer_size")
+        self.train_batch_size = train_batch_size
+        self.buffer: collections.deque[MultiAgentBatch] = collections.deque()
+        self.num_added = 0
+        self.cur_size = 0
+        self._random = random.Random(seed)
+
+    async def add_batch(self, refs: list[ObjectRef]) -> int:
+        """Fetch batches from their owners and keep them whole."""
+        batches = await Runtime.current().get_and_free_async(refs)
+        added = 0
+        for batch in batches:
+            ma = as_multi_agent(batch)
+            self.buffer.append(ma)
+            self.cur_size += ma.count
+            added += ma.count
+            while self.cur_size > self.buffer_size and len(self.buffer) > 1:
+                self.cur_size -= self.buffer.popleft().count
+        self.num_added += added
+        return added
+
+    async def replay(self) -> MultiAgentBatch | None:
+        """A random stored batch, or None before ``learning_starts``."""
+        if self.num_added < self.replay_starts or not self.buffer:
+            return None
+        return self._random.choice(self.buffer)
+
+    async def update_priorities(self, prio_dict: dict[str, Any]) -> None:
+        """No priorities in batch replay."""
+
+    async def stats(self, debug: bool = False) -> dict[str, Any]:
+        """Current size and steps added."""
+        return {"cur_size": self.cur_size, "num_added": self.num_added}
+
+    async def ping(self) -> bool:
+        """Liveness check."""
+        return True
+
+
+def _replay_columns(batch: SampleBatch) -> SampleBatch:
+    """``batch`` with a ``weights`` column (all ones) when it has none, as replay needs."""
+    if SampleBatch.WEIGHTS not in batch:
+        batch = SampleBatch(dict(batch), weights=np.ones(batch.count, dtype=np.float32))
+    return batch
+
