@@ -26,7 +26,7 @@ from actorrl.replay import (
     ReplayBuffer,
     SumSegmentTree,
 )
-from actorrl.replay.segment_tree import next_power_of_two
+from actorrl.replay.segment_tree import last_writes, next_power_of_two
 
 CHI2_999 = {7: 24.322, 15: 37.697}
 
@@ -207,6 +207,26 @@ def test_duplicate_indices_last_write_wins() -> None:
     tree.update(np.array([3, 5, 3, 3, 5]), np.array([1.0, 2.0, 7.0, 4.0, 9.0]))
     assert tree.get(np.array([3, 5])).tolist() == [4.0, 9.0]
     assert tree.sum() == 13.0
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    pairs=st.lists(st.tuples(st.integers(0, 9), st.integers(-5, 5)), max_size=20),
+    ordered=st.booleans(),
+)
+def test_last_writes_matches_sequential_writes(pairs: list[tuple[int, int]], ordered: bool) -> None:
+    """last_writes keeps exactly the value each index would hold after writing the pairs in
+    order, for sorted input (the fast path) and unsorted input alike."""
+    if ordered:
+        pairs = sorted(pairs, key=lambda pair: pair[0])  # stable: keeps write order per index
+    expected: dict[int, int] = {}
+    for index, value in pairs:
+        expected[index] = value
+    indices, values = last_writes(
+        np.array([i for i, _ in pairs], dtype=np.intp), np.array([v for _, v in pairs], float)
+    )
+    assert len(indices) == len(expected)
+    assert dict(zip(indices.tolist(), values.tolist())) == expected
 
 
 def test_large_random_trees_match_reference() -> None:

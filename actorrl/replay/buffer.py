@@ -62,6 +62,7 @@ class ReplayBuffer:
         return self._capacity
 
     def __len__(self) -> int:
+        """Number of rows held."""
         return self._size
 
     @property
@@ -160,12 +161,15 @@ class ReplayBuffer:
             self._evicted_hit_stats.push_many(np.zeros(skipped))
 
     def _allocate(self, batch: SampleBatch) -> None:
+        """Create one ``capacity``-row array per column of ``batch`` (all or none)."""
+        storage = {}
         for name, values in dict.items(batch):
             if values.ndim == 0:
                 raise ValueError(
                     f"column {name!r} is a scalar; every column needs one row per step"
                 )
-            self._storage[name] = np.empty((self._capacity, *values.shape[1:]), values.dtype)
+            storage[name] = np.empty((self._capacity, *values.shape[1:]), values.dtype)
+        self._storage = storage
 
     def _check_columns(self, batch: SampleBatch) -> None:
         """Raise ValueError unless ``batch`` has the stored columns, row shapes and dtypes."""

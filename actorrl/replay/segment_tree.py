@@ -232,8 +232,22 @@ class MinSegmentTree(SegmentTree):
 def last_writes(indices: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Drop all but the last occurrence of each index: what sequential writes would leave.
 
-    Returns ``(unique_indices, their_values)``, sorted by index.
+    Returns ``(indices, values)`` without repeats: the inputs themselves when there are
+    none, else sorted by index. Sorted input (as a stratified sample's slots are) takes a
+    fast path with no sort.
     """
+    if len(indices) < 2:
+        return indices, values
+    steps = np.diff(indices)
+    smallest_step = steps.min()
+    if smallest_step > 0:
+        return indices, values
+    if smallest_step == 0:
+        # Sorted with repeats: keep the last of each run of equal indices.
+        keep = np.empty(len(indices), dtype=bool)
+        keep[-1] = True
+        np.not_equal(steps, 0, out=keep[:-1])
+        return indices[keep], values[keep]
     # np.unique keeps each value's first occurrence; search the reversed order for the last.
     unique, first_in_reversed = np.unique(indices[::-1], return_index=True)
     if len(unique) == len(indices):
