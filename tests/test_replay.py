@@ -229,6 +229,17 @@ def test_last_writes_matches_sequential_writes(pairs: list[tuple[int, int]], ord
     assert dict(zip(indices.tolist(), values.tolist())) == expected
 
 
+def test_caller_reusing_its_index_array_does_not_corrupt_the_tree() -> None:
+    """Propagation is deferred, so the tree must not keep the caller's index array: writing
+    into it after ``update`` leaves the sums right."""
+    tree = SumSegmentTree(1 << 15)  # wide enough that propagation reads the written indices
+    indices = np.array([3, 40000 % (1 << 15), 7])
+    tree.update(indices, np.array([1.0, 2.0, 4.0]))
+    indices[:] = 0
+    assert tree.sum() == 7.0
+    assert tree.nodes()[1] == 7.0 and tree.find_prefixsum_idx(np.array([4.5])).tolist() == [7]
+
+
 def test_large_random_trees_match_reference() -> None:
     """With float leaves over 2**15 slots and batches from 3 leaves (sparse propagation on
     the wide levels) to 12000 (full rebuild), sums and minima match the per-item reference

@@ -92,7 +92,8 @@ class SegmentTree:
         if not unique and len(indices) > 1:
             indices, values = last_writes(indices, values)
         self._leaves[indices] = values
-        self._mark_dirty(indices)
+        # A copy: the caller may reuse its array before the deferred propagation reads it.
+        self._mark_dirty(indices.copy())
 
     def update_range(self, start: int, values: np.ndarray) -> None:
         """Set the contiguous leaves ``start .. start + len(values) - 1`` to ``values``."""
