@@ -1,0 +1,269 @@
+"""IMPALA policy: an actor-critic trained with V-trace off-policy corrections.
+
+Batch layout (what the loss needs from the learner's train batch)
+    The rows of each trajectory (one env's consecutive steps) must be contiguous and in
+    time order; trajectories may be concatenated in any order and be of any length. The
+    rollout worker's ``truncate_episodes`` batches (grouped by env, ``rollout_fragment_length``
+    steps each) and concatenations of them satisfy this. A trajectory ends at a row that is
+    terminated or truncated, where ``eps_id`` changes, where ``t`` (when present) does not
+    advance by one, or at the end of the batch.
+
+    The loss cuts the batch by position into sequences of ``rollout_fragment_length`` rows
+    (the last one shorter when the count is not a multiple; it is padded and masked) and
+    lays them out time-major ``[T, B]``. A sequence may hold several trajectories; it never
+    mixes them: at every row that ends a trajectory or a sequence the trace is cut
+    (discount 0) and the row's bootstrap ``gamma * V(new_obs)`` is folded into its reward,
+    or nothing when it terminated. That equals V-trace with ``bootstrap_value =
+    V(new_obs_last)`` at sequence ends, and also bootstraps time-limit truncations and
+    fragment cuts inside a sequence correctly.
+
+Loss (means over the batch rows; RLlib sums, which only rescales the gradient before
+``grad_clip``)::
+
+    -logp(a) * pg_advantage + vf_loss_coeff * 0.5 * (V(s) - v_s)^2 - entropy_coeff * entropy
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from actorrl.batch import SampleBatch
+from actorrl.policy.action_dist import dist_class_for
+from actorrl.policy.base import LossOutput, TorchPolicy
+from actorrl.policy.models import make_model
+from actorrl.policy.vtrace import vtrace_from_importance_weights
+
+# Single-process IMPALA on CartPole-v1, worker and policy keys together. With an actor two
+# updates behind the learner, tests/test_impala_policy.py::test_impala_learns_cartpole
+# reaches a mean return of 150 over 20 episodes in 12-19k env steps (seeds 0-6, 2-4 s
+# here); the same loop reaches 450 in 47-148k env steps (seeds 0-2, 8-29 s).
+IMPALA_CARTPOLE_DEFAULTS: dict[str, Any] = {
+    "num_envs_per_worker": 8,
+    "rollout_fragment_length": 20,
+    "train_batch_size": 160,
+    "lr": 1e-3,
+    "opt_type": "adam",
+    "gamma": 0.99,
+    "vf_loss_coeff": 0.5,
+    "entropy_coeff": 0.01,
+    "grad_clip": 40.0,
+    "vtrace_clip_rho_threshold": 1.0,
+    "vtrace_clip_pg_rho_threshold": 1.0,
+    "model": {"fcnet_hiddens": [64, 64], "fcnet_activation": "tanh"},
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImpalaPolicyConfig:
+    """The settings :class:`ImpalaPolicy` reads from its config dict (RLlib key names).
+
+    The dict is the algorithm's whole config, so keys not listed here are ignored.
+    """
+
+    lr: float = 5e-4
+    """Learning rate."""
+    gamma: float = 0.99
+    """Discount factor."""
+    rollout_fragment_length: int = 50
+    """Length T of the V-trace sequences the train batch is cut into."""
+    vtrace_clip_rho_threshold: float | None = 1.0
+    """rho-bar: clip of the importance weights in the value targets (None: no clip)."""
+    vtrace_clip_pg_rho_threshold: float | None = 1.0
+    """Clip of the importance weights in the policy-gradient advantages (None: no clip)."""
+    vf_loss_coeff: float = 0.5
+    """Weight of the value loss."""
+    entropy_coeff: float = 0.01
+    """Weight of the entropy bonus."""
+    grad_clip: float | None = 40.0
+    """Global gradient-norm clip; ``None`` disables it."""
+    opt_type: str = "adam"
+    """``adam`` or ``rmsprop``."""
+    decay: float = 0.99
+    """RMSProp decay (torch's ``alpha``)."""
+    momentum: float = 0.0
+    """RMSProp momentum."""
+    epsilon: float = 0.1
+    """RMSProp epsilon."""
+    model: Mapping[str, Any] = field(default_factory=dict)
+    """Model options (``actorrl.policy.models.MODEL_DEFAULTS``, ``custom_model``)."""
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("lr", self.lr > 0, "> 0"),
+            ("gamma", 0.0 <= self.gamma <= 1.0, "in [0, 1]"),
+            ("rollout_fragment_length", self.rollout_fragment_length >= 1, ">= 1"),
+            ("vtrace_clip_rho_threshold",
+             self.vtrace_clip_rho_threshold is None or self.vtrace_clip_rho_threshold > 0,
+             "> 0 or None"),
+            ("vtrace_clip_pg_rho_threshold",
+             self.vtrace_clip_pg_rho_threshold is None or self.vtrace_clip_pg_rho_threshold > 0,
+             "> 0 or None"),
+            ("vf_loss_coeff", self.vf_loss_coeff >= 0, ">= 0"),
+            ("entropy_coeff", self.entropy_coeff >= 0, ">= 0"),
+            ("grad_clip", self.grad_clip is None or self.grad_clip > 0, "> 0 or None"),
+            ("opt_type", self.opt_type in ("adam", "rmsprop"), "'adam' or 'rmsprop'"),
+            ("decay", 0.0 <= self.decay < 1.0, "in [0, 1)"),
+            ("momentum", self.momentum >= 0, ">= 0"),
+            ("epsilon", self.epsilon > 0, "> 0"),
+        ]
+        problems = [f"{name} must be {allowed}, got {getattr(self, name)!r}"
+                    for name, ok, allowed in checks if not ok]
+        if problems:
+            raise ValueError("invalid IMPALA policy config: " + "; ".join(problems))
+
+    @classmethod
+    def from_dict(cls, config: Mapping[str, Any]) -> ImpalaPolicyConfig:
+        """Read the known keys of an algorithm config dict (others are ignored)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in config.items() if k in known})
+
+
+def trajectory_ends(terminateds: torch.Tensor, truncateds: torch.Tensor | None,
+                    eps_id: torch.Tensor | None, t: torch.Tensor | None) -> torch.Tensor:
+    """Bool ``[N]``: rows after which the next row does not continue the same trajectory
+    (terminated, truncated, ``eps_id`` changes, ``t`` does not advance by one, last row)."""
+    ends = terminateds.bool().clone()
+    if truncateds is not None:
+        ends |= truncateds.bool()
+    if eps_id is not None:
+        ends[:-1] |= eps_id[1:] != eps_id[:-1]
+    if t is not None:
+        ends[:-1] |= t[1:] != t[:-1] + 1
+    ends[-1] = True
+    return ends
+
+
+def to_time_major(x: torch.Tensor, horizon: int) -> torch.Tensor:
+    """``[N]`` -> ``[T, B]`` with ``B = ceil(N / T)``: row ``b * T + t`` goes to ``[t, b]``;
+    the missing rows of the last sequence are zeros."""
+    num_seqs = -(-x.shape[0] // horizon)
+    padded = x.new_zeros(num_seqs * horizon)
+    padded[: x.shape[0]] = x
+    return padded.view(num_seqs, horizon).t()
+
+
+def from_time_major(x: torch.Tensor, count: int) -> torch.Tensor:
+    """Inverse of :func:`to_time_major`: ``[T, B]`` -> ``[count]``."""
+    return x.t().reshape(-1)[:count]
+
+
+class ImpalaPolicy(TorchPolicy):
+    """IMPALA actor-critic: acts by sampling its action distribution, learns with V-trace.
+
+    See the module docstring for the batch layout the loss requires. ``compute_actions``
+    returns ``action_logp`` and ``action_dist_inputs`` (the behaviour policy's outputs).
+    """
+
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space,
+                 config: dict[str, Any], device: str | torch.device = "cpu") -> None:
+        self.impala_config = ImpalaPolicyConfig.from_dict(config)
+        self.dist_class = dist_class_for(action_space)
+        resolved = {"lr": self.impala_config.lr, "grad_clip": self.impala_config.grad_clip,
+                    **config}
+        super().__init__(observation_space, action_space, resolved, device)
+
+    def make_model(self) -> nn.Module:
+        """The catalog's actor-critic model (or ``model.custom_model``): ``forward(obs) ->
+        (action_dist_inputs, value)``."""
+        num_outputs = self.dist_class.required_outputs(self.action_space)
+        return make_model(self.observation_space, self.action_space, num_outputs,
+                          self.impala_config.model)
+
+    def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        """Adam, or RMSProp with ``decay``, ``momentum`` and ``epsilon`` (``opt_type``)."""
+        cfg = self.impala_config
+        if cfg.opt_type == "rmsprop":
+            return torch.optim.RMSprop(model.parameters(), lr=cfg.lr, alpha=cfg.decay,
+                                       momentum=cfg.momentum, eps=cfg.epsilon)
+        return torch.optim.Adam(model.parameters(), lr=cfg.lr)
+
+    def compute_actions(self, obs: np.ndarray, explore: bool = True
+                        ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Sampled actions (the mode when ``explore`` is false), with ``action_logp`` and
+        ``action_dist_inputs``."""
+        obs_t = torch.as_tensor(np.asarray(obs), device=self.device)
+        with torch.no_grad():
+            dist_inputs, _ = self.model(obs_t)
+            dist = self.dist_class(dist_inputs)
+            actions = dist.sample() if explore else dist.deterministic_sample()
+            logp = dist.logp(actions)
+        self.global_timestep += len(actions)
+        return actions.cpu().numpy(), {
+            SampleBatch.ACTION_LOGP: logp.cpu().numpy().astype(np.float32),
+            SampleBatch.ACTION_DIST_INPUTS: dist_inputs.cpu().numpy().astype(np.float32),
+        }
+
+    def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput:
+        """The V-trace actor-critic loss on ``batch`` (layout: see the module docstring)."""
+        cfg = self.impala_config
+        count = batch[SampleBatch.OBS].shape[0]
+        horizon = cfg.rollout_fragment_length
+        dist_inputs, values = model(batch[SampleBatch.OBS])
+        dist = self.dist_class(dist_inputs)
+        actions = batch[SampleBatch.ACTIONS]
+        target_logp = dist.logp(actions)
+        entropy = dist.entropy()
+
+        with torch.no_grad():
+            if SampleBatch.ACTION_LOGP in batch:
+                behaviour_logp = batch[SampleBatch.ACTION_LOGP].float()
+            else:
+                behaviour_logp = self.dist_class(
+                    batch[SampleBatch.ACTION_DIST_INPUTS].float()).logp(actions)
+            terminated = batch[SampleBatch.TERMINATEDS].bool()
+            ends = trajectory_ends(terminated, batch.get(SampleBatch.TRUNCATEDS),
+                                   batch.get(SampleBatch.EPS_ID), batch.get(SampleBatch.T))
+            rows = torch.arange(count, device=values.device)
+            ends |= (rows % horizon) == horizon - 1
+            bootstrap_rows = torch.nonzero(ends & ~terminated).squeeze(1)
+            next_values = torch.zeros_like(values)
+            if len(bootstrap_rows) > 0:
+                bootstrap_obs = batch[SampleBatch.NEXT_OBS][bootstrap_rows]
+                next_values[bootstrap_rows] = model(bootstrap_obs)[1]
+            rewards = batch[SampleBatch.REWARDS].float()
+            rewards = torch.where(ends, rewards + cfg.gamma * next_values, rewards)
+            discounts = torch.where(ends, torch.zeros_like(rewards),
+                                    torch.full_like(rewards, cfg.gamma))
+            log_rhos = target_logp.detach() - behaviour_logp
+            vtrace = vtrace_from_importance_weights(
+                log_rhos=to_time_major(log_rhos, horizon),
+                discounts=to_time_major(discounts, horizon),
+                rewards=to_time_major(rewards, horizon),
+                values=to_time_major(values.detach(), horizon),
+                bootstrap_value=values.new_zeros(-(-count // horizon)),
+                clip_rho_threshold=cfg.vtrace_clip_rho_threshold,
+                clip_pg_rho_threshold=cfg.vtrace_clip_pg_rho_threshold,
+            )
+            vs = from_time_major(vtrace.vs, count)
+            pg_advantages = from_time_major(vtrace.pg_advantages, count)
+
+        pi_loss = -(target_logp * pg_advantages).mean()
+        vf_loss = 0.5 * (values - vs).pow(2).mean()
+        mean_entropy = entropy.mean()
+        total = pi_loss + cfg.vf_loss_coeff * vf_loss - cfg.entropy_coeff * mean_entropy
+
+        with torch.no_grad():
+            rhos = log_rhos.exp()
+            var_gnorm = torch.sqrt(sum(p.detach().pow(2).sum() for p in model.parameters()))
+            explained_var = 1.0 - torch.var(vs - values.detach()) / torch.var(vs).clamp_min(
+                1e-8)
+        stats = {
+            "total_loss": total.detach(),
+            "policy_loss": pi_loss.detach(),
+            "vf_loss": vf_loss.detach(),
+            "entropy": mean_entropy.detach(),
+            "entropy_coeff": cfg.entropy_coeff,
+            "mean_IS": rhos.mean(),
+            "var_IS": rhos.var(unbiased=False),
+            "var_gnorm": var_gnorm,
+            "vf_explained_var": explained_var,
+            "cur_lr": self.optimizer.param_groups[0]["lr"],
+        }
+        return LossOutput(loss=total, stats=stats)
