@@ -509,12 +509,12 @@ def test_new_rows_get_max_priority_and_overwritten_slots_take_it() -> None:
     row's priority, in both the sum and the min tree (the old minimum disappears)."""
     alpha = 0.5
     buffer = prioritized(4, 4, alpha=alpha)
-    np.testing.assert_allclose(buffer.priorities(np.arange(4)), 1.0)
+    np.testing.assert_allclose(buffer.priority_mass(np.arange(4)), 1.0)
     buffer.update_priorities(np.array([0, 1, 2, 3]), np.array([9.0, 0.01, 4.0, 0.25]))
     assert buffer.max_priority == 9.0
     assert buffer.stats()["priority_mass_min"] == pytest.approx(0.01**alpha)
     buffer.add_batch(cartpole_batch(2, start=10))  # overwrites slots 0 and 1
-    np.testing.assert_allclose(buffer.priorities(np.arange(4)), [3.0, 3.0, 2.0, 0.5])
+    np.testing.assert_allclose(buffer.priority_mass(np.arange(4)), [3.0, 3.0, 2.0, 0.5])
     stats = buffer.stats()
     assert stats["priority_mass_min"] == pytest.approx(0.5)
     assert stats["priority_mass_total"] == pytest.approx(8.5)
@@ -524,7 +524,7 @@ def test_update_priorities_validation() -> None:
     """Zero, negative, NaN and infinite priorities, mismatched lengths, non-integer and
     out-of-range indices are rejected with a clear error and change nothing."""
     buffer = prioritized(8, 6)
-    before = buffer.priorities(np.arange(8)).copy()
+    before = buffer.priority_mass(np.arange(8)).copy()
     cases = [
         ([0, 1], [1.0, 0.0], ValueError, "finite and > 0, got 0.0 at position 1"),
         ([0, 1], [-2.0, 1.0], ValueError, "> 0, got -2.0 at position 0"),
@@ -538,7 +538,7 @@ def test_update_priorities_validation() -> None:
     for indices, priorities, error, message in cases:
         with pytest.raises(error, match=message):
             buffer.update_priorities(np.array(indices), np.array(priorities))
-    np.testing.assert_array_equal(buffer.priorities(np.arange(8)), before)
+    np.testing.assert_array_equal(buffer.priority_mass(np.arange(8)), before)
     assert buffer.max_priority == 1.0
 
 
@@ -548,10 +548,10 @@ def test_update_priorities_duplicates_and_td_errors() -> None:
     buffer = PrioritizedReplayBuffer(8, alpha=1.0, eps=0.5)
     buffer.add_batch(cartpole_batch(8))
     buffer.update_priorities(np.array([2, 2, 3, 2]), np.array([5.0, 7.0, 2.0, 3.0]))
-    assert buffer.priorities(np.array([2, 3])).tolist() == [3.0, 2.0]
+    assert buffer.priority_mass(np.array([2, 3])).tolist() == [3.0, 2.0]
     assert buffer.max_priority == 7.0
     buffer.update_priorities_from_td_errors(np.array([4, 5]), np.array([-2.0, 0.0]))
-    assert buffer.priorities(np.array([4, 5])).tolist() == [2.5, 0.5]
+    assert buffer.priority_mass(np.array([4, 5])).tolist() == [2.5, 0.5]
 
 
 def test_prioritized_constructor_validation() -> None:

@@ -13,6 +13,7 @@ weighted by ``(N * P(i))^-beta / max_j (N * P(j))^-beta``.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 import numpy as np
@@ -238,11 +239,11 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         *,
         seed: int | np.random.Generator | None = None,
     ) -> None:
-        if not (isinstance(alpha, int | float | np.floating) and math.isfinite(alpha)):
+        if not (isinstance(alpha, numbers.Real) and math.isfinite(alpha)):
             raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
         if alpha < 0:
             raise ValueError(f"alpha must be >= 0, got {float(alpha)}")
-        if not (isinstance(eps, int | float | np.floating) and math.isfinite(eps) and eps > 0):
+        if not (isinstance(eps, numbers.Real) and math.isfinite(eps) and eps > 0):
             raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
         super().__init__(capacity, seed=seed)
         self._alpha = float(alpha)
@@ -269,7 +270,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         """Largest priority ever set (before ``** alpha``); new rows get it."""
         return self._max_priority
 
-    def priorities(self, slots: np.ndarray) -> np.ndarray:
+    def priority_mass(self, slots: np.ndarray) -> np.ndarray:
         """Sampling mass ``priority ** alpha`` of the rows at ``slots``."""
         return self._sum_tree.get(np.asarray(slots, dtype=np.intp))
 
