@@ -174,10 +174,15 @@ def load_config(cls: type[C], values: dict[str, Any]) -> C:
     problems = []
     clean: dict[str, Any] = {}
     for key, value in values.items():
+        if key not in fields and f"{key}_" in fields:  # RLlib keys that are Python keywords
+            key = f"{key}_"
         if key not in fields:
             close = difflib.get_close_matches(key, list(fields), n=3, cutoff=0.6)
             hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
             problems.append(f"unknown config key {key!r} for {cls.__name__}{hint}")
+            continue
+        if key.startswith("_") and not key.startswith("_fake"):
+            problems.append(f"unknown config key {key!r} for {cls.__name__}")
             continue
         coerced, problem = _check_type(key, value, hints[key])
         if problem:

@@ -8,9 +8,12 @@ from actorrl.algorithms.trainer import AlgorithmSpec, Trainer
 
 
 def _registry() -> dict[str, AlgorithmSpec]:
+    from actorrl.algorithms.a2c import A2C
+    from actorrl.algorithms.a3c import A3C
+    from actorrl.algorithms.apex import APEX
     from actorrl.algorithms.impala import IMPALA
 
-    return {spec.name: spec for spec in (IMPALA,)}
+    return {spec.name: spec for spec in (APEX, A3C, IMPALA, A2C)}
 
 
 def algorithm_names() -> list[str]:

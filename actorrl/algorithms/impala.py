@@ -109,7 +109,7 @@ def learner_config(config: ImpalaConfig) -> dict[str, Any]:
     }
 
 
-def build_pipeline(trainer: Trainer) -> AsyncSamplesOptimizer:
+async def build_pipeline(trainer: Trainer) -> AsyncSamplesOptimizer:
     """The IMPALA sample pipeline over the trainer's workers and learner."""
     config = trainer.config
     assert isinstance(config, ImpalaConfig) and trainer.learner is not None

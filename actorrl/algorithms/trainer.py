@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -51,11 +51,12 @@ class AlgorithmSpec:
     name: str
     config_cls: type[AlgorithmConfig]
     policy: str
-    build_pipeline: Callable[[Trainer], Pipeline]
+    build_pipeline: Callable[[Trainer], Awaitable[Pipeline]]
     learner_config: Callable[[Any], dict[str, Any]] | None = None
     """Learner settings from the config; None: the algorithm has no learner process."""
-    learner_placement: str = "learner"
-    """Name of the actor the learner-side actors (replay shards) are placed next to."""
+    learner_thread: bool = True
+    """Whether the learner learns from an in-queue in its own thread (Ape-X, IMPALA) or
+    only applies gradients it is handed (A3C, A2C)."""
 
 
 class Trainer:
@@ -76,6 +77,7 @@ class Trainer:
         self.trained_offset = 0
         self.worker_config = config.to_dict()
         self.num_worker_restarts = 0
+        self.learner_side_actors: list[ActorHandle] = []
 
     @classmethod
     async def create(cls, spec: AlgorithmSpec, config: AlgorithmConfig, driver: Driver
@@ -95,7 +97,7 @@ class Trainer:
         if self.spec.learner_config is not None:
             self.learner = started[-1]
             await self.broadcast_learner_weights()
-        self.pipeline = self.spec.build_pipeline(self)
+        self.pipeline = await self.spec.build_pipeline(self)
 
     async def _start_worker(self, index: int) -> ActorHandle:
         return await self.driver.create_actor(
@@ -111,7 +113,8 @@ class Trainer:
         return await self.driver.create_actor(
             LEARNER_CLASS,
             args=(self.config.env, self.spec.policy, self.worker_config, learner_config),
-            num_cpus=1, num_gpus=num_gpus, name="learner")
+            kwargs={"start_thread": self.spec.learner_thread}, num_cpus=1, num_gpus=num_gpus,
+            name="learner")
 
     async def broadcast_learner_weights(self, workers: list[ActorHandle] | None = None
                                         ) -> None:
@@ -121,6 +124,16 @@ class Trainer:
         targets = self.workers if workers is None else workers
         await self.runtime.get_async([w.set_weights.remote(weights) for w in targets],
                                      timeout_s=120)
+
+    async def create_learner_side_actors(self, class_path: str, args: tuple, count: int,
+                                         name: str) -> list[ActorHandle]:
+        """Start ``count`` actors on the learner's node (replay shards), zero CPUs each as
+        in RLlib, so they never block placement."""
+        self.learner_side_actors = await asyncio.gather(*(
+            self.driver.create_actor(class_path, args=args, kwargs={"seed": i},
+                                     num_cpus=0, name=f"{name}-{i}")
+            for i in range(count)))
+        return list(self.learner_side_actors)
 
     async def replace_worker(self, dead: ActorHandle) -> ActorHandle | None:
         """Start a fresh worker in place of ``dead`` (same index), synced to the learner."""
@@ -225,6 +238,6 @@ class Trainer:
         if self.pipeline is not None:
             await self.pipeline.stop()
         actors = [*self.workers, *([self.learner] if self.learner else [])]
-        actors += list(getattr(self.pipeline, "actors_to_stop", []))
+        actors += self.learner_side_actors
         await asyncio.gather(*(self.driver.kill_actor(a) for a in actors),
                              return_exceptions=True)

@@ -11,8 +11,10 @@ Each step handles whatever finished:
    the learner's weights (a fresh ``get_weights`` only if the learner has updated since the
    last one). Then it samples again. A failed worker is reported and replaced; the other
    finished samples of the step are still used.
-2. A finished replay goes to the learner's bounded in-queue; when the queue is full the
-   learner drops it without fetching it and the drop is counted (``num_samples_dropped``).
+2. A finished replay goes to the learner's bounded in-queue; when the queue is full it is
+   dropped without being fetched, and counted (``num_samples_dropped``). The coordinator
+   tracks the queue from the learner's replies, so most drops cost no call to the learner;
+   the learner refuses (and the coordinator counts) the rare one that finds it full.
    The shard replays again at once.
 3. Learner results carry ``td_error`` per row; ``|td_error| + eps`` go back, as new
    priorities, to the shard the batch came from.
@@ -40,7 +42,8 @@ class AsyncReplayOptimizer:
     """The Ape-X pipeline over remote workers, replay shard actors and a learner actor."""
 
     def __init__(self, workers: list[ActorHandle], replay_actors: list[ActorHandle],
-                 learner: ActorHandle, *, max_weight_sync_delay: int = 400,
+                 learner: ActorHandle, *, learner_queue_size: int = 16,
+                 max_weight_sync_delay: int = 400,
                  debug: bool = False, replace_worker: ReplaceWorker | None = None,
                  seed: int | None = None) -> None:
         if not workers:
@@ -53,6 +56,11 @@ class AsyncReplayOptimizer:
         self.replay_actors = list(replay_actors)
         self.learner = learner
         self.max_weight_sync_delay = max_weight_sync_delay
+        self.learner_queue_size = learner_queue_size
+        # Replays accepted by the learner and not yet reported trained: the coordinator's
+        # view of the learner's in-queue (plus the batch in training), so a full queue is
+        # seen here and the replay dropped without a round trip to the learner.
+        self.learner_backlog = 0
         self.debug = debug
         self.replace_worker = replace_worker
         self._random = random.Random(seed)
@@ -136,7 +144,7 @@ class AsyncReplayOptimizer:
             with self.timers["put_weights"]:
                 self.weights = self.learner.get_weights.remote()
                 self.weights_version = self.learner_version
-        worker.set_weights.remote(self.weights)
+        worker.set_weights.remote(self.weights, self.counters.num_steps_sampled)
         self.num_weight_syncs += 1
         self.steps_since_update[worker] = 0
 
@@ -144,7 +152,12 @@ class AsyncReplayOptimizer:
         with self.timers["replay_processing"]:
             for shard, ref in await self.replay_tasks.completed(0):
                 self.replay_tasks.add(shard, shard.replay.remote())
+                if self.learner_backlog > self.learner_queue_size:
+                    self.num_samples_dropped += 1
+                    self.runtime.free(ref)
+                    continue
                 tag = self.replay_actors.index(shard) if shard in self.replay_actors else -1
+                self.learner_backlog += 1
                 self.learner_tasks.add(
                     self.learner, self.learner.enqueue_refs.remote(tag, [ref], False))
 
@@ -154,11 +167,14 @@ class AsyncReplayOptimizer:
             for _, ref in await self.learner_tasks.completed(0):
                 reply = await self.runtime.get_async(ref)
                 if "results" not in reply:  # an enqueue reply
+                    if not reply["queued"]:
+                        self.learner_backlog -= 1
                     if reply["dropped"]:
                         self.num_samples_dropped += 1
                     continue
                 self.learner_version = reply["weights_version"]
                 for result in reply["results"]:
+                    self.learner_backlog -= 1
                     train_steps += result["env_steps"]
                     shard_index = result["tag"]
                     prio_dict = {
@@ -195,11 +211,6 @@ class AsyncReplayOptimizer:
     def num_steps_trained(self) -> int:
         """Env steps (replayed rows) trained on so far."""
         return self.counters.num_steps_trained
-
-    @property
-    def actors_to_stop(self) -> list[ActorHandle]:
-        """Actors this pipeline created (the replay shards)."""
-        return list(self.replay_actors)
 
     def reset(self, workers: list[ActorHandle]) -> None:
         """Swap the worker set."""

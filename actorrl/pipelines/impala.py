@@ -77,7 +77,8 @@ class AsyncSamplesOptimizer:
     def _request_sample(self, worker: ActorHandle) -> None:
         if self.weights is not None and self.worker_versions.get(worker, -1) < self.weights_version:
             with self.timers["put_weights"]:
-                worker.set_weights.remote(self.weights)  # runs before the sample below
+                # Runs on the worker before the sample below.
+                worker.set_weights.remote(self.weights, self.counters.num_steps_sampled)
                 self.worker_versions[worker] = self.weights_version
         self._track(worker, worker.sample_ref.remote(), "sample")
 

@@ -31,15 +31,25 @@ def _shard_share(total: int, num_shards: int, what: str) -> int:
 class ReplayActor:
     """A prioritized (or uniform) replay shard with one buffer per policy."""
 
-    def __init__(self, num_shards: int, learning_starts: int, buffer_size: int,
-                 train_batch_size: int, prioritized_replay_alpha: float = 0.6,
-                 prioritized_replay_beta: float = 0.4, prioritized_replay_eps: float = 1e-6,
-                 prioritized_replay: bool = True, seed: int | None = None) -> None:
+    def __init__(
+        self,
+        num_shards: int,
+        learning_starts: int,
+        buffer_size: int,
+        train_batch_size: int,
+        prioritized_replay_alpha: float = 0.6,
+        prioritized_replay_beta: float = 0.4,
+        prioritized_replay_eps: float = 1e-6,
+        prioritized_replay: bool = True,
+        seed: int | None = None,
+    ) -> None:
         self.replay_starts = _shard_share(learning_starts, num_shards, "learning_starts")
         self.buffer_size = _shard_share(buffer_size, num_shards, "buffer_size")
         if self.buffer_size < 1:
-            raise ValueError(f"buffer_size ({buffer_size}) must give every one of the "
-                             f"{num_shards} shards at least one row")
+            raise ValueError(
+                f"buffer_size ({buffer_size}) must give every one of the "
+                f"{num_shards} shards at least one row"
+            )
         self.train_batch_size = train_batch_size
         self.beta = prioritized_replay_beta
         self.eps = prioritized_replay_eps
@@ -48,8 +58,12 @@ class ReplayActor:
 
         def new_buffer() -> ReplayBuffer:
             if self.prioritized:
-                return PrioritizedReplayBuffer(self.buffer_size, alpha=prioritized_replay_alpha,
-                                               eps=prioritized_replay_eps, seed=rng)
+                return PrioritizedReplayBuffer(
+                    self.buffer_size,
+                    alpha=prioritized_replay_alpha,
+                    eps=prioritized_replay_eps,
+                    seed=rng,
+                )
             return ReplayBuffer(self.buffer_size, seed=rng)
 
         self.replay_buffers: dict[str, ReplayBuffer] = collections.defaultdict(new_buffer)
@@ -118,10 +132,18 @@ class BatchReplayActor:
     oldest once ``buffer_size / num_shards`` steps are held) and replays a random whole
     batch. Priorities are ignored."""
 
-    def __init__(self, num_shards: int, learning_starts: int, buffer_size: int,
-                 train_batch_size: int, prioritized_replay_alpha: float = 0.6,
-                 prioritized_replay_beta: float = 0.4, prioritized_replay_eps: float = 1e-6,
-                 prioritized_replay: bool = False, seed: int | None = None) -> None:
+    def __init__(
+        self,
+        num_shards: int,
+        learning_starts: int,
+        buffer_size: int,
+        train_batch_size: int,
+        prioritized_replay_alpha: float = 0.6,
+        prioritized_replay_beta: float = 0.4,
+        prioritized_replay_eps: float = 1e-6,
+        prioritized_replay: bool = False,
+        seed: int | None = None,
+    ) -> None:
         self.replay_starts = _shard_share(learning_starts, num_shards, "learning_starts")
         self.buffer_size = _shard_share(buffer_size, num_shards, "buffer_size")
         self.train_batch_size = train_batch_size
@@ -167,4 +189,3 @@ def _replay_columns(batch: SampleBatch) -> SampleBatch:
     if SampleBatch.WEIGHTS not in batch:
         batch = SampleBatch(dict(batch), weights=np.ones(batch.count, dtype=np.float32))
     return batch
-

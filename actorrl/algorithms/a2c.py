@@ -1,0 +1,48 @@
+"""A2C with synchronous microbatch gradient accumulation (RLlib's ``a2c`` with
+``microbatch_size``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from actorrl.algorithms.a3c import ActorCriticConfig, learner_config
+from actorrl.algorithms.trainer import AlgorithmSpec, Trainer
+from actorrl.pipelines.microbatch import MicrobatchOptimizer
+
+
+@dataclass(frozen=True, kw_only=True)
+class A2CConfig(ActorCriticConfig):
+    """A2C settings; the defaults are tuned to solve CartPole-v1 on a 2-core machine."""
+
+    train_batch_size: int = 512
+    microbatch_size: int = 256
+    """Env steps per gradient computation; gradients accumulate to ``train_batch_size``."""
+    min_iter_time_s: float = 2.0
+
+    def validate(self) -> list[str]:
+        problems = super().validate()
+        if self.microbatch_size < 1:
+            problems.append(f"microbatch_size must be >= 1, got {self.microbatch_size}")
+        elif self.train_batch_size <= self.microbatch_size:
+            problems.append(f"microbatch_size ({self.microbatch_size}) must be smaller than "
+                            f"train_batch_size ({self.train_batch_size})")
+        return problems
+
+
+async def build_pipeline(trainer: Trainer) -> MicrobatchOptimizer:
+    """The microbatch pipeline."""
+    config = trainer.config
+    assert isinstance(config, A2CConfig) and trainer.learner is not None
+    return MicrobatchOptimizer(trainer.workers, trainer.learner,
+                               train_batch_size=config.train_batch_size,
+                               microbatch_size=config.microbatch_size)
+
+
+A2C = AlgorithmSpec(
+    name="a2c",
+    config_cls=A2CConfig,
+    policy="actorrl.policy.actor_critic:ActorCriticPolicy",
+    build_pipeline=build_pipeline,
+    learner_config=learner_config,
+    learner_thread=False,
+)

@@ -1,0 +1,130 @@
+"""A3C's dataflow (RLlib's AsyncGradientsOptimizer), read top to bottom.
+
+Each worker gets the current weights, then ``compute_gradients_ref(sample())`` chained on
+the worker: the sample ref resolves inside the worker, so the sample never leaves it, and
+the gradients stay there too (the reply is only a ref and ``info``). The coordinator waits
+on the first ready gradient, has the learner fetch and apply it, and sends that worker the
+learner's fresh weights (a ref the worker fetches from the learner; the worker's queue keeps
+the order set_weights -> sample -> compute_gradients) before dispatching it again, until
+``grads_per_step`` gradients were applied.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from actorrl.metrics import TimerStat
+from actorrl.pipelines.impala import ReplaceWorker
+from actorrl.pipelines.pieces import StepCounters, TaskPool
+from actorrl.runtime import ActorDiedError, ActorHandle, ObjectRef, Runtime
+
+log = logging.getLogger(__name__)
+
+
+class AsyncGradientsOptimizer:
+    """The A3C pipeline over remote workers and a learner actor that applies gradients."""
+
+    def __init__(self, workers: list[ActorHandle], learner: ActorHandle, *,
+                 grads_per_step: int = 100, replace_worker: ReplaceWorker | None = None
+                 ) -> None:
+        if not workers:
+            raise ValueError("the async gradients optimizer (A3C) requires at least 1 remote "
+                             "worker: set num_workers >= 1")
+        if grads_per_step < 1:
+            raise ValueError(f"grads_per_step must be >= 1, got {grads_per_step}")
+        self.runtime = Runtime.current()
+        self.workers = list(workers)
+        self.learner = learner
+        self.grads_per_step = grads_per_step
+        self.replace_worker = replace_worker
+        self.counters = StepCounters()
+        self.apply_timer = TimerStat()
+        self.wait_timer = TimerStat()
+        self.dispatch_timer = TimerStat()
+        self.learner_stats: dict[str, Any] = {}
+        self.num_worker_failures = 0
+        self.weights_version = 0
+
+    def _dispatch(self, pool: TaskPool, worker: ActorHandle, weights: ObjectRef) -> None:
+        worker.set_weights.remote(weights)
+        sample = worker.sample.remote()
+        pool.add(worker, worker.compute_gradients_ref.remote(sample))
+
+    async def step(self) -> dict[str, Any]:
+        """Apply ``grads_per_step`` gradients; returns the last learner stats."""
+        pool = TaskPool()
+        weights = self.learner.get_weights.remote()
+        dispatched = 0
+        for worker in self.workers:
+            self._dispatch(pool, worker, weights)
+            dispatched += 1
+        applied: list[ObjectRef] = []
+        while pool.count:
+            with self.wait_timer:
+                completed = await pool.completed(timeout_s=None)
+            for worker, ref in completed:
+                try:
+                    reply = await self.runtime.get_async(ref)
+                except ActorDiedError as exc:
+                    worker = await self._worker_failed(worker, exc)
+                    if worker is not None and dispatched < self.grads_per_step:
+                        self._dispatch(pool, worker, self.learner.get_weights.remote())
+                        dispatched += 1
+                    continue
+                info = reply["info"]
+                self.learner_stats = info.get("learner_stats", info)
+                with self.apply_timer:
+                    applied.append(self.learner.apply_gradients_refs.remote([reply["grads"]]))
+                self.counters.num_steps_sampled += info["batch_count"]
+                self.counters.num_steps_trained += info["batch_count"]
+                if dispatched < self.grads_per_step:
+                    with self.dispatch_timer:
+                        # Ordered after the apply above on the learner: the fresh weights.
+                        self._dispatch(pool, worker, self.learner.get_weights.remote())
+                    dispatched += 1
+        if applied:
+            versions = await self.runtime.get_async(applied, timeout_s=300)
+            self.weights_version = max(versions)
+        return self.learner_stats
+
+    async def _worker_failed(self, worker: ActorHandle, exc: BaseException
+                             ) -> ActorHandle | None:
+        self.num_worker_failures += 1
+        log.warning("rollout worker %r failed: %s", worker, exc)
+        if worker in self.workers:
+            self.workers.remove(worker)
+        if self.replace_worker is None:
+            return None
+        new = await self.replace_worker(worker)
+        if new is not None:
+            self.workers.append(new)
+        return new
+
+    @property
+    def num_steps_sampled(self) -> int:
+        """Env steps sampled so far."""
+        return self.counters.num_steps_sampled
+
+    @property
+    def num_steps_trained(self) -> int:
+        """Env steps whose gradients were applied."""
+        return self.counters.num_steps_trained
+
+    def reset(self, workers: list[ActorHandle]) -> None:
+        """Swap the worker set (takes effect at the next step)."""
+        self.workers = list(workers)
+
+    async def stats(self) -> dict[str, Any]:
+        """RLlib's AsyncGradientsOptimizer stats."""
+        return {
+            **self.counters.stats(),
+            "wait_time_ms": round(1000 * self.wait_timer.mean, 3),
+            "apply_time_ms": round(1000 * self.apply_timer.mean, 3),
+            "dispatch_time_ms": round(1000 * self.dispatch_timer.mean, 3),
+            "num_worker_failures": self.num_worker_failures,
+            "learner": self.learner_stats,
+        }
+
+    async def stop(self) -> None:
+        """Nothing runs between steps."""
