@@ -1,0 +1,215 @@
+"""Pipeline semantics with scripted workers (fixed sample sizes, a learner whose queue can
+be filled), on real actor processes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from actorrl.algorithms.a2c import A2CConfig
+from actorrl.algorithms.a3c import A3CConfig
+from actorrl.algorithms.apex import ApexConfig
+from actorrl.batch import SampleBatch
+from actorrl.config import ConfigError
+from actorrl.learner.actor import LearnerActor
+from actorrl.pipelines.a3c import AsyncGradientsOptimizer
+from actorrl.pipelines.apex import AsyncReplayOptimizer
+from actorrl.pipelines.microbatch import MicrobatchOptimizer
+from actorrl.rollout import RolloutWorker
+from actorrl.runtime import Driver
+
+DQN = "actorrl.policy.dqn:DQNPolicy"
+AC = "actorrl.policy.actor_critic:ActorCriticPolicy"
+DQN_CONFIG = {**ApexConfig(num_workers=1).to_dict(), "model": {"fcnet_hiddens": [16]},
+              "hiddens": [16], "train_batch_size": 32}
+
+
+async def _until(predicate, pipeline, timeout_s: float = 60.0) -> None:
+    """Step the pipeline until ``predicate()`` holds; fail after ``timeout_s``."""
+    async def loop():
+        while not predicate():
+            await pipeline.step(timeout_s=0.5)
+    await asyncio.wait_for(loop(), timeout_s)
+
+
+async def _learner(driver, queue_size: int = 16, start_thread: bool = True):
+    return await driver.create_actor(
+        "actorrl.learner.actor:LearnerActor",
+        args=("CartPole-v1", DQN, DQN_CONFIG,
+              {"train_batch_size": 32, "learner_queue_size": queue_size}),
+        kwargs={"start_thread": start_thread})
+
+
+async def _shard(driver, cls="tests.actors.scripted:RecordingReplayActor", starts=0, seed=0):
+    return await driver.create_actor(cls, args=(1, starts, 10_000, 32),
+                                     kwargs={"seed": seed}, num_cpus=0)
+
+
+async def test_apex_syncs_weights_exactly_when_the_delay_is_crossed(tmp_path):
+    """With 100-row samples and max_weight_sync_delay=250, a worker gets weights after its
+    3rd, 6th, 9th... sample: num_weight_syncs == sum over workers of samples // 3."""
+    async with Driver.start(str(tmp_path / "s")) as driver:
+        workers = [await driver.create_actor("tests.actors.scripted:ScriptedWorker",
+                                             args=(100, i)) for i in range(2)]
+        shard = await _shard(driver, starts=10**9)  # never replays: weights only
+        learner = await _learner(driver)
+        pipeline = AsyncReplayOptimizer(workers, [shard], learner, max_weight_sync_delay=250)
+        await _until(lambda: pipeline.num_steps_sampled >= 3000, pipeline)
+        processed = pipeline.num_steps_sampled // 100
+        assert pipeline.num_weight_syncs >= 2
+        records = await driver.get([w.record.remote() for w in workers], timeout_s=30)
+        synced = sum(len(r["weight_syncs"]) for r in records)
+        assert synced == pipeline.num_weight_syncs
+        for record in records:
+            # Each sync was sent right after the worker's 3rd, 6th, ... sample came back;
+            # the worker had already been asked for up to 2 more (SAMPLE_QUEUE_DEPTH).
+            for k, samples_before in enumerate(record["weight_syncs"], start=1):
+                assert 3 * k <= samples_before <= 3 * k + 2
+        assert pipeline.num_weight_syncs <= processed // 3
+        await pipeline.stop()
+
+
+async def test_apex_counts_drops_when_the_learner_queue_is_full(tmp_path):
+    """A learner that never dequeues (no learner thread) holds exactly learner_queue_size
+    replays; every further replay is dropped and counted."""
+    async with Driver.start(str(tmp_path / "s")) as driver:
+        worker = await driver.create_actor("tests.actors.scripted:ScriptedWorker", args=(64,))
+        shard = await _shard(driver, starts=64)
+        learner = await _learner(driver, queue_size=2, start_thread=False)
+        pipeline = AsyncReplayOptimizer([worker], [shard], learner, learner_queue_size=2)
+        await _until(lambda: pipeline.num_samples_dropped >= 10, pipeline)
+        sizes = []
+
+        async def fill() -> None:
+            while not sizes or sizes[-1] < 2:
+                await pipeline.step(timeout_s=0.2)
+                sizes.append(await driver.get(learner.queue_size.remote(), timeout_s=30))
+
+        await asyncio.wait_for(fill(), 60)
+        assert max(sizes) == 2, "the learner's in-queue must hold exactly its bound"
+        assert pipeline.num_steps_trained == 0
+        stats = await driver.get(shard.stats.remote(), timeout_s=30)
+        assert stats["num_added"] > 0
+
+
+async def test_apex_sends_priorities_back_to_the_shard_that_replayed(tmp_path):
+    """Every priority update a shard receives is for a batch that same shard replayed."""
+    async with Driver.start(str(tmp_path / "s")) as driver:
+        workers = [await driver.create_actor("tests.actors.scripted:ScriptedWorker",
+                                             args=(64, i)) for i in range(2)]
+        shards = [await _shard(driver, starts=128, seed=i) for i in range(2)]
+        learner = await _learner(driver)
+        pipeline = AsyncReplayOptimizer(workers, shards, learner, seed=0)
+        await _until(lambda: pipeline.num_steps_trained >= 32 * 30, pipeline, timeout_s=120)
+        await pipeline.stop()
+        records = await driver.get([s.record.remote() for s in shards], timeout_s=30)
+        for record in records:
+            served = set(record["served"])
+            assert record["updates"], "a shard got no priority update"
+            assert all(update in served for update in record["updates"])
+        stats = await pipeline.stats()
+        assert {"sample_throughput", "train_throughput", "num_weight_syncs",
+                "num_samples_dropped", "learner_queue", "replay_shard_0"} <= set(stats)
+        assert {"add_batch_time_ms", "replay_time_ms", "update_priorities_time_ms"} <= set(
+            stats["replay_shard_0"])
+
+
+async def test_apex_debug_stats(tmp_path):
+    """With debug, stats carry timing_breakdown and pending task counts (2 per worker,
+    4 per shard)."""
+    async with Driver.start(str(tmp_path / "s")) as driver:
+        worker = await driver.create_actor("tests.actors.scripted:ScriptedWorker", args=(64,))
+        shard = await _shard(driver, starts=10**9)
+        learner = await _learner(driver)
+        pipeline = AsyncReplayOptimizer([worker], [shard], learner, debug=True)
+        await pipeline.step(timeout_s=0.5)
+        stats = await pipeline.stats()
+        assert stats["pending_sample_tasks"] == 2
+        assert stats["pending_replay_tasks"] == 4
+        assert "learner_grad_time_ms" in stats["timing_breakdown"]
+
+
+def test_microbatch_accumulation_equals_the_full_batch_gradient():
+    """Gradients accumulated over uneven microbatches and applied once (count-weighted)
+    give exactly the parameters of one update on the whole batch."""
+    config = {**A2CConfig().to_dict(), "num_envs_per_worker": 4, "seed": 1,
+              "model": {"fcnet_hiddens": [16, 16]}}
+    sampler = RolloutWorker("CartPole-v1", AC, config)
+    batches = [sampler.sample() for _ in range(3)]
+    batches[1] = batches[1].slice(0, 17)  # uneven sizes
+    full = SampleBatch.concat_samples(batches)
+    learner = LearnerActor("CartPole-v1", AC, config, {"train_batch_size": 64},
+                           start_thread=False)
+    reference = RolloutWorker("CartPole-v1", AC, config)
+    reference.set_weights(learner.worker.get_weights())
+    for batch in batches:
+        learner._accumulate([batch])
+    result = learner.apply_accumulated_gradients()
+    assert result["rows"]["default_policy"] == full.count
+    grads, _ = reference.compute_gradients(full)
+    reference.apply_gradients(grads)
+    ours = learner.worker.get_weights()["default_policy"]
+    theirs = reference.get_weights()["default_policy"]
+    for key in theirs:
+        np.testing.assert_allclose(ours[key], theirs[key], rtol=1e-5, atol=1e-6)
+
+
+async def test_microbatch_pipeline_step_counts(tmp_path):
+    """One step samples until train_batch_size in microbatches and trains on all of it;
+    train_batch_size <= microbatch_size is refused."""
+    with pytest.raises(ValueError, match="must be smaller than the train batch size"):
+        MicrobatchOptimizer(["w"], "l", train_batch_size=100, microbatch_size=100)
+    with pytest.raises(ConfigError, match="microbatch_size"):
+        A2CConfig(train_batch_size=64, microbatch_size=64)
+    async with Driver.start(str(tmp_path / "s")) as driver:
+        config = {**A2CConfig().to_dict(), "num_envs_per_worker": 2,
+                  "rollout_fragment_length": 25}
+        workers = [await driver.create_actor(
+            "actorrl.rollout_actor:RolloutWorkerActor", args=("CartPole-v1", AC, config),
+            kwargs={"worker_index": i + 1}) for i in range(2)]
+        learner = await driver.create_actor(
+            "actorrl.learner.actor:LearnerActor", args=("CartPole-v1", AC, config,
+                                                        {"train_batch_size": 300}),
+            kwargs={"start_thread": False})
+        pipeline = MicrobatchOptimizer(workers, learner, train_batch_size=300,
+                                       microbatch_size=100)
+        before = (await driver.get(learner.get_weights.remote()))["version"]
+        await pipeline.step()
+        after = (await driver.get(learner.get_weights.remote()))["version"]
+        assert after == before + 1, "exactly one update per step"
+        assert pipeline.num_steps_sampled == 300  # 3 microbatches of 2 x 50 rows
+        stats = await pipeline.stats()
+        assert {"sample_time_ms", "grad_time_ms", "update_time_ms", "opt_peak_throughput",
+                "sample_peak_throughput", "opt_samples", "learner"} <= set(stats)
+
+
+def test_a3c_needs_a_remote_worker():
+    """A3C with zero remote workers is a clear error (config and optimizer)."""
+    with pytest.raises(ValueError, match="at least 1 remote worker"):
+        AsyncGradientsOptimizer([], "learner")
+    with pytest.raises(ConfigError, match="num_workers >= 1"):
+        A3CConfig(num_workers=0)
+
+
+async def test_a3c_applies_grads_per_step_gradients(tmp_path):
+    """One A3C step applies exactly grads_per_step gradients at the learner."""
+    async with Driver.start(str(tmp_path / "s")) as driver:
+        config = {**A3CConfig().to_dict(), "num_envs_per_worker": 2,
+                  "rollout_fragment_length": 10}
+        workers = [await driver.create_actor(
+            "actorrl.rollout_actor:RolloutWorkerActor", args=("CartPole-v1", AC, config),
+            kwargs={"worker_index": i + 1}) for i in range(2)]
+        learner = await driver.create_actor(
+            "actorrl.learner.actor:LearnerActor", args=("CartPole-v1", AC, config,
+                                                        {"train_batch_size": 20}),
+            kwargs={"start_thread": False})
+        pipeline = AsyncGradientsOptimizer(workers, learner, grads_per_step=7)
+        before = (await driver.get(learner.get_weights.remote()))["version"]
+        await pipeline.step()
+        after = (await driver.get(learner.get_weights.remote()))["version"]
+        assert after - before == 7
+        assert pipeline.num_steps_sampled == 7 * 20
+        stats = await pipeline.stats()
+        assert {"wait_time_ms", "apply_time_ms", "dispatch_time_ms", "learner"} <= set(stats)
