@@ -304,7 +304,8 @@ def test_compute_actions_explores_at_epsilon_and_advances_timestep() -> None:
     """With epsilon e and 2 actions, a fraction e/2 of actions differ from the greedy one;
     exploring advances global_timestep by the batch size; explore=False is greedy."""
     policy = DQNPolicy(CARTPOLE_OBS, gym.spaces.Discrete(2), {
-        "seed": 3, "exploration_config": {"initial_epsilon": 0.5, "final_epsilon": 0.5}})
+        "seed": 3, "model": {"fcnet_hiddens": [8]}, "hiddens": [8],
+        "exploration_config": {"initial_epsilon": 0.5, "final_epsilon": 0.5}})
     obs = np.random.default_rng(0).normal(size=(20000, 4)).astype(np.float32)
     greedy, _ = policy.compute_actions(obs, explore=False)
     assert policy.global_timestep == 0
