@@ -106,9 +106,23 @@ class RpcServer:
         self.bytes_sent = 0
         self.messages_dropped = 0
 
-    def bind(self, address: str) -> str:
-        """Bind to ``address`` (``tcp://host:0`` picks a free port); returns the endpoint."""
-        self._sock.bind(address)
+    def bind(self, address: str, curve_secret_key: bytes | None = None) -> str:
+        """Bind to ``address`` (``tcp://host:0`` picks a free port); returns the endpoint.
+
+        With ``curve_secret_key`` only this bind is a CURVE server (ZeroMQ takes a copy of
+        the socket's security options at bind time), so one socket can serve plain ipc to
+        its own node and CURVE tcp to other hosts. Start the process's ZAP handler
+        (:func:`transport.auth.ensure_authenticator`) first.
+        """
+        if curve_secret_key is not None and not self._sock.curve_server:
+            self._sock.curve_server = True
+            self._sock.curve_secretkey = curve_secret_key
+            try:
+                self._sock.bind(address)
+            finally:
+                self._sock.curve_server = False
+        else:
+            self._sock.bind(address)
         endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.endpoints.append(endpoint)
         return endpoint
@@ -204,20 +218,28 @@ class RpcClient:
 
     If the connection drops (the peer died), every pending call fails with
     :class:`PeerLostError`; so does every call made while the peer has been unreachable for
-    ``connect_timeout_s`` since the client was created.
+    ``connect_timeout_s`` since the client was created. ``on_lost`` callbacks run (on the
+    loop) each time that happens. Over tcp, ZeroMQ heartbeats (``heartbeat_s``) turn a
+    silent peer (a host that vanished) into a dropped connection within
+    ``heartbeat_timeout_s``.
     """
 
     _ids = itertools.count(1)
 
     def __init__(self, endpoint: str, codec: Codec | None = None,
                  connect_timeout_s: float = 30.0,
-                 curve_keys: tuple[bytes, bytes, bytes] | None = None) -> None:
+                 curve_keys: tuple[bytes, bytes, bytes] | None = None,
+                 heartbeat_s: float = 1.0, heartbeat_timeout_s: float = 5.0) -> None:
         self.endpoint = endpoint
         self.codec = codec or Codec()
         self.loop = asyncio.get_running_loop()
+        self.on_lost: list[Callable[[PeerLostError], None]] = []
         sock = context().socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVHWM, 0)
+        if endpoint.startswith("tcp://"):
+            sock.setsockopt(zmq.HEARTBEAT_IVL, int(heartbeat_s * 1000))
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(heartbeat_timeout_s * 1000))
         if curve_keys is not None:
             server_public, public, secret = curve_keys
             sock.curve_serverkey = server_public
@@ -254,12 +276,18 @@ class RpcClient:
             self._fail_all(PeerLostError(
                 f"could not connect to {self.endpoint} within {timeout_s:g} s"))
 
-    def _fail_all(self, error: PeerLostError) -> None:
+    def _fail_all(self, error: PeerLostError, notify: bool = True) -> None:
         self.lost = error
         pending, self._pending = self._pending, {}
         for fut in pending.values():
             if not fut.done():
                 fut.set_exception(error)
+        if notify:
+            for callback in list(self.on_lost):
+                try:
+                    callback(error)
+                except Exception:
+                    log.exception("on_lost callback failed")
 
     def _on_message(self, frames: list[Any]) -> None:
         self.bytes_received += sum(_frame_len(f) for f in frames)
@@ -330,7 +358,7 @@ class RpcClient:
     def close(self) -> None:
         """Close the connection; pending calls fail with PeerLostError."""
         self._connect_timer.cancel()
-        self._fail_all(PeerLostError(f"client to {self.endpoint} was closed"))
+        self._fail_all(PeerLostError(f"client to {self.endpoint} was closed"), notify=False)
         with contextlib.suppress(Exception):
             self._async.sock.disable_monitor()
         self._monitor_async.close()

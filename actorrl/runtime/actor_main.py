@@ -13,6 +13,7 @@ import os
 import sys
 
 from actorrl.runtime.core import Runtime, import_class
+from actorrl.runtime.network import Network
 from actorrl.runtime.process import watch_lifeline
 from transport.errors import RemoteError
 from transport.sockets import new_event_loop
@@ -22,7 +23,8 @@ log = logging.getLogger("actorrl.actor")
 
 async def serve_actor(parent: str, actor_id: str, session_dir: str, lifeline_fd: int) -> int:
     """Run one actor until exit; returns the process exit code."""
-    runtime = Runtime.start(session_dir, f"actor-{actor_id}")
+    # A cluster node passes its network down (tcp host, node tag, keys directory).
+    runtime = Runtime.start(session_dir, f"actor-{actor_id}", network=Network.from_env())
     loop = asyncio.get_running_loop()
 
     def parent_died() -> None:

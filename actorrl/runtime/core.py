@@ -39,6 +39,7 @@ from actorrl.runtime.errors import (
     ObjectLostError,
     RuntimeNotStartedError,
 )
+from actorrl.runtime.network import Network
 from actorrl.runtime.refs import (
     STATUS_ERROR,
     STATUS_OK,
@@ -46,7 +47,9 @@ from actorrl.runtime.refs import (
     ObjectStore,
     new_object_id,
 )
+from transport.auth import check_bind, ensure_authenticator, stop_authenticator
 from transport.codec import Codec
+from transport.endpoint import Endpoint, is_composite
 from transport.errors import PeerLostError, RemoteError, TransportError
 from transport.rpc import Request, RpcClient, RpcServer
 
@@ -116,16 +119,29 @@ class Runtime:
     _current: Runtime | None = None
 
     def __init__(self, loop: asyncio.AbstractEventLoop, address_dir: str, name: str,
-                 extra_bind: Sequence[str] = ()) -> None:
+                 extra_bind: Sequence[str] = (), network: Network | None = None) -> None:
         self.loop = loop
         self.loop_thread_id = threading.get_ident()
         self.name = name
         self.codec = Codec()
         self.store = ObjectStore(loop)
+        self.network = network
         self.server = RpcServer(self._on_request, codec=self.codec)
-        self.address = self.server.bind(f"ipc://{os.path.join(address_dir, name)}.sock")
+        self.local_address = self.server.bind(f"ipc://{os.path.join(address_dir, name)}.sock")
+        self.address = self.local_address
+        """The endpoint other processes use (refs and handles carry it)."""
+        security = network.security if network is not None else None
+        if security is not None:
+            ensure_authenticator(security.allowed)
+        if network is not None and network.host is not None:
+            tcp = self.server.bind(network.tcp_bind_address(),
+                                   security.identity.secret if security else None)
+            self.address = str(Endpoint(
+                tcp, security.identity.public if security else None, network.node_tag,
+                self.local_address if network.node_tag else None))
         for address in extra_bind:
-            self.server.bind(address)
+            check_bind(address, security)
+            self.server.bind(address, security.identity.secret if security else None)
         self._clients: dict[str, RpcClient] = {}
         self._dead: dict[str, str] = {}
         self._frees: deque[tuple[str, bytes]] = deque()
@@ -140,9 +156,14 @@ class Runtime:
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
-    def start(cls, address_dir: str, name: str, extra_bind: Sequence[str] = ()) -> Runtime:
-        """Create this process's runtime on the running loop and make it current."""
-        runtime = cls(asyncio.get_running_loop(), address_dir, name, extra_bind)
+    def start(cls, address_dir: str, name: str, extra_bind: Sequence[str] = (),
+              network: Network | None = None) -> Runtime:
+        """Create this process's runtime on the running loop and make it current.
+
+        With ``network`` it also binds tcp (see :mod:`actorrl.runtime.network`) and
+        :attr:`address` becomes an endpoint reachable from other nodes.
+        """
+        runtime = cls(asyncio.get_running_loop(), address_dir, name, extra_bind, network)
         runtime.server.start()
         Runtime._current = runtime
         return runtime
@@ -170,6 +191,8 @@ class Runtime:
             client.close()
         self._clients.clear()
         self.server.close()
+        if self.network is not None and self.network.security is not None:
+            stop_authenticator()
         if Runtime._current is self:
             Runtime._current = None
 
@@ -184,9 +207,29 @@ class Runtime:
         if client is None or (client.lost is not None):
             if client is not None:
                 client.close()
-            client = RpcClient(endpoint, codec=self.codec)
+            client = self._connect(endpoint)
             self._clients[endpoint] = client
         return client
+
+    def _connect(self, endpoint: str) -> RpcClient:
+        """A new connection: ipc to processes of this node, CURVE tcp where the endpoint
+        carries a server key, plain otherwise."""
+        if not is_composite(endpoint):
+            return RpcClient(endpoint, codec=self.codec)
+        parsed = Endpoint.parse(endpoint)
+        network = self.network
+        address, server_key = parsed.route(network.node_tag if network else None)
+        if server_key is None:
+            return RpcClient(address, codec=self.codec)
+        security = network.security if network is not None else None
+        if security is None:
+            client = RpcClient(address, codec=self.codec)
+            client._fail_all(PeerLostError(
+                f"{parsed.address} needs CURVE keys and this process has none (start it "
+                "with a keys directory)"), notify=False)
+            return client
+        return RpcClient(address, codec=self.codec,
+                         curve_keys=security.client_keys(server_key))
 
     def mark_dead(self, endpoint: str, reason: str) -> None:
         """Record that the process at ``endpoint`` died: its pending calls fail now and

@@ -43,8 +43,11 @@ class LocalNode:
     """
 
     def __init__(self, runtime: Runtime, session_dir: str, num_cpus: float | None = None,
-                 num_gpus: float | None = None) -> None:
+                 num_gpus: float | None = None,
+                 child_env: dict[str, str] | None = None) -> None:
         self.runtime = runtime
+        self.child_env = dict(child_env or {})
+        """Environment every actor process gets (e.g. a cluster node's network)."""
         self.session_dir = session_dir
         self.num_cpus = float(num_cpus if num_cpus is not None else os.cpu_count() or 1)
         self.num_gpus = float(num_gpus if num_gpus is not None else _count_gpus())
@@ -75,7 +78,7 @@ class LocalNode:
         actor_id = uuid.uuid4().hex
         label = spec.name or spec.class_path.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
         log_path = os.path.join(self.session_dir, "logs", f"{label}-{actor_id[:8]}.log")
-        env = {"OMP_NUM_THREADS": str(max(1, int(spec.num_cpus))),
+        env = {**self.child_env, "OMP_NUM_THREADS": str(max(1, int(spec.num_cpus))),
                "MKL_NUM_THREADS": str(max(1, int(spec.num_cpus)))}
         if spec.num_gpus == 0:
             env["CUDA_VISIBLE_DEVICES"] = ""  # CPU actors never initialise CUDA

@@ -1,0 +1,273 @@
+"""CURVE keys, key files and a ZAP allow-list authenticator driven by the event loop.
+
+Every process of a cluster has one *identity*: a CURVE key pair it uses both as a server
+(its tcp endpoints) and as a client (when it connects to others). ``actorrl keys generate``
+writes three identities into one directory::
+
+    coordinator.public  coordinator.secret   the coordinator daemon
+    node.public         node.secret          node agents and the actors they run
+    client.public       client.secret        clients (``actorrl submit``, ``Client(...)``)
+
+``NAME.public`` holds the z85 public key, ``NAME.secret`` the z85 secret key (mode 0600;
+a secret readable by group or others is refused). Every ``*.public`` file in the directory
+is on the allow-list: a peer whose key is not there is refused during the handshake by the
+:class:`ZapAuthenticator` and gets nothing, not even an error reply. To admit another
+client, drop its ``.public`` file in the directory of every host and restart.
+
+Rule enforced by :func:`check_bind`: binding tcp on a non-loopback address requires keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+import zmq.utils.z85
+
+from transport.sockets import AsyncSocket, context, is_loopback_address
+
+log = logging.getLogger(__name__)
+
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+DEFAULT_IDENTITIES = ("coordinator", "node", "client")
+_Z85_KEY_LEN = 40
+
+
+class KeyFileError(ValueError):
+    """A key file is missing, malformed or unsafe (the message says which and why)."""
+
+
+class InsecureBindError(ValueError):
+    """A non-loopback tcp bind was asked for without CURVE keys."""
+
+
+@dataclass(frozen=True)
+class KeyPair:
+    """A CURVE key pair, both halves z85-encoded (40 ASCII bytes each)."""
+
+    public: bytes
+    secret: bytes = field(repr=False)
+
+    @classmethod
+    def generate(cls) -> KeyPair:
+        """A fresh random key pair."""
+        public, secret = zmq.curve_keypair()
+        return cls(public, secret)
+
+
+@dataclass(frozen=True)
+class Security:
+    """What a process needs for CURVE: its identity and the allow-list of peer keys."""
+
+    identity: KeyPair
+    allowed: frozenset[bytes]
+    name: str = ""
+
+    @classmethod
+    def from_dir(cls, keys_dir: str, identity: str) -> Security:
+        """Load identity ``identity`` and the allow-list (every ``*.public``) from
+        ``keys_dir``."""
+        pair = load_keypair(keys_dir, identity)
+        allowed = load_allowed_keys(keys_dir)
+        if pair.public not in allowed:
+            allowed = allowed | {pair.public}
+        return cls(pair, frozenset(allowed), identity)
+
+    def client_keys(self, server_public: bytes) -> tuple[bytes, bytes, bytes]:
+        """``(server_public, public, secret)`` for :class:`transport.rpc.RpcClient`."""
+        return server_public, self.identity.public, self.identity.secret
+
+
+def _check_key(text: bytes, path: str) -> bytes:
+    key = text.strip()
+    if len(key) != _Z85_KEY_LEN:
+        raise KeyFileError(f"{path} does not hold a z85 CURVE key (expected {_Z85_KEY_LEN} "
+                        f"characters, found {len(key)})")
+    try:
+        zmq.utils.z85.decode(key)
+    except ValueError as exc:
+        raise KeyFileError(f"{path} does not hold a z85 CURVE key: {exc}") from None
+    return key
+
+
+def _write(path: str, data: bytes, mode: int) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.fchmod(fd, mode)
+        os.write(fd, data + b"\n")
+    finally:
+        os.close(fd)
+
+
+def generate_keys(keys_dir: str, names: Iterable[str] = DEFAULT_IDENTITIES,
+                  overwrite: bool = False) -> dict[str, KeyPair]:
+    """Write a fresh key pair per name into ``keys_dir`` (created with mode 0700).
+
+    Refuses to replace existing files unless ``overwrite``: regenerating keys locks out
+    every host that still has the old ones.
+    """
+    os.makedirs(keys_dir, mode=0o700, exist_ok=True)
+    names = list(names)
+    if not overwrite:
+        existing = [n for n in names if os.path.exists(os.path.join(keys_dir, f"{n}.secret"))
+                    or os.path.exists(os.path.join(keys_dir, f"{n}.public"))]
+        if existing:
+            raise KeyFileError(f"keys for {', '.join(existing)} already exist in {keys_dir}; "
+                            "pass overwrite=True (--force) to replace them")
+    pairs = {}
+    for name in names:
+        if not name or "/" in name or name.startswith("."):
+            raise KeyFileError(f"bad key name {name!r}")
+        pair = KeyPair.generate()
+        _write(os.path.join(keys_dir, f"{name}.secret"), pair.secret, 0o600)
+        _write(os.path.join(keys_dir, f"{name}.public"), pair.public, 0o644)
+        pairs[name] = pair
+    return pairs
+
+
+def load_public_key(keys_dir: str, name: str) -> bytes:
+    """The z85 public key in ``keys_dir/name.public``."""
+    path = os.path.join(keys_dir, f"{name}.public")
+    try:
+        with open(path, "rb") as f:
+            return _check_key(f.read(), path)
+    except FileNotFoundError:
+        raise KeyFileError(f"no public key {path}; run `actorrl keys generate {keys_dir}` and "
+                        "copy the directory to this host") from None
+
+
+def load_keypair(keys_dir: str, name: str) -> KeyPair:
+    """The key pair ``name`` from ``keys_dir`` (the secret must be mode 0600 or stricter)."""
+    path = os.path.join(keys_dir, f"{name}.secret")
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise KeyFileError(f"no secret key {path}; this host needs the {name!r} identity "
+                        f"(run `actorrl keys generate {keys_dir}` and copy it here)") from None
+    if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise KeyFileError(f"{path} is readable by others (mode {stat.S_IMODE(info.st_mode):o}); "
+                        f"run `chmod 600 {path}`")
+    with open(path, "rb") as f:
+        secret = _check_key(f.read(), path)
+    public = zmq.curve_public(secret)
+    pub_path = os.path.join(keys_dir, f"{name}.public")
+    if os.path.exists(pub_path) and load_public_key(keys_dir, name) != public:
+        raise KeyFileError(f"{pub_path} does not match {path}")
+    return KeyPair(public, secret)
+
+
+def load_allowed_keys(keys_dir: str) -> frozenset[bytes]:
+    """Every public key (``*.public``) in ``keys_dir``: the peers allowed to connect."""
+    if not os.path.isdir(keys_dir):
+        raise KeyFileError(f"keys directory {keys_dir} does not exist")
+    keys = set()
+    for entry in sorted(os.listdir(keys_dir)):
+        if entry.endswith(".public"):
+            keys.add(load_public_key(keys_dir, entry[: -len(".public")]))
+    if not keys:
+        raise KeyFileError(f"{keys_dir} holds no *.public keys")
+    return frozenset(keys)
+
+
+def check_bind(address: str, security: Security | None) -> None:
+    """Raise :class:`InsecureBindError` for a non-loopback bind without CURVE keys."""
+    if security is None and not is_loopback_address(address):
+        raise InsecureBindError(
+            f"refusing to bind {address} without encryption: anything bound on a "
+            "non-loopback address needs CURVE keys (run `actorrl keys generate DIR` and "
+            "pass --keys DIR, or bind 127.0.0.1)")
+
+
+class ZapAuthenticator:
+    """The process's ZAP handler: admits CURVE clients whose public key is allowed.
+
+    ZeroMQ asks it (over ``inproc://zeromq.zap.01`` in this process's context) about every
+    CURVE handshake on every socket of the process; plain (NULL) ipc/loopback sockets are
+    not affected. It runs on the event loop through :class:`AsyncSocket`; answers are
+    synchronous set lookups. Refusals are logged with the peer address.
+    """
+
+    def __init__(self, allowed: Iterable[bytes]) -> None:
+        self.allowed: set[bytes] = set(allowed)
+        self.accepted = 0
+        self.refused = 0
+        sock = context().socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.bind(ZAP_ENDPOINT)
+        self._async = AsyncSocket(sock, self._on_request)
+
+    def allow(self, keys: Iterable[bytes]) -> None:
+        """Add keys to the allow-list."""
+        self.allowed.update(keys)
+
+    def _on_request(self, frames: list[Any]) -> None:
+        parts = [f.bytes for f in frames]
+        # [routing id, empty delimiter, version, request id, domain, address, identity,
+        #  mechanism, credentials...]
+        if len(parts) < 8 or parts[1] != b"":
+            log.warning("dropped a malformed ZAP request (%d frames)", len(parts))
+            return
+        peer, _, version, request_id, _domain, address, _identity, mechanism = parts[:8]
+        credentials = parts[8:]
+        status, text, user = b"400", b"denied", b""
+        if version != b"1.0":
+            text = b"unsupported ZAP version"
+        elif mechanism != b"CURVE" or len(credentials) != 1 or len(credentials[0]) != 32:
+            text = b"CURVE required"
+        else:
+            key = zmq.utils.z85.encode(credentials[0])
+            if key in self.allowed:
+                status, text, user = b"200", b"OK", key
+            else:
+                text = b"unknown key"
+        if status == b"200":
+            self.accepted += 1
+        else:
+            self.refused += 1
+            log.warning("refused a %s connection from %s: %s",
+                        mechanism.decode(errors="replace"), address.decode(errors="replace"),
+                        text.decode())
+        self._async.send([peer, b"", b"1.0", request_id, status, text, user, b""])
+
+    def close(self) -> None:
+        """Stop answering (CURVE handshakes then fail)."""
+        self._async.close()
+
+
+_authenticator: ZapAuthenticator | None = None
+_authenticator_pid: int | None = None
+
+
+def ensure_authenticator(allowed: Iterable[bytes]) -> ZapAuthenticator:
+    """Start this process's ZAP handler on the running loop (once), allowing ``allowed``.
+
+    Must run before any CURVE server socket accepts a connection: without a handler,
+    ZeroMQ would admit any client that knows the server's public key.
+    """
+    global _authenticator, _authenticator_pid
+    current = _authenticator
+    if current is not None and _authenticator_pid == os.getpid() and \
+            current._async.loop is not asyncio.get_running_loop():
+        current.close()  # a previous event loop of this process (e.g. a closed Client)
+        current = None
+    if current is None or _authenticator_pid != os.getpid() or current._async._closed:
+        _authenticator = ZapAuthenticator(allowed)
+        _authenticator_pid = os.getpid()
+    else:
+        _authenticator.allow(allowed)
+    return _authenticator
+
+
+def stop_authenticator() -> None:
+    """Close the process's ZAP handler, if one runs."""
+    global _authenticator
+    if _authenticator is not None:
+        _authenticator.close()
+        _authenticator = None
+
