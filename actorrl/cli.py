@@ -1,0 +1,352 @@
+"""The ``actorrl`` command.
+
+::
+
+    actorrl train ALGO [--env ENV] [--num-workers N] [--config FILE] [--set KEY=VALUE ...]
+                       [--seed N] [--output DIR] [--checkpoint-every N] [--restore PATH]
+                       [--stop-reward R|none] [--stop-timesteps N] [--stop-time S|none]
+                       [--address ADDR] [--progress auto|rich|plain] [--debug]
+    actorrl evaluate CHECKPOINT [--episodes N] [--render no|human] [--env ENV] [--seed N]
+                                [--json] [--debug]
+    actorrl plot RESULTS_DIR [RESULTS_DIR ...] [-o OUT.png] [--title TEXT]
+
+plus the cluster commands of :mod:`actorrl.cli_cluster` when that module is present (its
+``register(subparsers)`` adds subparsers that set ``func=handler(args) -> int``).
+
+Exit codes: 0 success (a stop criterion met); 1 a failure while running (one error line;
+``--debug`` for the traceback); 2 bad input (unknown algorithm, env or config key, wrong
+value type, malformed ``--set``, missing file), reported before anything starts;
+130 interrupted by SIGINT; 143 interrupted by SIGTERM.
+
+Heavy modules (numpy, torch, the runtime) are imported inside the commands: ``train``
+blocks SIGINT/SIGTERM (:class:`~actorrl.experiment.signals.SignalWatcher`) before anything
+can start a thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import signal
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import actorrl
+from actorrl.experiment.errors import UsageError, error_summary
+from actorrl.experiment.signals import SignalExit, SignalWatcher, exit_code_for
+from actorrl.experiment.stop import DEFAULT_STOP_TIME_S
+
+if TYPE_CHECKING:
+    from actorrl.experiment.results import RunDirectory
+    from actorrl.experiment.train import RunSummary, TrainPlan
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+ALGORITHMS_HELP = "apex, a3c, impala, a2c"
+
+
+# ---- argument types ------------------------------------------------------------------
+def _int_at_least(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def _stop_reward(text: str) -> float | str | None:
+    """A number, ``none`` (no reward criterion) or ``auto`` (450 on CartPole-v1)."""
+    lowered = text.strip().lower()
+    if lowered in ("auto", "default"):
+        return "auto"
+    if lowered in ("none", "off"):
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, 'none' or 'auto', got {text!r}"
+                                         ) from None
+
+
+def _stop_time(text: str) -> float | None:
+    """Seconds, or ``none``/``0`` for no time limit."""
+    if text.strip().lower() in ("none", "off"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds or 'none', got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value:g}")
+    return value or None
+
+
+# ---- parser ----------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    """The full parser, cluster commands included when available."""
+    parser = argparse.ArgumentParser(
+        prog="actorrl",
+        description="Distributed RL (Ape-X, A3C, IMPALA, A2C) on a small asyncio + ZeroMQ "
+                    "actor runtime.")
+    parser.add_argument("--version", action="version", version=f"actorrl {actorrl.__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_train(subparsers)
+    _add_evaluate(subparsers)
+    _add_plot(subparsers)
+    _register_cluster(subparsers)
+    return parser
+
+
+def _add_train(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "train", help="train an algorithm until a stop criterion",
+        description="Train ALGO on an embedded local cluster (or on a coordinator with "
+                    "--address) until a stop criterion; writes a results folder. Config "
+                    "precedence: algorithm defaults < --restore checkpoint < --config < "
+                    "--set < --env/--num-workers/--seed.")
+    p.add_argument("algorithm", metavar="ALGO", help=f"one of {ALGORITHMS_HELP}")
+    p.add_argument("--env", help="gymnasium id or 'pkg.module:factory' (default: the "
+                                 "algorithm's, CartPole-v1)")
+    p.add_argument("--num-workers", type=_int_at_least(0), help="rollout worker processes")
+    p.add_argument("--config", dest="config_file", metavar="FILE",
+                   help="YAML or JSON file of config keys (RLlib names)")
+    p.add_argument("--set", dest="overrides", action="append", default=[],
+                   metavar="KEY=VALUE", help="override one config key; the value is parsed "
+                   "as JSON when it can be (repeatable)")
+    p.add_argument("--seed", type=int, help="seed for envs and torch")
+    p.add_argument("--output", default="results", metavar="DIR",
+                   help="parent of the results folder (default: ./results)")
+    p.add_argument("--checkpoint-every", type=_int_at_least(0), default=10, metavar="N",
+                   help="checkpoint every N iterations, 0: only at the end (default: 10)")
+    p.add_argument("--restore", metavar="CHECKPOINT",
+                   help="continue from a checkpoint folder (or a results folder's latest); "
+                        "its config is the base config and its counters continue")
+    p.add_argument("--stop-reward", type=_stop_reward, default="auto", metavar="R",
+                   help="stop at episode_reward_mean >= R; 'none' disables (default: 450 "
+                        "on CartPole-v1, none otherwise)")
+    p.add_argument("--stop-timesteps", type=_int_at_least(1), metavar="N",
+                   help="stop at timesteps_total >= N (counted from a restored checkpoint)")
+    p.add_argument("--stop-time", type=_stop_time, default=DEFAULT_STOP_TIME_S,
+                   metavar="S", help="stop after S seconds of training in this invocation; "
+                   "'none' or 0 disables (default: 600)")
+    p.add_argument("--address", help="run on an existing coordinator (actorrl.client) "
+                                     "instead of a local embedded cluster")
+    p.add_argument("--progress", choices=("auto", "rich", "plain"), default="auto",
+                   help="live display: rich on a terminal, one line per iteration "
+                        "otherwise (default: auto)")
+    p.add_argument("--debug", action="store_true",
+                   help="print tracebacks and all log messages")
+    p.set_defaults(func=_cmd_train)
+
+
+def _add_evaluate(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "evaluate", help="roll out a checkpoint's greedy policy",
+        description="Load a checkpoint in this process and run its policy greedily "
+                    "(explore=False); prints the mean and std of the episode returns.")
+    p.add_argument("checkpoint", metavar="CHECKPOINT",
+                   help="a checkpoint folder, or a results folder (its latest checkpoint)")
+    p.add_argument("--episodes", type=_int_at_least(1), default=10, metavar="N",
+                   help="episodes to run (default: 10)")
+    p.add_argument("--render", choices=("no", "human"), default="no",
+                   help="render the env on screen (default: no)")
+    p.add_argument("--env", help="evaluate on this env instead of the checkpoint's")
+    p.add_argument("--seed", type=int, help="seed episode k with SEED + k")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--debug", action="store_true", help="print tracebacks")
+    p.set_defaults(func=_cmd_evaluate)
+
+
+def _add_plot(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "plot", help="draw learning curves to a PNG",
+        description="Plot episode_reward_mean against timesteps and wall time for one or "
+                    "more results folders (a parent folder stands for the runs in it).")
+    p.add_argument("run_dirs", nargs="+", metavar="RESULTS_DIR")
+    p.add_argument("-o", "--output", metavar="OUT.png",
+                   help="output file (default: RESULTS_DIR/learning_curves.png for one run, "
+                        "./learning_curves.png for several)")
+    p.add_argument("--title", help="figure title")
+    p.add_argument("--debug", action="store_true", help="print tracebacks")
+    p.set_defaults(func=_cmd_plot)
+
+
+def _register_cluster(subparsers: argparse._SubParsersAction) -> None:
+    """Add the cluster commands when :mod:`actorrl.cli_cluster` is installed."""
+    try:
+        cli_cluster = importlib.import_module("actorrl.cli_cluster")
+    except ImportError as exc:
+        if exc.name not in ("actorrl.cli_cluster", None):
+            print(f"actorrl: warning: cluster commands unavailable: {exc}", file=sys.stderr)
+        return
+    cli_cluster.register(subparsers)
+
+
+# ---- commands ----------------------------------------------------------------------------
+def _cmd_train(args: argparse.Namespace) -> int:
+    from actorrl.experiment.train import plan_training
+
+    plan = plan_training(
+        args.algorithm, env=args.env, num_workers=args.num_workers,
+        config_file=args.config_file, overrides=args.overrides, seed=args.seed,
+        output_dir=args.output, checkpoint_every=args.checkpoint_every, restore=args.restore,
+        stop_reward=None if args.stop_reward == "auto" else args.stop_reward,
+        stop_reward_given=args.stop_reward != "auto", stop_timesteps=args.stop_timesteps,
+        stop_time_s=args.stop_time, debug=args.debug, command=["actorrl", *args.argv])
+    if args.address:
+        return _train_remote(plan, args)
+    return _train_local(plan, args)
+
+
+def _create_run_dir(plan: TrainPlan) -> RunDirectory:
+    from actorrl.experiment.results import RunDirectory
+
+    try:
+        run_dir = RunDirectory.create(plan.output_dir, plan.spec.name, plan.config.env)
+    except OSError as exc:
+        raise UsageError(f"cannot create a results folder under {plan.output_dir!r}: "
+                         f"{exc.strerror or exc}") from None
+    run_dir.write_config({"algorithm": plan.spec.name, **plan.config.to_dict()})
+    return run_dir
+
+
+def _train_local(plan: TrainPlan, args: argparse.Namespace) -> int:
+    from actorrl.experiment.progress import make_progress
+    from actorrl.experiment.train import TrainingRun, configure_logging
+    from transport.sockets import new_event_loop
+
+    run_dir = _create_run_dir(plan)
+    configure_logging(run_dir.logs_dir / "driver.log", plan.debug)
+    display = make_progress(args.progress)
+    run = TrainingRun(plan, run_dir, display)
+    loop = new_event_loop()
+    watcher: SignalWatcher | None = args.signal_watcher
+    if watcher is not None:
+        watcher.attach(loop, run.on_signal)
+    try:
+        summary = loop.run_until_complete(run.run())
+    finally:
+        if watcher is not None:
+            watcher.detach()
+        loop.run_until_complete(loop.shutdown_default_executor())
+        loop.close()
+    return _report(plan, summary, run_dir)
+
+
+def _train_remote(plan: TrainPlan, args: argparse.Namespace) -> int:
+    from actorrl.experiment.progress import make_progress
+    from actorrl.experiment.remote import load_client_class, run_remote
+    from actorrl.experiment.signals import raise_signal_exit
+    from actorrl.experiment.train import configure_logging
+
+    client_class = load_client_class()
+    run_dir = _create_run_dir(plan)
+    configure_logging(run_dir.logs_dir / "driver.log", plan.debug)
+    signal.signal(signal.SIGTERM, raise_signal_exit)
+    summary = run_remote(plan, args.address, run_dir, make_progress(args.progress),
+                         client_class)
+    return _report(plan, summary, run_dir)
+
+
+def _report(plan: TrainPlan, summary: RunSummary, run_dir: RunDirectory) -> int:
+    """Print the run's summary (stdout) and its error line (stderr); the exit code."""
+    from actorrl.experiment.train import format_summary
+
+    print(format_summary(plan.spec.name, plan.config.env, summary, run_dir.path), flush=True)
+    if summary.error:
+        hint = "" if plan.debug else "; rerun with --debug for the traceback"
+        print(f"actorrl train: error: training failed: {summary.error} (logs: "
+              f"{run_dir.logs_dir}{hint})", file=sys.stderr, flush=True)
+    return summary.exit_code
+
+
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    from actorrl.experiment.evaluate import evaluate_checkpoint
+
+    result = evaluate_checkpoint(args.checkpoint, args.episodes, env=args.env,
+                                 seed=args.seed, render=args.render)
+    if args.json:
+        print(json.dumps(result.as_dict()))
+    else:
+        print(result.describe())
+    return EXIT_OK
+
+
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from actorrl.experiment.plot import plot_runs
+
+    out = plot_runs(args.run_dirs, args.output, title=args.title)
+    print(f"wrote {out}")
+    return EXIT_OK
+
+
+# ---- entry point -------------------------------------------------------------------------
+def _first_command(argv: Sequence[str]) -> str | None:
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def _runs_local_cluster(argv: Sequence[str]) -> bool:
+    return (_first_command(argv) == "train"
+            and not any(a == "--address" or a.startswith("--address=") for a in argv))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    watcher = None
+    if _runs_local_cluster(argv):
+        watcher = SignalWatcher()  # before any import that could start a thread
+        watcher.install()
+    try:
+        return _main(argv, watcher)
+    finally:
+        if watcher is not None:
+            watcher.close()
+
+
+def _main(argv: list[str], watcher: SignalWatcher | None) -> int:
+    parser = build_parser()
+    args = None
+    try:
+        args = parser.parse_args(argv)
+        if getattr(args, "func", None) is None:
+            parser.print_help(sys.stderr)
+            return EXIT_USAGE
+        args.argv = argv
+        args.signal_watcher = watcher
+        return int(args.func(args) or 0)
+    except UsageError as exc:
+        print(f"{_prog(args)}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return exit_code_for(signal.SIGINT)
+    except SignalExit as exc:
+        print(f"\n{exc}", file=sys.stderr)
+        return exit_code_for(exc.signum)
+    except Exception as exc:
+        debug = bool(getattr(args, "debug", False))
+        if debug:
+            traceback.print_exc()
+        hint = "" if debug else " (rerun with --debug for the traceback)"
+        print(f"{_prog(args)}: error: {error_summary(exc)}{hint}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _prog(args: argparse.Namespace | None) -> str:
+    command = getattr(args, "command", None)
+    return f"actorrl {command}" if command else "actorrl"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""Checkpoints on disk: ``checkpoint_<iteration>/`` folders written atomically.
+
+A checkpoint folder holds
+
+``state.bin``
+    the trainer's state (:meth:`actorrl.algorithms.Trainer.get_state`: policy weights,
+    optimizer states, counters, config, algorithm name) in the wire codec's format: a small
+    binary index followed by the codec's frames (msgpack header, then raw array buffers).
+    No pickle.
+``metadata.json``
+    what a person or a script wants without loading arrays: algorithm, env, iteration,
+    timesteps, reward, time written.
+
+Each checkpoint is first written into a hidden temporary folder next to its final place,
+flushed to disk, then renamed; a folder named ``checkpoint_*`` is therefore always
+complete, and a crash mid-write leaves only a ``.tmp`` folder that readers ignore.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import struct
+import time
+from pathlib import Path
+from typing import Any
+
+from actorrl.experiment.errors import UsageError
+from transport.codec import DecodeError, decode, encode
+
+STATE_FILE = "state.bin"
+METADATA_FILE = "metadata.json"
+CHECKPOINTS_DIR = "checkpoints"
+FORMAT_VERSION = 1
+_MAGIC = b"ACTORRL\x00"
+_INDEX_HEAD = struct.Struct("<8sII")  # magic, format version, frame count
+_CHECKPOINT_NAME = re.compile(r"^checkpoint_(\d+)$")
+
+
+def checkpoint_name(iteration: int) -> str:
+    """The folder name of the checkpoint taken after ``iteration``."""
+    return f"checkpoint_{iteration:06d}"
+
+
+def encode_state_file(state: dict[str, Any]) -> list[Any]:
+    """The byte chunks of a state file: index (magic, version, frame sizes), then frames."""
+    frames = encode(state)
+    sizes = [memoryview(f).nbytes for f in frames]
+    index = _INDEX_HEAD.pack(_MAGIC, FORMAT_VERSION, len(frames))
+    index += struct.pack(f"<{len(sizes)}Q", *sizes)
+    return [index, *frames]
+
+
+def decode_state_file(data: bytes | bytearray, path: str = STATE_FILE) -> dict[str, Any]:
+    """Parse what :func:`encode_state_file` wrote; :class:`UsageError` if it is not one."""
+    view = memoryview(data)
+    if len(view) < _INDEX_HEAD.size:
+        raise UsageError(f"{path} is not an actorrl checkpoint (file too short)")
+    magic, version, count = _INDEX_HEAD.unpack_from(view)
+    if magic != _MAGIC:
+        raise UsageError(f"{path} is not an actorrl checkpoint (bad magic bytes)")
+    if version != FORMAT_VERSION:
+        raise UsageError(f"{path} has checkpoint format {version}; this actorrl reads "
+                         f"format {FORMAT_VERSION}")
+    pos = _INDEX_HEAD.size
+    if len(view) < pos + 8 * count:
+        raise UsageError(f"{path} is truncated (frame index incomplete)")
+    sizes = struct.unpack_from(f"<{count}Q", view, pos)
+    pos += 8 * count
+    if pos + sum(sizes) != len(view):
+        raise UsageError(f"{path} is truncated or corrupt: expected {pos + sum(sizes)} "
+                         f"bytes, found {len(view)}")
+    frames = []
+    for size in sizes:
+        frames.append(view[pos:pos + size])
+        pos += size
+    try:
+        state = decode(frames)
+    except DecodeError as exc:
+        raise UsageError(f"{path} is corrupt: {exc}") from None
+    if not isinstance(state, dict) or "policies" not in state or "algorithm" not in state:
+        raise UsageError(f"{path} does not hold a trainer state")
+    return state
+
+
+def write_checkpoint(checkpoints_dir: str | os.PathLike[str], state: dict[str, Any],
+                     metadata: dict[str, Any]) -> Path:
+    """Write ``state`` (a trainer state) and ``metadata`` as
+    ``checkpoints_dir/checkpoint_<iteration>/``, atomically; returns the folder.
+
+    Blocking file I/O: call it from a thread when an event loop is running.
+    """
+    parent = Path(checkpoints_dir)
+    parent.mkdir(parents=True, exist_ok=True)
+    final = parent / checkpoint_name(int(state["iteration"]))
+    tmp = parent / f".{final.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        with open(tmp / STATE_FILE, "wb") as f:
+            for chunk in encode_state_file(state):
+                f.write(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        meta = {"format_version": FORMAT_VERSION, "written_at": time.time(), **metadata}
+        with open(tmp / METADATA_FILE, "w") as f:
+            json.dump(meta, f, indent=2, sort_keys=True, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        if final.exists():  # the same iteration saved again (e.g. final == periodic)
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _fsync_dir(parent)
+    return final
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def list_checkpoints(checkpoints_dir: str | os.PathLike[str]) -> list[Path]:
+    """The complete checkpoint folders under ``checkpoints_dir``, oldest iteration first."""
+    parent = Path(checkpoints_dir)
+    if not parent.is_dir():
+        return []
+    found = []
+    for child in parent.iterdir():
+        match = _CHECKPOINT_NAME.match(child.name)
+        if match and (child / STATE_FILE).is_file():
+            found.append((int(match.group(1)), child))
+    return [path for _, path in sorted(found)]
+
+
+def find_checkpoint(path: str | os.PathLike[str]) -> Path:
+    """Resolve ``path`` to one checkpoint folder: a checkpoint folder itself, its
+    ``state.bin``, a ``checkpoints/`` folder or a results folder (the latest checkpoint).
+    :class:`UsageError` naming what was looked for otherwise."""
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(f"checkpoint {str(path)!r} does not exist")
+    if p.is_file():
+        if p.name == STATE_FILE:
+            return p.parent
+        raise UsageError(f"{str(path)!r} is a file, not a checkpoint folder")
+    if (p / STATE_FILE).is_file():
+        return p
+    for candidates in (list_checkpoints(p), list_checkpoints(p / CHECKPOINTS_DIR)):
+        if candidates:
+            return candidates[-1]
+    raise UsageError(f"no checkpoint in {str(path)!r}: expected a checkpoint_<n>/ folder "
+                     f"holding {STATE_FILE}, or a results folder with {CHECKPOINTS_DIR}/")
+
+
+def read_checkpoint(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:
+    """Find (see :func:`find_checkpoint`) and load a checkpoint: ``(folder, state)``."""
+    folder = find_checkpoint(path)
+    state_path = folder / STATE_FILE
+    try:
+        with open(state_path, "rb") as f:
+            data = bytearray(f.read())  # writable, so restored arrays are writable too
+    except OSError as exc:
+        raise UsageError(f"cannot read checkpoint {str(state_path)!r}: {exc.strerror}"
+                         ) from None
+    return folder, decode_state_file(data, str(state_path))

@@ -1,0 +1,35 @@
+"""Errors of the command-line layer and their one-line summaries.
+
+:class:`UsageError` is bad input (exit code 2): an unknown algorithm or env, a bad config
+key or value, a missing file. :func:`error_summary` turns any exception, including the
+runtime's multi-line remote errors, into one line for the terminal; the full text and
+traceback go to the run's log file.
+"""
+
+from __future__ import annotations
+
+REMOTE_TRACEBACK_MARK = "\n\nRemote traceback:"
+LOG_TAIL_MARK = "; its log ("
+
+
+class UsageError(ValueError):
+    """Bad input on the command line or in a file it names; reported as one line, exit 2."""
+
+
+def error_summary(exc: BaseException) -> str:
+    """One line naming the problem: the exception's type (unless it is generic) and the
+    first line of its message, without remote tracebacks or log tails."""
+    from transport.errors import RemoteError  # lazily: this module loads before numpy
+
+    if isinstance(exc, RemoteError):
+        text = f"{exc.type_name}: {exc.message}"
+    else:
+        text = str(exc)
+        if not text:
+            return type(exc).__name__
+        text = text.split(REMOTE_TRACEBACK_MARK, 1)[0]
+        text = text.split(LOG_TAIL_MARK, 1)[0]
+        if not type(exc).__module__.startswith("actorrl"):
+            text = f"{type(exc).__name__}: {text}"
+    first = next((line.strip() for line in text.splitlines() if line.strip()), text)
+    return first

@@ -1,0 +1,179 @@
+"""``actorrl evaluate``: roll out a checkpoint's greedy policy in this process.
+
+The policy is built exactly as training built it (a :class:`RolloutWorker` with the
+checkpoint's algorithm and config, worker index 0), loaded with the checkpoint's weights,
+and run with ``explore=False`` on up to :data:`MAX_PARALLEL_ENVS` envs in lockstep, one
+batched forward pass per step. Episode ``k`` is seeded with ``seed + k`` when a seed is
+given, so evaluations repeat exactly.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from actorrl.algorithms import get_algorithm
+from actorrl.experiment.checkpoint import read_checkpoint
+from actorrl.experiment.errors import UsageError, error_summary
+
+MAX_PARALLEL_ENVS = 16
+RENDER_MODES = ("no", "human")
+
+
+@dataclass(frozen=True)
+class EvaluationResult:
+    """Returns of the evaluated episodes and their statistics (RLlib-style names)."""
+
+    checkpoint: str
+    algorithm: str
+    env: str
+    episodes: int
+    episode_reward_mean: float
+    episode_reward_std: float
+    episode_reward_min: float
+    episode_reward_max: float
+    episode_len_mean: float
+    episode_rewards: list[float]
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return asdict(self)
+
+    def describe(self) -> str:
+        """One human line: ``mean ± std`` over the episodes, min, max, mean length."""
+        return (f"{self.algorithm} checkpoint {self.checkpoint} on {self.env}: "
+                f"{self.episodes} episodes, return mean {self.episode_reward_mean:.2f} "
+                f"std {self.episode_reward_std:.2f} (min {self.episode_reward_min:.1f}, "
+                f"max {self.episode_reward_max:.1f}), episode_len_mean "
+                f"{self.episode_len_mean:.1f}")
+
+
+def _env_action(action_space: Any, action: np.ndarray) -> Any:
+    import gymnasium as gym
+
+    if isinstance(action_space, gym.spaces.Discrete):
+        return int(action)
+    if isinstance(action_space, gym.spaces.Box):
+        return np.clip(action, action_space.low, action_space.high)
+    return action
+
+
+def evaluate_checkpoint(path: str | os.PathLike[str], episodes: int, *,
+                        env: str | None = None, seed: int | None = None,
+                        render: str = "no") -> EvaluationResult:
+    """Load the checkpoint at ``path`` (a checkpoint folder or a results folder: its latest
+    checkpoint) and run ``episodes`` greedy episodes; ``env`` overrides the checkpoint's."""
+    if episodes < 1:
+        raise UsageError(f"--episodes must be >= 1, got {episodes}")
+    if render not in RENDER_MODES:
+        raise UsageError(f"--render must be one of {', '.join(RENDER_MODES)}, got {render!r}")
+    folder, state = read_checkpoint(path)
+    try:
+        spec = get_algorithm(str(state["algorithm"]))
+    except ValueError as exc:
+        raise UsageError(f"checkpoint {str(folder)!r}: {exc}") from None
+    config = dict(state.get("config") or {})
+    env_id = env or str(config.get("env"))
+    env_config = dict(config.get("env_config") or {})
+    if render == "human":
+        env_config["render_mode"] = "human"
+    envs = _make_envs(env_id, env_config, min(episodes, MAX_PARALLEL_ENVS))
+    try:
+        policy = _load_policy(spec.policy, env_id, env_config, config, state)
+        returns, lengths = _rollout(policy, envs, episodes, seed)
+    finally:
+        for e in envs:
+            e.close()
+    arr = np.asarray(returns, dtype=np.float64)
+    return EvaluationResult(
+        checkpoint=str(folder), algorithm=spec.name, env=env_id, episodes=len(returns),
+        episode_reward_mean=float(arr.mean()), episode_reward_std=float(arr.std()),
+        episode_reward_min=float(arr.min()), episode_reward_max=float(arr.max()),
+        episode_len_mean=float(np.mean(lengths)), episode_rewards=[float(r) for r in returns])
+
+
+def _make_envs(env_id: str, env_config: dict[str, Any], count: int) -> list[Any]:
+    from actorrl.envs import MultiAgentEnv, make_env
+
+    envs: list[Any] = []
+    try:
+        for _ in range(count):
+            envs.append(make_env(env_id, env_config))
+    except ValueError as exc:
+        for e in envs:
+            e.close()
+        raise UsageError(str(exc)) from None
+    except Exception as exc:
+        for e in envs:
+            e.close()
+        raise UsageError(f"cannot create env {env_id!r}: {error_summary(exc)}") from None
+    if isinstance(envs[0], MultiAgentEnv):
+        for e in envs:
+            e.close()
+        raise UsageError(f"env {env_id!r} is multi-agent; evaluate rolls out single-agent "
+                         "envs only")
+    return envs
+
+
+def _load_policy(policy_class: str, env_id: str, env_config: dict[str, Any],
+                 config: dict[str, Any], state: dict[str, Any]) -> Any:
+    from actorrl.batch import DEFAULT_POLICY_ID
+    from actorrl.rollout import RolloutWorker
+
+    worker_config = {**config, "env_config": env_config, "num_envs_per_worker": 1,
+                     "explore": False}
+    worker = RolloutWorker(env_id, policy_class, worker_config, worker_index=0,
+                           num_workers=0)
+    worker.stop()  # only its policy is needed; the envs above do the rollouts
+    policies = state["policies"]
+    if DEFAULT_POLICY_ID not in policies:
+        raise UsageError(f"checkpoint holds policies {sorted(policies)}, not "
+                         f"{DEFAULT_POLICY_ID!r}; evaluate supports single-agent checkpoints")
+    try:
+        worker.set_weights({DEFAULT_POLICY_ID: policies[DEFAULT_POLICY_ID]["weights"]})
+    except (RuntimeError, KeyError) as exc:
+        raise UsageError(f"the checkpoint's weights do not fit a policy for {env_id!r}: "
+                         f"{error_summary(exc)}") from None
+    return worker.get_policy(DEFAULT_POLICY_ID)
+
+
+def _rollout(policy: Any, envs: list[Any], episodes: int, seed: int | None
+             ) -> tuple[list[float], list[int]]:
+    """Run ``episodes`` episodes on ``envs`` in lockstep; returns (returns, lengths)."""
+    n = len(envs)
+    obs: list[Any] = [None] * n
+    episode_return = [0.0] * n
+    episode_len = [0] * n
+    active = [False] * n
+    started = 0
+    returns: list[float] = []
+    lengths: list[int] = []
+
+    def start(i: int) -> None:
+        nonlocal started
+        obs[i] = envs[i].reset(seed=None if seed is None else seed + started)[0]
+        episode_return[i], episode_len[i], active[i] = 0.0, 0, True
+        started += 1
+
+    for i in range(n):
+        start(i)
+    action_space = envs[0].action_space
+    while any(active):
+        rows = [i for i in range(n) if active[i]]
+        actions, _ = policy.compute_actions(np.stack([obs[i] for i in rows]), explore=False)
+        for i, action in zip(rows, actions):
+            obs[i], reward, terminated, truncated, _ = envs[i].step(
+                _env_action(action_space, action))
+            episode_return[i] += float(reward)
+            episode_len[i] += 1
+            if terminated or truncated:
+                returns.append(episode_return[i])
+                lengths.append(episode_len[i])
+                if started < episodes:
+                    start(i)
+                else:
+                    active[i] = False
+    return returns, lengths

@@ -1,0 +1,116 @@
+"""``actorrl plot``: learning curves of one or more results folders as a PNG.
+
+Two panels: ``episode_reward_mean`` against ``timesteps_total`` and against wall time
+(``time_total_s``), with the min..max band of each iteration shaded; several runs overlaid,
+each labelled with its folder name. A folder that holds no ``result.jsonl`` but has run
+folders inside (``results/``) stands for all of them. Rendering uses matplotlib's Agg
+backend, so no display is needed.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from actorrl.experiment.errors import UsageError
+from actorrl.experiment.results import RESULT_FILE, read_results
+
+DEFAULT_PLOT_NAME = "learning_curves.png"
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One run's series."""
+
+    label: str
+    timesteps: list[int]
+    time_s: list[float]
+    reward_mean: list[float]
+    reward_min: list[float]
+    reward_max: list[float]
+
+
+def _as_float(value: object) -> float:
+    return float(value) if isinstance(value, (int, float)) else float("nan")
+
+
+def load_curve(run_dir: Path) -> Curve:
+    """The series of ``run_dir``; :class:`UsageError` when it has no results yet."""
+    results = read_results(run_dir)
+    if not results:
+        raise UsageError(f"{str(run_dir)!r} has no results yet ({RESULT_FILE} is empty)")
+    return Curve(
+        label=run_dir.name,
+        timesteps=[int(r.get("timesteps_total") or 0) for r in results],
+        time_s=[_as_float(r.get("time_total_s")) for r in results],
+        reward_mean=[_as_float(r.get("episode_reward_mean")) for r in results],
+        reward_min=[_as_float(r.get("episode_reward_min")) for r in results],
+        reward_max=[_as_float(r.get("episode_reward_max")) for r in results],
+    )
+
+
+def expand_run_dirs(paths: list[str]) -> list[Path]:
+    """Results folders named by ``paths`` (a parent folder stands for the run folders in
+    it); :class:`UsageError` for a path that holds none."""
+    found: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if not path.is_dir():
+            raise UsageError(f"results folder {raw!r} does not exist")
+        if (path / RESULT_FILE).is_file():
+            found.append(path)
+            continue
+        children = sorted(p for p in path.iterdir() if (p / RESULT_FILE).is_file())
+        if not children:
+            raise UsageError(f"{raw!r} is not a results folder (no {RESULT_FILE}) and holds "
+                             "none")
+        found.extend(children)
+    return found
+
+
+def default_output(run_dirs: list[Path]) -> Path:
+    """Inside the run folder for one run, the current folder for several."""
+    if len(run_dirs) == 1:
+        return run_dirs[0] / DEFAULT_PLOT_NAME
+    return Path(DEFAULT_PLOT_NAME)
+
+
+def plot_runs(paths: list[str], output: str | os.PathLike[str] | None = None,
+              title: str | None = None) -> Path:
+    """Draw the learning curves of ``paths`` into a PNG; returns its path."""
+    run_dirs = expand_run_dirs(paths)
+    curves = [load_curve(d) for d in run_dirs]
+    out = Path(output) if output is not None else default_output(run_dirs)
+    if out.suffix.lower() != ".png":
+        raise UsageError(f"output {str(out)!r} must end in .png")
+    if not out.parent.is_dir():
+        raise UsageError(f"output folder {str(out.parent)!r} does not exist")
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(12, 4.5), dpi=100)
+    by_steps, by_time = figure.subplots(1, 2)
+    for curve in curves:
+        line, = by_steps.plot(curve.timesteps, curve.reward_mean, label=curve.label)
+        by_steps.fill_between(curve.timesteps, curve.reward_min, curve.reward_max,
+                              color=line.get_color(), alpha=0.15, linewidth=0)
+        by_time.plot(curve.time_s, curve.reward_mean, color=line.get_color(),
+                     label=curve.label)
+        by_time.fill_between(curve.time_s, curve.reward_min, curve.reward_max,
+                             color=line.get_color(), alpha=0.15, linewidth=0)
+    by_steps.set_xlabel("timesteps_total (env steps)")
+    by_time.set_xlabel("time_total_s (s)")
+    for axes in (by_steps, by_time):
+        axes.set_ylabel("episode_reward_mean")
+        axes.grid(True, alpha=0.3)
+        axes.legend(fontsize="small", loc="best")
+    figure.suptitle(title or "learning curves (shaded: episode reward min..max)")
+    figure.tight_layout()
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}.png")
+    figure.savefig(tmp, format="png")
+    os.replace(tmp, out)
+    return out

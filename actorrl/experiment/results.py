@@ -1,0 +1,259 @@
+"""The results folder of one training run, and the writers that fill it.
+
+::
+
+    <output>/<algo>_<env>_<YYYY-mm-dd_HH-MM-SS>/
+        run.json            status (running/finished/interrupted/failed), stop reason, error,
+                            best reward, counters, paths; rewritten atomically on each change
+        config.json         the resolved algorithm config (every key, RLlib names)
+        result.jsonl        one result dict per training iteration (RLlib keys, nested)
+        progress.csv        the same, flattened with "/" ("info/learner_queue/size_mean")
+        events.out.tfevents.*   TensorBoard scalars (x axis: timesteps_total)
+        checkpoints/checkpoint_<iteration>/   see :mod:`actorrl.experiment.checkpoint`
+        logs/               one log per actor process, plus driver.log
+
+The folder is created only after every input has been validated, so bad input never
+leaves a folder behind; a run that fails later says so in ``run.json``.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import json
+import math
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from actorrl.experiment.checkpoint import CHECKPOINTS_DIR
+
+RUN_FILE = "run.json"
+CONFIG_FILE = "config.json"
+PROGRESS_FILE = "progress.csv"
+RESULT_FILE = "result.jsonl"
+LOGS_DIR = "logs"
+
+STATUS_RUNNING = "running"
+STATUS_FINISHED = "finished"
+STATUS_INTERRUPTED = "interrupted"
+STATUS_FAILED = "failed"
+
+TENSORBOARD_KEYS = (
+    "episode_reward_mean", "episode_reward_min", "episode_reward_max", "episode_len_mean",
+    "episodes_this_iter", "timesteps_total", "num_steps_trained", "time_this_iter_s",
+    "num_healthy_workers",
+)
+"""Top-level result keys written as TensorBoard scalars (plus :func:`derived_metrics`)."""
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` as strict JSON: numpy scalars/arrays as Python values, NaN/inf as null."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return _jsonable(value.tolist())
+    if isinstance(value, np.generic):
+        return _jsonable(value.item())
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
+
+
+def to_json_line(result: dict[str, Any]) -> str:
+    """One result dict as one line of strict JSON."""
+    return json.dumps(_jsonable(result), allow_nan=False, separators=(",", ":"))
+
+
+def flatten_result(result: dict[str, Any], sep: str = "/") -> dict[str, Any]:
+    """Nested dicts joined into ``"a/b/c"`` keys (as RLlib's CSV logger); lists become
+    JSON text, non-finite floats stay floats."""
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}{sep}{k}" if prefix else str(k), v)
+        elif isinstance(value, (list, tuple, np.ndarray)):
+            flat[prefix] = json.dumps(_jsonable(value))
+        elif isinstance(value, np.generic):
+            flat[prefix] = value.item()
+        else:
+            flat[prefix] = value
+
+    walk("", result)
+    return flat
+
+
+def derived_metrics(result: dict[str, Any], previous: dict[str, Any] | None
+                    ) -> dict[str, float]:
+    """Per-iteration rates computed from consecutive results: ``env_steps_per_s``,
+    ``trained_steps_per_s`` and, when the pipeline reports one, ``learner_queue_size``
+    (mean in-queue length)."""
+    time_s = float(result.get("time_this_iter_s") or 0.0)
+    out: dict[str, float] = {}
+    if time_s > 0:
+        out["env_steps_per_s"] = float(result.get("timesteps_this_iter", 0)) / time_s
+        trained_before = int(previous.get("num_steps_trained", 0)) if previous else None
+        if trained_before is not None:
+            trained = int(result.get("num_steps_trained", 0)) - trained_before
+            out["trained_steps_per_s"] = max(0, trained) / time_s
+    queue = (result.get("info") or {}).get("learner_queue")
+    if isinstance(queue, dict) and isinstance(queue.get("size_mean"), (int, float)):
+        out["learner_queue_size"] = float(queue["size_mean"])
+    return out
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _safe_name(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "env"
+
+
+class RunDirectory:
+    """One run's results folder; create it with :meth:`create` once inputs are valid."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._status: dict[str, Any] = {}
+
+    @classmethod
+    def create(cls, output_dir: str | os.PathLike[str], algorithm: str, env: str,
+               when: datetime.datetime | None = None) -> RunDirectory:
+        """Make ``<output_dir>/<algorithm>_<env>_<timestamp>/`` (``_2``, ``_3``... when the
+        name is taken) with its ``logs/`` and ``checkpoints/`` folders."""
+        when = when or datetime.datetime.now()
+        base = f"{algorithm}_{_safe_name(env)}_{when:%Y-%m-%d_%H-%M-%S}"
+        parent = Path(output_dir)
+        parent.mkdir(parents=True, exist_ok=True)
+        for attempt in range(1, 1000):
+            path = parent / (base if attempt == 1 else f"{base}_{attempt}")
+            try:
+                path.mkdir()
+            except FileExistsError:
+                continue
+            (path / LOGS_DIR).mkdir()
+            (path / CHECKPOINTS_DIR).mkdir()
+            return cls(path)
+        raise FileExistsError(f"could not find a free results folder name for {base}")
+
+    @property
+    def logs_dir(self) -> Path:
+        """Actor and driver logs."""
+        return self.path / LOGS_DIR
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        """Where ``checkpoint_<iteration>/`` folders go."""
+        return self.path / CHECKPOINTS_DIR
+
+    def write_config(self, config: dict[str, Any]) -> None:
+        """Write the resolved config as ``config.json``."""
+        _atomic_write_text(self.path / CONFIG_FILE,
+                           json.dumps(_jsonable(config), indent=2, sort_keys=True) + "\n")
+
+    def update_status(self, **fields: Any) -> None:
+        """Merge ``fields`` into ``run.json`` and rewrite it atomically."""
+        self._status.update(fields)
+        self._status["updated_at"] = time.time()
+        _atomic_write_text(self.path / RUN_FILE,
+                           json.dumps(_jsonable(self._status), indent=2, sort_keys=True) + "\n")
+
+
+class ResultWriter:
+    """Appends each iteration's result to ``result.jsonl``, ``progress.csv`` and the
+    TensorBoard event file of a results folder. Small writes: fine on the event loop."""
+
+    def __init__(self, run_dir: Path, tensorboard: bool = True) -> None:
+        self.run_dir = run_dir
+        self._jsonl = open(run_dir / RESULT_FILE, "a")  # noqa: SIM115 (closed in close())
+        self._csv_path = run_dir / PROGRESS_FILE
+        self._csv_columns: list[str] = []
+        self._previous: dict[str, Any] | None = None
+        self._tb = None
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(logdir=str(run_dir), flush_secs=10)
+
+    def record(self, result: dict[str, Any]) -> dict[str, float]:
+        """Write ``result`` everywhere; returns its :func:`derived_metrics`."""
+        derived = derived_metrics(result, self._previous)
+        self._previous = result
+        self._jsonl.write(to_json_line(result) + "\n")
+        self._jsonl.flush()
+        self._append_csv(flatten_result(result))
+        if self._tb is not None:
+            step = int(result.get("timesteps_total", 0))
+            for key in TENSORBOARD_KEYS:
+                value = result.get(key)
+                if isinstance(value, (int, float)) and math.isfinite(value):
+                    self._tb.add_scalar(key, value, global_step=step)
+            for key, value in derived.items():
+                self._tb.add_scalar(f"throughput/{key}" if key.endswith("_per_s")
+                                    else f"info/{key}", value, global_step=step)
+            self._tb.flush()
+        return derived
+
+    def _append_csv(self, row: dict[str, Any]) -> None:
+        new = [k for k in row if k not in self._csv_columns]
+        if new and self._csv_columns:
+            self._rewrite_csv_with(self._csv_columns + new)
+        elif new:
+            self._csv_columns = list(row)
+            with open(self._csv_path, "w", newline="") as f:
+                csv.DictWriter(f, self._csv_columns).writeheader()
+        with open(self._csv_path, "a", newline="") as f:
+            csv.DictWriter(f, self._csv_columns, restval="").writerow(row)
+
+    def _rewrite_csv_with(self, columns: list[str]) -> None:
+        """A key appeared that earlier rows lack (stats that start late): rewrite the file
+        with the wider header, earlier rows left empty in the new columns."""
+        with open(self._csv_path, newline="") as f:
+            rows = list(csv.DictReader(f))
+        tmp = self._csv_path.with_name(f".{PROGRESS_FILE}.tmp-{os.getpid()}")
+        with open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, columns, restval="")
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(tmp, self._csv_path)
+        self._csv_columns = columns
+
+    def close(self) -> None:
+        """Flush and close every file."""
+        self._jsonl.close()
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+def read_results(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The result dicts of a results folder, from ``result.jsonl`` (a torn last line,
+    from a run killed mid-write, is skipped)."""
+    path = Path(run_dir) / RESULT_FILE
+    results = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                results.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return results
