@@ -207,28 +207,28 @@ class Runtime:
         if client is None or (client.lost is not None):
             if client is not None:
                 client.close()
-            client = self._connect(endpoint)
+            client = self.connect(endpoint)
             self._clients[endpoint] = client
         return client
 
-    def _connect(self, endpoint: str) -> RpcClient:
-        """A new connection: ipc to processes of this node, CURVE tcp where the endpoint
-        carries a server key, plain otherwise."""
+    def connect(self, endpoint: str, connect_timeout_s: float = 30.0) -> RpcClient:
+        """A new, uncached connection to ``endpoint``: ipc to processes of this node,
+        CURVE tcp where the endpoint carries a server key, plain otherwise."""
         if not is_composite(endpoint):
-            return RpcClient(endpoint, codec=self.codec)
+            return RpcClient(endpoint, codec=self.codec, connect_timeout_s=connect_timeout_s)
         parsed = Endpoint.parse(endpoint)
         network = self.network
         address, server_key = parsed.route(network.node_tag if network else None)
         if server_key is None:
-            return RpcClient(address, codec=self.codec)
+            return RpcClient(address, codec=self.codec, connect_timeout_s=connect_timeout_s)
         security = network.security if network is not None else None
         if security is None:
-            client = RpcClient(address, codec=self.codec)
+            client = RpcClient(address, codec=self.codec, connect_timeout_s=connect_timeout_s)
             client._fail_all(PeerLostError(
                 f"{parsed.address} needs CURVE keys and this process has none (start it "
                 "with a keys directory)"), notify=False)
             return client
-        return RpcClient(address, codec=self.codec,
+        return RpcClient(address, codec=self.codec, connect_timeout_s=connect_timeout_s,
                          curve_keys=security.client_keys(server_key))
 
     def mark_dead(self, endpoint: str, reason: str) -> None:

@@ -1,0 +1,374 @@
+"""Cluster commands of the ``actorrl`` CLI (``register(subparsers)`` adds them).
+
+::
+
+    actorrl keys generate DIR [--force]
+    actorrl coordinator start [--bind tcp://HOST:PORT] [--daemon] [--keys DIR]
+                              [--state-dir DIR] [--advertise HOST]
+    actorrl coordinator status [--json]
+    actorrl coordinator stop [--with-nodes]
+    actorrl node join ADDRESS [--cpus N] [--gpus N] [--keys DIR] [--name NAME] [--host IP]
+    actorrl nodes
+    actorrl submit CONFIG [--set KEY=VALUE ...] [--follow]
+    actorrl jobs
+    actorrl logs JOB
+    actorrl stop JOB
+
+Commands that talk to a coordinator find it through ``--address`` or the state file of a
+coordinator started on this host (``--state-dir``, ``$ACTORRL_STATE_DIR``, ``~/.actorrl``),
+which also names its keys directory; ``--keys`` overrides. ``python -m actorrl.cli_cluster``
+runs these commands alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+EXIT_USAGE = 2
+
+
+class CommandError(Exception):
+    """A command cannot run (the message says why and what to do)."""
+
+
+# ---------------------------------------------------------------------------- helpers
+def _state_dir(args: argparse.Namespace) -> str:
+    from actorrl.cluster.service import default_state_dir
+
+    return os.path.abspath(os.path.expanduser(args.state_dir or default_state_dir()))
+
+
+def _target(args: argparse.Namespace) -> tuple[str, str | None]:
+    """``(address, keys_dir)`` of the coordinator to talk to."""
+    from actorrl.cluster.service import pid_alive, read_state
+
+    keys = os.path.expanduser(args.keys) if getattr(args, "keys", None) else None
+    if getattr(args, "address", None):
+        return args.address, keys or os.environ.get("ACTORRL_KEYS_DIR")
+    state_dir = _state_dir(args)
+    state = read_state(state_dir)
+    if state is None:
+        raise CommandError(f"no coordinator is recorded in {state_dir}; start one with "
+                           "`actorrl coordinator start` or pass --address")
+    if not pid_alive(int(state.get("pid", 0))):
+        raise CommandError(f"the coordinator recorded in {state_dir} (pid {state.get('pid')}) "
+                           "is not running; start it again with `actorrl coordinator start`")
+    return state["address"], keys or state.get("keys_dir")
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from actorrl.client import Client
+
+    address, keys = _target(args)
+    return Client(address, keys_dir=keys, bind_host=None,
+                  connect_timeout_s=getattr(args, "timeout", 10.0))
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, sort_keys=True, default=str))
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "-" if value is None or value == "" else str(value)
+
+
+def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    cells = [[_fmt(r.get(c)) for c in columns] for r in rows]
+    widths = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
+
+
+def _add_target(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--address", help="coordinator address (default: the one recorded in the "
+                   "state directory)")
+    p.add_argument("--keys", metavar="DIR", help="CURVE keys directory (default: the "
+                   "coordinator's, from the state file)")
+    p.add_argument("--state-dir", metavar="DIR", help="coordinator state directory (default: "
+                   "$ACTORRL_STATE_DIR or ~/.actorrl)")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the "
+                   "coordinator to answer (default: 10)")
+
+
+# ---------------------------------------------------------------------------- commands
+def _cmd_keys_generate(args: argparse.Namespace) -> int:
+    from transport.auth import generate_keys
+
+    names = args.names or ["coordinator", "node", "client"]
+    generate_keys(os.path.expanduser(args.dir), names, overwrite=args.force)
+    print(f"wrote {', '.join(names)} key pairs to {args.dir} (secrets mode 0600).\n"
+          f"Copy the directory to every host: the coordinator needs coordinator.secret, "
+          f"nodes node.secret, clients client.secret, and all of them the *.public files.")
+    return 0
+
+
+def _cmd_coordinator_start(args: argparse.Namespace) -> int:
+    from actorrl.cluster.service import run_coordinator, start_daemon
+    from transport.auth import Security, check_bind
+
+    keys = os.path.abspath(os.path.expanduser(args.keys)) if args.keys else None
+    check_bind(args.bind, Security.from_dir(keys, "coordinator") if keys else None)
+    state_dir = _state_dir(args)
+    if args.daemon:
+        argv = ["--bind", args.bind, "--heartbeat-timeout", str(args.heartbeat_timeout)]
+        if keys:
+            argv += ["--keys", keys]
+        if args.advertise:
+            argv += ["--advertise", args.advertise]
+        address = start_daemon(argv, state_dir)
+        print(f"coordinator started in the background at {address} (state and log in "
+              f"{state_dir})")
+        return 0
+    return run_coordinator(args.bind, keys_dir=keys, state_dir=state_dir,
+                           advertise=args.advertise,
+                           heartbeat_timeout_s=args.heartbeat_timeout, ready_fd=args.ready_fd)
+
+
+def _cmd_coordinator_status(args: argparse.Namespace) -> int:
+    try:
+        client = _client(args)
+    except CommandError as exc:
+        print(f"not running: {exc}")
+        return 1
+    with client:
+        status = client.status()
+    if args.json:
+        _print_json(status)
+        return 0
+    print(f"coordinator at {status['address']}: {len(status['nodes'])} node(s), "
+          f"{status['num_actors']} actor(s), {len(status.get('jobs', []))} job(s)")
+    if status["nodes"]:
+        print(_table(status["nodes"], ["name", "host", "num_cpus", "used_cpus", "num_gpus",
+                                       "used_gpus", "num_actors"]))
+    if status.get("jobs"):
+        print(_table(status["jobs"], ["job_id", "algorithm", "state", "num_results",
+                                      "episode_reward_mean", "num_failures"]))
+    return 0
+
+
+def _cmd_coordinator_stop(args: argparse.Namespace) -> int:
+    from actorrl.cluster.service import read_state, wait_pid_exit
+
+    state = read_state(_state_dir(args)) if not args.address else None
+    with _client(args) as client:
+        client.call("coord.shutdown", [args.with_nodes])
+    if state is not None:
+        pid = int(state["pid"])
+        if not wait_pid_exit(pid, args.wait):
+            print(f"the coordinator (pid {pid}) did not exit within {args.wait:g} s; "
+                  "sending SIGKILL", file=sys.stderr)
+            os.kill(pid, 9)
+            wait_pid_exit(pid, 10)
+    print("coordinator stopped")
+    return 0
+
+
+def _cmd_node_join(args: argparse.Namespace) -> int:
+    from actorrl.cluster.service import run_node
+
+    keys = os.path.abspath(os.path.expanduser(args.keys)) if args.keys else None
+    return run_node(args.address, name=args.name, host=args.host, num_cpus=args.cpus,
+                    num_gpus=args.gpus, keys_dir=keys)
+
+
+def _cmd_nodes(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        nodes = client.nodes()
+    if args.json:
+        _print_json(nodes)
+    else:
+        print(_table(nodes, ["name", "host", "num_cpus", "used_cpus", "num_gpus", "used_gpus",
+                             "num_actors"]))
+    return 0
+
+
+def _read_submission(args: argparse.Namespace) -> dict[str, Any]:
+    from actorrl.config import parse_override, read_config_file
+
+    config = read_config_file(args.config)
+    for text in args.set or []:
+        key, value = parse_override(text)
+        target = config
+        parts = key.split(".")
+        if parts[0] in ("stop", "job") and len(parts) == 2:
+            target = config.setdefault(parts[0], {})
+        target[parts[-1]] = value
+    if args.algorithm:
+        config["algorithm"] = args.algorithm
+    if "algorithm" not in config:
+        raise CommandError(f"{args.config} has no 'algorithm' key; add one or pass "
+                           "--algorithm NAME")
+    return config
+
+
+def _cmd_submit(args: argparse.Namespace) -> int:
+    submission = _read_submission(args)
+    with _client(args) as client:
+        job = client.submit(submission)
+        print(job.id, flush=True)
+        if not args.follow:
+            return 0
+        try:
+            for result in job.results():
+                print(f"iter {result.get('training_iteration')}  "
+                      f"steps {result.get('timesteps_total')}  "
+                      f"reward {_fmt(result.get('episode_reward_mean'))}", flush=True)
+        except KeyboardInterrupt:
+            print(f"stopped following; the job keeps running (actorrl stop {job.id})")
+            return 130
+        status = job.status()
+        print(f"job {job.id} {status['state']}"
+              + (f": {status['error']}" if status.get("error") else ""))
+        return 0 if status["state"] == "finished" else 1
+
+
+def _cmd_jobs(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        jobs = client.jobs()
+    if args.json:
+        _print_json(jobs)
+    elif not jobs:
+        print("no jobs")
+    else:
+        for job in jobs:
+            job["iteration"] = (job.get("last_counters") or {}).get("training_iteration")
+        print(_table(jobs, ["job_id", "name", "algorithm", "state", "iteration",
+                            "episode_reward_mean", "num_failures"]))
+    return 0
+
+
+def _cmd_logs(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        sys.stdout.write(client.job(args.job).logs())
+    return 0
+
+
+def _cmd_stop_job(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        record = client.job(args.job).stop()
+    print(f"job {record['job_id']} {record['state']}")
+    return 0
+
+
+# ---------------------------------------------------------------------------- parser
+def register(subparsers: Any) -> None:
+    """Add the cluster commands to the ``actorrl`` parser's subparsers."""
+    keys = subparsers.add_parser("keys", help="CURVE key pairs for a cluster")
+    keys_sub = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
+    p = keys_sub.add_parser("generate", help="write coordinator, node and client key pairs")
+    p.add_argument("dir", metavar="DIR")
+    p.add_argument("--force", action="store_true", help="replace existing keys")
+    p.add_argument("--names", nargs="+", metavar="NAME",
+                   help="identities to create (default: coordinator node client)")
+    p.set_defaults(func=_guarded(_cmd_keys_generate))
+
+    coord = subparsers.add_parser("coordinator", help="start, inspect or stop the coordinator")
+    coord_sub = coord.add_subparsers(dest="coordinator_command", metavar="ACTION",
+                                     required=True)
+    p = coord_sub.add_parser("start", help="run the coordinator")
+    p.add_argument("--bind", default="tcp://127.0.0.1:7450",
+                   help="address to listen on (default: tcp://127.0.0.1:7450); a "
+                   "non-loopback address needs --keys")
+    p.add_argument("--daemon", action="store_true", help="detach and run in the background")
+    p.add_argument("--keys", metavar="DIR", help="CURVE keys directory (encrypts and "
+                   "authenticates every tcp connection)")
+    p.add_argument("--state-dir", metavar="DIR", help="state, job records, checkpoints "
+                   "(default: $ACTORRL_STATE_DIR or ~/.actorrl)")
+    p.add_argument("--advertise", metavar="HOST", help="host other nodes reach this one at "
+                   "(default: the --bind host)")
+    p.add_argument("--heartbeat-timeout", type=float, default=3.0, metavar="S",
+                   help="seconds without a heartbeat before a node is lost (default: 3)")
+    p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+    p.set_defaults(func=_guarded(_cmd_coordinator_start))
+    p = coord_sub.add_parser("status", help="nodes and jobs of the running coordinator")
+    _add_target(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_guarded(_cmd_coordinator_status))
+    p = coord_sub.add_parser("stop", help="stop the coordinator (jobs resume when it "
+                             "restarts)")
+    _add_target(p)
+    p.add_argument("--with-nodes", action="store_true", help="also make the nodes exit")
+    p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for it to exit")
+    p.set_defaults(func=_guarded(_cmd_coordinator_stop))
+
+    node = subparsers.add_parser("node", help="run a node agent on this host")
+    node_sub = node.add_subparsers(dest="node_command", metavar="ACTION", required=True)
+    p = node_sub.add_parser("join", help="join a coordinator and run actors for it")
+    p.add_argument("address", metavar="ADDRESS", help="the coordinator, tcp://HOST:PORT")
+    p.add_argument("--cpus", type=float, help="CPUs to offer (default: all)")
+    p.add_argument("--gpus", type=float, help="GPUs to offer (default: all visible)")
+    p.add_argument("--keys", metavar="DIR", help="CURVE keys directory")
+    p.add_argument("--name", help="node name (default: hostname + random suffix)")
+    p.add_argument("--host", help="IP this node's actors bind and are reached at "
+                   "(default: the interface that routes to the coordinator)")
+    p.set_defaults(func=_guarded(_cmd_node_join))
+
+    p = subparsers.add_parser("nodes", help="list the cluster's nodes")
+    _add_target(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_guarded(_cmd_nodes))
+
+    p = subparsers.add_parser("submit", help="submit a job from a YAML/JSON config")
+    p.add_argument("config", metavar="CONFIG", help="config file with 'algorithm', config "
+                   "keys, optional 'stop' and 'job' mappings")
+    p.add_argument("--algorithm", "-a", help="algorithm (overrides the file's)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a config key (stop.KEY / job.KEY for those sections)")
+    p.add_argument("--follow", "-f", action="store_true", help="print results until the job "
+                   "ends")
+    _add_target(p)
+    p.set_defaults(func=_guarded(_cmd_submit))
+
+    p = subparsers.add_parser("jobs", help="list jobs")
+    _add_target(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_guarded(_cmd_jobs))
+
+    p = subparsers.add_parser("logs", help="print a job's log")
+    p.add_argument("job", metavar="JOB", help="job id (a unique prefix is enough)")
+    _add_target(p)
+    p.set_defaults(func=_guarded(_cmd_logs))
+
+    p = subparsers.add_parser("stop", help="stop a job")
+    p.add_argument("job", metavar="JOB", help="job id (a unique prefix is enough)")
+    _add_target(p)
+    p.set_defaults(func=_guarded(_cmd_stop_job))
+
+
+def _guarded(handler: Any) -> Any:
+    """``handler`` with expected errors printed as one clear line (exit 2 for usage)."""
+
+    def run(args: argparse.Namespace) -> int:
+        from actorrl.config import ConfigError
+        from transport.auth import InsecureBindError, KeyFileError
+
+        try:
+            return int(handler(args) or 0)
+        except (CommandError, ConfigError, InsecureBindError, KeyFileError, ValueError,
+                ConnectionError, TimeoutError, RuntimeError) as exc:
+            print(f"actorrl: error: {exc}", file=sys.stderr)
+            usage = (CommandError, ConfigError, InsecureBindError, KeyFileError, ValueError)
+            return EXIT_USAGE if isinstance(exc, usage) else 1
+
+    run.__doc__ = handler.__doc__
+    return run
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m actorrl.cli_cluster COMMAND ...``."""
+    parser = argparse.ArgumentParser(prog="actorrl", description="actorrl cluster commands")
+    register(parser.add_subparsers(dest="command", metavar="COMMAND", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

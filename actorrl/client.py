@@ -1,0 +1,344 @@
+"""The Python client of a cluster.
+
+::
+
+    from actorrl.client import Client
+
+    with Client("tcp://10.0.0.1:7450", keys_dir="~/.actorrl/keys") as client:
+        job = client.submit({"algorithm": "apex", "env": "CartPole-v1",
+                             "stop": {"episode_reward_mean": 450}})
+        for result in job.results():
+            print(result["training_iteration"], result["episode_reward_mean"])
+
+    with Client.local() as client:          # coordinator + node in this process
+        counter = client.create_actor("mypkg.mod:Counter", args=(0,))
+        print(client.get(counter.add.remote(5)))
+
+The client runs its own runtime (one event loop in a background thread), so the raw actor
+API works as in a single-host run: ``handle.method.remote(...)`` returns refs, and
+``client.get`` / ``client.wait`` / ``client.put`` resolve and create them. Its runtime binds
+tcp (CURVE with keys) on the interface that routes to the coordinator, so refs it ``put``s
+can be fetched by actors on other hosts. Use one Client per process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Coroutine, Iterator, Sequence
+from typing import Any, TypeVar
+
+from actorrl.cluster import TERMINAL_STATES
+from actorrl.runtime.actor import ActorHandle, ActorSpec
+from actorrl.runtime.coordinator import Coordinator, spec_to_wire
+from actorrl.runtime.core import Runtime
+from actorrl.runtime.network import Network
+from actorrl.runtime.node import LocalNode
+from actorrl.runtime.node_agent import coordinator_endpoint, route_host
+from actorrl.runtime.refs import ObjectRef
+from transport.errors import RemoteError
+from transport.sockets import is_loopback_address, new_event_loop
+
+T = TypeVar("T")
+
+
+class ClusterConnectionError(ConnectionError):
+    """The coordinator could not be reached or refused this client's key."""
+
+
+class JobFailedError(RuntimeError):
+    """A job ended in the ``failed`` state; the message carries its last error."""
+
+
+class Job:
+    """A submitted job. Cheap to create from an id (``client.job(job_id)``)."""
+
+    def __init__(self, client: Client, job_id: str) -> None:
+        self.client = client
+        self.id = job_id
+
+    def __repr__(self) -> str:
+        return f"Job({self.id})"
+
+    def results(self, after: int = 0, timeout_s: float | None = None,
+                poll_s: float = 10.0) -> Iterator[dict[str, Any]]:
+        """Every result from index ``after`` on, as they are produced, until the job ends
+        (raises :class:`JobFailedError` after the last result of a failed job, and
+        TimeoutError when ``timeout_s`` passes first)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            wait_s = poll_s
+            if deadline is not None:
+                wait_s = min(wait_s, max(deadline - time.monotonic(), 0.0))
+            reply = self.client.call("job.results", [self.id, after, wait_s],
+                                     timeout_s=wait_s + 15)
+            yield from reply["results"]
+            after = reply["next"]
+            if reply["state"] in TERMINAL_STATES and not reply["results"]:
+                if reply["state"] == "failed":
+                    raise JobFailedError(f"job {self.id} failed: {reply['error']}")
+                return
+            if deadline is not None and time.monotonic() >= deadline and not reply["results"]:
+                raise TimeoutError(f"job {self.id}: no result within {timeout_s:g} s")
+
+    def status(self) -> dict[str, Any]:
+        """The job's record: state, error, counters, last checkpoint, submission."""
+        return self.client.call("job.status", [self.id])
+
+    def stop(self) -> dict[str, Any]:
+        """Stop the job and its actors; returns its final record."""
+        return self.client.call("job.stop", [self.id], timeout_s=120)
+
+    def checkpoint(self) -> dict[str, Any]:
+        """Checkpoint now; returns ``{"path", "iteration", "timesteps_total", ...}`` (the
+        path is on the coordinator's host)."""
+        return self.client.call("job.checkpoint", [self.id], timeout_s=180)
+
+    def logs(self, offset: int = 0) -> str:
+        """The job log (coordinator-side events) from byte ``offset``."""
+        return self.client.call("job.logs", [self.id, offset])["text"]
+
+    def actors(self) -> list[dict[str, Any]]:
+        """The job's live actors with their nodes, endpoints and pids."""
+        return self.client.call("job.actors", [self.id])
+
+
+class Client:
+    """A connection to a coordinator (see the module docstring)."""
+
+    def __init__(self, address: str, keys_dir: str | None = None, *,
+                 identity: str = "client", bind_host: str | None = "auto",
+                 connect_timeout_s: float = 10.0) -> None:
+        keys_dir = os.path.expanduser(keys_dir) if keys_dir else None
+        if bind_host == "auto":
+            bind_host = route_host(address)
+            if keys_dir is None and not is_loopback_address(f"tcp://{bind_host}:0"):
+                bind_host = None  # no keys: connect out only, never bind in the clear
+        self._start_loop()
+        self._local: Any = None
+        self._session = uuid.uuid4().hex
+        self._session_dir = tempfile.mkdtemp(prefix="actorrl-client-")
+        self.address = address
+
+        async def start() -> Runtime:
+            network = Network.create(bind_host, None, keys_dir, identity)
+            return Runtime.start(self._session_dir, f"client-{self._session[:8]}",
+                                 network=network)
+
+        try:
+            self.runtime = self._run(start())
+            self._coordinator = coordinator_endpoint(address, keys_dir)
+            try:
+                self.call("coord.hello", timeout_s=connect_timeout_s)
+            except Exception as exc:
+                raise ClusterConnectionError(
+                    f"cannot reach the coordinator at {address}: {exc}"
+                    + ("" if keys_dir else " (if it uses CURVE, pass keys_dir)")) from None
+        except BaseException:
+            self._teardown()
+            raise
+
+    @classmethod
+    def local(cls, num_cpus: float | None = None, num_gpus: float | None = None,
+              state_dir: str | None = None) -> Client:
+        """A coordinator and a node running in this process (single host, ipc only)."""
+        from actorrl.cluster.jobs import JobManager  # imports the algorithms (torch)
+
+        client = cls.__new__(cls)
+        client._start_loop()
+        client._session = uuid.uuid4().hex
+        client._session_dir = tempfile.mkdtemp(prefix="actorrl-local-")
+        client.address = "local"
+        owns_state = state_dir is None
+        state_dir = state_dir or os.path.join(client._session_dir, "state")
+
+        async def start() -> tuple[Runtime, Any]:
+            runtime = Runtime.start(client._session_dir, "local")
+            coordinator = Coordinator(runtime)
+            node = LocalNode(runtime, client._session_dir, num_cpus, num_gpus)
+            coordinator.add_local_node(node)
+            jobs = JobManager(coordinator, state_dir)
+            coordinator.serve()
+            jobs.serve()
+            coordinator.start()
+            return runtime, (coordinator, node, jobs, owns_state)
+
+        try:
+            client.runtime, client._local = client._run(start())
+        except BaseException:
+            client._local = None
+            client._teardown()
+            raise
+        client._coordinator = client.runtime.address
+        return client
+
+    # ---- plumbing -----------------------------------------------------------------------
+    def _start_loop(self) -> None:
+        self._loop = new_event_loop()
+        started = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(self._loop)
+            started.set()
+            self._loop.run_forever()
+
+        self._thread = threading.Thread(target=run, name="actorrl-client", daemon=True)
+        self._thread.start()
+        started.wait()
+        self._closed = False
+
+    def _run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result(timeout_s)
+        except TimeoutError:
+            future.cancel()
+            raise
+
+    def call(self, method: str, args: Sequence[Any] = (), timeout_s: float = 60.0) -> Any:
+        """Call a coordinator method (``coord.*``, ``job.*``) and return its reply."""
+        if self._closed:
+            raise RuntimeError("this client is closed")
+
+        async def go() -> Any:
+            client = self.runtime.client(self._coordinator)
+            return await client.call(method, list(args), timeout_s=timeout_s)
+
+        try:
+            return self._run(go(), timeout_s + 5)
+        except RemoteError as exc:
+            raise _local_error(exc) from None
+
+    # ---- cluster ------------------------------------------------------------------------
+    def nodes(self) -> list[dict[str, Any]]:
+        """The live nodes with their resources and usage."""
+        return self.call("coord.nodes")
+
+    def wait_for_nodes(self, count: int, timeout_s: float = 60.0) -> int:
+        """Block until ``count`` nodes have joined (or ``timeout_s``); returns how many."""
+        return self.call("coord.wait_nodes", [count, timeout_s], timeout_s=timeout_s + 5)
+
+    def status(self) -> dict[str, Any]:
+        """Coordinator status: nodes, jobs, recently lost nodes."""
+        return self.call("coord.status")
+
+    def actors(self) -> list[dict[str, Any]]:
+        """Every live actor of the cluster."""
+        return self.call("coord.actors")
+
+    # ---- jobs ---------------------------------------------------------------------------
+    def submit(self, config: dict[str, Any]) -> Job:
+        """Start a job: ``{"algorithm": ..., <config keys>, "stop": {...}, "job": {...}}``
+        (see :mod:`actorrl.cluster.jobs`); a bad config raises ValueError at once."""
+        return Job(self, self.call("job.submit", [config]))
+
+    def jobs(self) -> list[dict[str, Any]]:
+        """A summary of every job the coordinator knows."""
+        return self.call("job.list")
+
+    def job(self, job_id: str) -> Job:
+        """The job ``job_id`` (a unique prefix is enough)."""
+        return Job(self, self.call("job.status", [job_id])["job_id"])
+
+    # ---- raw actor API ------------------------------------------------------------------
+    def create_actor(self, class_path: str, args: Sequence[Any] = (),
+                     kwargs: dict[str, Any] | None = None, *, num_cpus: float = 1.0,
+                     num_gpus: float = 0.0, name: str = "", env: dict[str, str] | None = None,
+                     node: str | None = None, colocate_with: ActorHandle | None = None,
+                     timeout_s: float = 120.0) -> ActorHandle:
+        """Start an actor in the cluster (on ``node`` when given, or next to
+        ``colocate_with``); it lives until :meth:`kill_actor` or :meth:`close`."""
+        spec = ActorSpec(class_path, tuple(args), dict(kwargs or {}), float(num_cpus),
+                         float(num_gpus), name, dict(env or {}))
+        actor_id, endpoint, path, label = self.call(
+            "coord.create_actor",
+            [self._session, spec_to_wire(spec), node,
+             colocate_with.actor_id if colocate_with is not None else None, timeout_s],
+            timeout_s=timeout_s + 10)
+        return ActorHandle(actor_id, endpoint, path, label, spec)
+
+    def kill_actor(self, handle: ActorHandle, sigkill: bool = False) -> None:
+        """Stop an actor (exit request then SIGKILL); ``sigkill`` kills it like a crash."""
+        self.call("coord.kill_actor", [self._session, handle.actor_id, sigkill])
+
+    def get(self, refs: ObjectRef | Sequence[ObjectRef], timeout: float | None = None) -> Any:
+        """Resolve a ref or a list of refs (raises the remote error or ActorDiedError)."""
+        return self._run(self.runtime.get_async(refs, timeout),
+                         None if timeout is None else timeout + 5)
+
+    def wait(self, refs: Sequence[ObjectRef], num_returns: int = 1,
+             timeout: float | None = None) -> tuple[list[ObjectRef], list[ObjectRef]]:
+        """``(ready, not_ready)`` once ``num_returns`` refs are ready, first-ready order."""
+        return self._run(self.runtime.wait_async(refs, num_returns, timeout),
+                         None if timeout is None else timeout + 5)
+
+    def put(self, value: Any) -> ObjectRef:
+        """Store ``value`` in this process; actors fetch it from here."""
+        return self.runtime.put(value)
+
+    def free(self, refs: ObjectRef | Sequence[ObjectRef]) -> None:
+        """Release objects at their owners."""
+        self.runtime.free(refs)
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop this client's actors and close the connection (``Client.local()``: also
+        stop its jobs, coordinator and node)."""
+        if getattr(self, "_closed", True):
+            return
+        try:
+            if self._local is not None:
+                coordinator, node, jobs, _ = self._local
+
+                async def stop_local() -> None:
+                    await jobs.shutdown(checkpoint=False)
+                    await coordinator.shutdown(release_nodes=True)
+                    await node.shutdown()
+
+                self._run(stop_local(), 120)
+            elif hasattr(self, "runtime"):
+                try:
+                    self.call("coord.close_session", [self._session], timeout_s=30)
+                except Exception:  # the coordinator may be gone; nothing to clean there
+                    pass
+        finally:
+            self._teardown()
+
+    def _teardown(self) -> None:
+        runtime = getattr(self, "runtime", None)
+        if runtime is not None:
+            async def close() -> None:
+                runtime.close()
+
+            try:
+                self._run(close(), 10)
+            except Exception:
+                pass
+        self._closed = True
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        if not self._loop.is_running():
+            self._loop.close()
+        shutil.rmtree(self._session_dir, ignore_errors=True)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _local_error(exc: RemoteError) -> Exception:
+    """Coordinator-side validation errors come back as ValueError (ConfigError included)."""
+    if exc.type_name.endswith(("ConfigError", "JobError", "ValueError")):
+        return ValueError(exc.message)
+    if exc.type_name.endswith("ActorCreationError"):
+        from actorrl.runtime.errors import ActorCreationError
+
+        return ActorCreationError(exc.message)
+    return exc

@@ -1,0 +1,8 @@
+"""Running algorithms on a cluster: jobs (one Trainer each) on a coordinator, and the
+coordinator / node-agent processes. The placement and membership machinery lives below,
+in :mod:`actorrl.runtime.coordinator`; the client is :mod:`actorrl.client`."""
+
+RUNNING_STATES = ("pending", "running", "restarting", "interrupted")
+"""Job states a coordinator resumes after a restart."""
+TERMINAL_STATES = ("finished", "stopped", "failed")
+"""Job states that produce no more results."""

@@ -1,0 +1,580 @@
+"""Jobs on a cluster: one Trainer per job, results streamed to clients, per-job logs and
+checkpoints, and recovery from actor, node and coordinator failures.
+
+A submission is a mapping::
+
+    {"algorithm": "apex",            # any name get_algorithm() knows
+     "env": "CartPole-v1", ...,      # the algorithm's config keys (RLlib names)
+     "stop": {"training_iteration": 20, "episode_reward_mean": 450},   # any reached: done
+     "job": {"name": "...", "checkpoint_interval_s": 30, "max_failures": 3,
+             "placement": {"learner": "gpu-box"}}}                     # optional
+
+Each job has a directory ``STATE_DIR/jobs/JOB_ID`` with ``job.json`` (its record),
+``result.jsonl`` (every result), ``job.log`` (coordinator-side events: placement, deaths,
+replacements, restarts) and ``checkpoints/checkpoint_NNNNNN/`` folders in the format of
+:mod:`actorrl.experiment.checkpoint` (wire codec, no pickle), so ``actorrl evaluate`` reads
+them.
+
+Recovery, in the order it is tried:
+
+- a dead rollout worker is replaced by the pipeline itself (Trainer.replace_worker), on
+  any node with room; the job does not notice beyond ``num_worker_restarts``;
+- anything the pipeline cannot survive (the learner or a replay shard died, a node holding
+  them was lost) fails the iteration: the job's actors are stopped and the job restarts
+  from its last checkpoint, up to ``max_failures`` times. Counters (iteration, timesteps,
+  trained steps, time) continue from the last *reported* result, never going backwards;
+  what was learned since the checkpoint and the replay contents are lost, and the job
+  log says so;
+- a restarted coordinator resumes every job that was running from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import json
+import logging
+import math
+import os
+import shutil
+import time
+import traceback
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from actorrl.algorithms import Trainer, get_algorithm
+from actorrl.cluster import RUNNING_STATES, TERMINAL_STATES
+from actorrl.config import ConfigError, load_config
+from actorrl.experiment.checkpoint import list_checkpoints, read_checkpoint, write_checkpoint
+from actorrl.runtime.coordinator import ActorRecord, ClusterDriver, Coordinator, serve_async
+from actorrl.runtime.errors import GetTimeoutError
+
+log = logging.getLogger(__name__)
+
+COLOCATE = {"replay-*": "learner"}
+"""Replay shards sit next to the learner (RLlib places them with the learner too)."""
+MAX_RESULTS_IN_MEMORY = 10_000
+MAX_WAIT_S = 30.0
+
+_current_job: contextvars.ContextVar[Job | None] = contextvars.ContextVar(
+    "actorrl_job", default=None)
+
+
+class JobError(RuntimeError):
+    """A job request could not be served (unknown job, bad submission)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobOptions:
+    """How the cluster runs a job (the ``"job"`` key of a submission)."""
+
+    name: str = ""
+    """A label for listings."""
+    checkpoint_interval_s: float = 30.0
+    """Checkpoint after an iteration when this long has passed since the last one
+    (0: after every iteration)."""
+    max_failures: int = 3
+    """Restarts from the last checkpoint before the job is marked failed."""
+    placement: dict[str, str] = field(default_factory=dict)
+    """Actor-name pattern (fnmatch: ``learner``, ``worker-*``) -> preferred node name."""
+    keep_checkpoints: int = 2
+    """Checkpoint files kept per job."""
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.checkpoint_interval_s < 0:
+            problems.append(f"job.checkpoint_interval_s must be >= 0, got "
+                            f"{self.checkpoint_interval_s}")
+        if self.max_failures < 0:
+            problems.append(f"job.max_failures must be >= 0, got {self.max_failures}")
+        if self.keep_checkpoints < 1:
+            problems.append(f"job.keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
+        if not all(isinstance(k, str) and isinstance(v, str)
+                   for k, v in self.placement.items()):
+            problems.append("job.placement must map actor-name patterns to node names")
+        if problems:
+            raise ConfigError("invalid job options:\n  - " + "\n  - ".join(problems))
+
+
+@dataclass(frozen=True)
+class Submission:
+    """A validated submission."""
+
+    algorithm: str
+    config: dict[str, Any]
+    stop: dict[str, float]
+    options: JobOptions
+
+    @classmethod
+    def parse(cls, submission: Any) -> Submission:
+        """Validate a submission mapping; raises ConfigError listing every problem."""
+        if not isinstance(submission, dict):
+            raise ConfigError("a job submission must be a mapping with an 'algorithm' key")
+        values = dict(submission)
+        algorithm = values.pop("algorithm", None)
+        if not isinstance(algorithm, str):
+            raise ConfigError("a job submission needs 'algorithm' (e.g. 'apex')")
+        try:
+            spec = get_algorithm(algorithm)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        stop = values.pop("stop", None) or {}
+        if not isinstance(stop, dict) or not all(
+                isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+                for k, v in stop.items()):
+            raise ConfigError("'stop' must map result keys (e.g. 'training_iteration') to "
+                              "numbers")
+        job_values = values.pop("job", None) or {}
+        if not isinstance(job_values, dict):
+            raise ConfigError("'job' must be a mapping of job options")
+        known = set(JobOptions.__dataclass_fields__)
+        unknown = sorted(set(job_values) - known)
+        if unknown:
+            raise ConfigError(f"unknown job option(s) {unknown}; known: {sorted(known)}")
+        try:
+            options = JobOptions(**job_values)
+        except TypeError as exc:
+            raise ConfigError(f"invalid job options: {exc}") from None
+        config = load_config(spec.config_cls, values)  # raises ConfigError with all problems
+        del config
+        return cls(spec.name, values, {k: float(v) for k, v in stop.items()}, options)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The submission as given (normalized)."""
+        return {"algorithm": self.algorithm, **self.config, "stop": self.stop,
+                "job": asdict(self.options)}
+
+
+def _plain(value: Any) -> Any:
+    """JSON-safe copy of a result (numpy scalars/arrays, NaN kept as null)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return _plain(value.tolist())
+    if isinstance(value, np.generic):
+        return _plain(value.item())
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def lookup(result: dict[str, Any], key: str) -> Any:
+    """``result[key]`` where ``key`` may be dotted (``info.num_steps_trained``)."""
+    value: Any = result
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def stop_reached(result: dict[str, Any], stop: dict[str, float]) -> str | None:
+    """The first stop criterion ``result`` meets (value >= threshold), or None."""
+    for key, threshold in stop.items():
+        value = lookup(result, key)
+        if isinstance(value, (int, float)) and math.isfinite(value) and value >= threshold:
+            return key
+    return None
+
+
+COUNTERS = ("training_iteration", "timesteps_total", "num_steps_trained", "time_total_s")
+
+
+class Job:
+    """One job: its record, results, log and (while running) its Trainer."""
+
+    def __init__(self, job_id: str, submission: Submission, directory: str) -> None:
+        self.id = job_id
+        self.submission = submission
+        self.dir = directory
+        self.state = "pending"
+        self.error = ""
+        self.created_at = time.time()
+        self.results: list[dict[str, Any]] = []
+        self.results_offset = 0
+        self.num_failures = 0
+        self.checkpoint: dict[str, Any] | None = None
+        self.last_counters: dict[str, float] = {}
+        self.trainer: Trainer | None = None
+        self.task: asyncio.Task | None = None
+        self.changed = asyncio.Event()
+        self.stop_reason = ""
+        os.makedirs(directory, exist_ok=True)
+
+    @property
+    def num_results(self) -> int:
+        """Results published so far (across restarts)."""
+        return self.results_offset + len(self.results)
+
+    # ---- persistence --------------------------------------------------------------------
+    def record(self) -> dict[str, Any]:
+        """What ``job.json`` holds (and ``status()`` returns)."""
+        last = self.results[-1] if self.results else {}
+        return {"job_id": self.id, "name": self.submission.options.name,
+                "algorithm": self.submission.algorithm, "state": self.state,
+                "error": self.error, "created_at": self.created_at,
+                "num_results": self.num_results, "num_failures": self.num_failures,
+                "checkpoint": self.checkpoint, "stop_reason": self.stop_reason,
+                "last_counters": self.last_counters,
+                "episode_reward_mean": _plain(last.get("episode_reward_mean")),
+                "submission": self.submission.to_dict()}
+
+    def save(self) -> None:
+        """Write ``job.json`` atomically."""
+        path = os.path.join(self.dir, "job.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(_plain(self.record()), f, indent=1)
+        os.replace(path + ".tmp", path)
+
+    @classmethod
+    def load(cls, directory: str) -> Job:
+        """Rebuild a job from its directory (after a coordinator restart)."""
+        with open(os.path.join(directory, "job.json")) as f:
+            record = json.load(f)
+        job = cls(record["job_id"], Submission.parse(record["submission"]), directory)
+        job.state = record["state"]
+        job.error = record.get("error", "")
+        job.created_at = record.get("created_at", job.created_at)
+        job.num_failures = record.get("num_failures", 0)
+        job.checkpoint = record.get("checkpoint")
+        job.last_counters = record.get("last_counters") or {}
+        job.stop_reason = record.get("stop_reason", "")
+        results_path = os.path.join(directory, "result.jsonl")
+        if os.path.exists(results_path):
+            with open(results_path) as f:
+                lines = f.readlines()
+            keep = lines[-MAX_RESULTS_IN_MEMORY:]
+            job.results_offset = len(lines) - len(keep)
+            job.results = [json.loads(line) for line in keep if line.strip()]
+        return job
+
+    def log(self, message: str, level: int = logging.INFO) -> None:
+        """Write a line to the job log (and the coordinator log)."""
+        token = _current_job.set(self)
+        try:
+            log.log(level, "[%s] %s", self.id, message)
+        finally:
+            _current_job.reset(token)
+
+    def write_log_line(self, line: str) -> None:
+        """Append to ``job.log``."""
+        with open(os.path.join(self.dir, "job.log"), "a") as f:
+            f.write(line + "\n")
+
+    # ---- results ------------------------------------------------------------------------
+    def publish(self, result: dict[str, Any]) -> dict[str, Any]:
+        """Record a result; counters are kept monotonic across restarts."""
+        for key in COUNTERS:
+            value = result.get(key)
+            previous = self.last_counters.get(key)
+            if isinstance(value, (int, float)) and previous is not None and value < previous:
+                result[key] = previous  # a restart from an older checkpoint
+            if isinstance(result.get(key), (int, float)):
+                self.last_counters[key] = result[key]
+        result["job"] = {"job_id": self.id, "num_failures": self.num_failures}
+        plain = _plain(result)
+        self.results.append(plain)
+        if len(self.results) > MAX_RESULTS_IN_MEMORY:
+            drop = len(self.results) - MAX_RESULTS_IN_MEMORY
+            del self.results[:drop]
+            self.results_offset += drop
+        with open(os.path.join(self.dir, "result.jsonl"), "a") as f:
+            f.write(json.dumps(plain) + "\n")
+        self.save()
+        self._wake()
+        return plain
+
+    def _wake(self) -> None:
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+    def set_state(self, state: str, error: str = "") -> None:
+        """Change the job state, persist it and wake result streams."""
+        self.state = state
+        if error:
+            self.error = error
+        self.save()
+        self._wake()
+
+    async def results_after(self, after: int, wait_s: float) -> dict[str, Any]:
+        """Results with index >= ``after``, waiting up to ``wait_s`` for one."""
+        deadline = time.monotonic() + min(max(wait_s, 0.0), MAX_WAIT_S)
+        while self.num_results <= after and self.state not in TERMINAL_STATES:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), remaining)
+        start = max(after - self.results_offset, 0)
+        return {"results": self.results[start:], "next": self.num_results,
+                "state": self.state, "error": self.error,
+                "skipped": max(self.results_offset - after, 0)}
+
+
+class _JobLogRouter(logging.Handler):
+    """Copies log records emitted while a job's task runs into that job's log file."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        job = _current_job.get()
+        if job is None:
+            return
+        try:
+            job.write_log_line(self.format(record))
+        except Exception:
+            self.handleError(record)
+
+
+class JobManager:
+    """Runs jobs on a :class:`Coordinator` and serves the ``job.*`` protocol."""
+
+    def __init__(self, coordinator: Coordinator, state_dir: str) -> None:
+        self.coordinator = coordinator
+        self.state_dir = state_dir
+        self.jobs: dict[str, Job] = {}
+        os.makedirs(os.path.join(state_dir, "jobs"), exist_ok=True)
+        self._router = _JobLogRouter()
+        self._router.setFormatter(logging.Formatter(
+            "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logging.getLogger().addHandler(self._router)
+        coordinator.on_actor_died.append(self._on_actor_died)
+        coordinator.extra_status.append(lambda: {"jobs": self.list_jobs()})
+
+    def serve(self) -> None:
+        """Serve ``job.submit``, ``job.results``, ``job.status``, ``job.list``,
+        ``job.stop``, ``job.checkpoint`` and ``job.logs``."""
+        rt = self.coordinator.runtime
+        serve_async(rt, "job.submit", self.submit)
+        serve_async(rt, "job.results", self._rpc_results)
+        serve_async(rt, "job.stop", self.stop_job)
+        serve_async(rt, "job.checkpoint", self._rpc_checkpoint)
+        rt.serve("job.status", lambda r: r.reply(self._job(*r.args).record()))
+        rt.serve("job.list", lambda r: r.reply(self.list_jobs()))
+        rt.serve("job.logs", lambda r: r.reply(self.logs(*r.args)))
+        rt.serve("job.actors", lambda r: r.reply(self.coordinator.describe_actors(
+            f"job:{self._job(*r.args).id}")))
+
+    def _job(self, job_id: Any) -> Job:
+        job = self.jobs.get(job_id) if isinstance(job_id, str) else None
+        if job is None:
+            matches = [j for i, j in self.jobs.items() if isinstance(job_id, str) and
+                       job_id and i.startswith(job_id)]
+            if len(matches) == 1:
+                return matches[0]
+            raise JobError(f"no job {job_id!r} (jobs: {', '.join(self.jobs) or 'none'})")
+        return job
+
+    def list_jobs(self) -> list[dict[str, Any]]:
+        """A summary of every job."""
+        out = []
+        for job in sorted(self.jobs.values(), key=lambda j: j.created_at):
+            record = job.record()
+            record.pop("submission")
+            out.append(record)
+        return out
+
+    def logs(self, job_id: str, offset: int = 0, max_bytes: int = 1 << 20) -> dict[str, Any]:
+        """Bytes of ``job.log`` from ``offset`` (at most ``max_bytes``)."""
+        job = self._job(job_id)
+        path = os.path.join(job.dir, "job.log")
+        if not os.path.exists(path):
+            return {"text": "", "next": 0}
+        with open(path, "rb") as f:
+            f.seek(max(int(offset), 0))
+            data = f.read(min(max(int(max_bytes), 0), 16 << 20))
+        return {"text": data.decode(errors="replace"), "next": max(int(offset), 0) + len(data)}
+
+    # ---- submit / run -------------------------------------------------------------------
+    async def submit(self, submission: Any) -> str:
+        """Validate and start a job; returns its id."""
+        parsed = Submission.parse(submission)
+        job_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        job = Job(job_id, parsed, os.path.join(self.state_dir, "jobs", job_id))
+        self.jobs[job_id] = job
+        job.save()
+        job.log(f"submitted: {parsed.algorithm}, stop {parsed.stop or 'never'}")
+        self._start(job)
+        return job_id
+
+    def _start(self, job: Job) -> None:
+        job.task = asyncio.get_running_loop().create_task(self._run(job))
+
+    async def resume_all(self) -> list[str]:
+        """Load every job in the state directory; restart the ones that were running."""
+        resumed = []
+        root = os.path.join(self.state_dir, "jobs")
+        for entry in sorted(os.listdir(root)):
+            directory = os.path.join(root, entry)
+            if entry in self.jobs or not os.path.exists(os.path.join(directory, "job.json")):
+                continue
+            try:
+                job = Job.load(directory)
+            except Exception as exc:
+                log.error("cannot load job %s: %s", entry, exc)
+                continue
+            self.jobs[job.id] = job
+            if job.state in RUNNING_STATES:
+                where = (f"checkpoint of iteration {job.checkpoint['iteration']}"
+                         if job.checkpoint else "scratch")
+                job.log(f"coordinator restarted; resuming from {where}")
+                self._start(job)
+                resumed.append(job.id)
+        return resumed
+
+    async def _run(self, job: Job) -> None:
+        _current_job.set(job)
+        try:
+            while True:
+                try:
+                    await self._attempt(job)
+                    job.log(f"finished: {job.stop_reason}")
+                    job.set_state("finished")
+                    return
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    job.num_failures += 1
+                    job.log(f"iteration failed: {exc!r}\n{traceback.format_exc()}",
+                            logging.ERROR)
+                    if job.num_failures > job.submission.options.max_failures:
+                        job.set_state("failed", f"{type(exc).__name__}: {exc}")
+                        job.log(f"failed after {job.num_failures} failures", logging.ERROR)
+                        return
+                    where = (f"checkpoint of iteration {job.checkpoint['iteration']}"
+                             if job.checkpoint else "scratch (no checkpoint yet)")
+                    job.log(f"restarting from {where} (failure {job.num_failures} of at most "
+                            f"{job.submission.options.max_failures}); progress since that "
+                            "checkpoint and all replay contents are lost", logging.WARNING)
+                    job.set_state("restarting")
+        except asyncio.CancelledError:
+            if job.state not in TERMINAL_STATES and job.state != "interrupted":
+                job.set_state("stopped")
+            raise
+
+    async def _attempt(self, job: Job) -> None:
+        spec = get_algorithm(job.submission.algorithm)
+        config = load_config(spec.config_cls, job.submission.config)
+        driver = ClusterDriver(self.coordinator, f"job:{job.id}",
+                               placement=job.submission.options.placement, colocate=COLOCATE)
+        trainer: Trainer | None = None
+        try:
+            trainer = await Trainer.create(spec, config, driver)  # type: ignore[arg-type]
+            job.trainer = trainer
+            where = {a["name"]: a["node"] for a in
+                     self.coordinator.describe_actors(f"job:{job.id}")}
+            job.log(f"placed: {where}")
+            if job.checkpoint is not None:
+                await self._restore(job, trainer)
+            job.set_state("running")
+            last_checkpoint = time.monotonic()
+            while True:
+                result = job.publish(await trainer.train())
+                reached = stop_reached(result, job.submission.stop)
+                interval = job.submission.options.checkpoint_interval_s
+                if reached or time.monotonic() - last_checkpoint >= interval:
+                    await self._checkpoint(job, trainer)
+                    last_checkpoint = time.monotonic()
+                if reached:  # the job's actors stop before it is marked finished
+                    job.stop_reason = f"{reached} >= {job.submission.stop[reached]:g}"
+                    return
+        finally:
+            job.trainer = None
+            if trainer is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(trainer.stop(), 30)
+            await driver.shutdown()
+
+    async def _restore(self, job: Job, trainer: Trainer) -> None:
+        assert job.checkpoint is not None
+        folder, state = await asyncio.to_thread(read_checkpoint, job.checkpoint["path"])
+        # Counters continue from the last reported result, never going backwards.
+        for key, state_key in (("training_iteration", "iteration"),
+                               ("timesteps_total", "timesteps_total"),
+                               ("num_steps_trained", "num_steps_trained"),
+                               ("time_total_s", "time_total_s")):
+            if key in job.last_counters:
+                state[state_key] = max(state[state_key], job.last_counters[key])
+        await trainer.set_state(state)
+        job.log(f"restored {folder.name} (iteration {job.checkpoint['iteration']}); "
+                f"counters continue from iteration {state['iteration']}")
+
+    async def _checkpoint(self, job: Job, trainer: Trainer) -> dict[str, Any]:
+        """Write ``checkpoints/checkpoint_<iteration>/`` (the format ``actorrl train``
+        writes and ``actorrl evaluate`` reads); keep the newest ``keep_checkpoints``."""
+        state = await trainer.get_state()
+        last = job.results[-1] if job.results else {}
+        metadata = {"algorithm": job.submission.algorithm, "env": state["config"].get("env"),
+                    "training_iteration": int(state["iteration"]),
+                    "timesteps_total": int(state["timesteps_total"]),
+                    "episode_reward_mean": last.get("episode_reward_mean"), "job_id": job.id}
+        checkpoints = os.path.join(job.dir, "checkpoints")
+        folder = await asyncio.to_thread(write_checkpoint, checkpoints, state, metadata)
+        job.checkpoint = {"path": str(folder), "iteration": int(state["iteration"]),
+                          "timesteps_total": int(state["timesteps_total"]),
+                          "created_at": time.time()}
+        job.save()
+        keep = job.submission.options.keep_checkpoints
+        for old in (await asyncio.to_thread(list_checkpoints, checkpoints))[:-keep]:
+            await asyncio.to_thread(shutil.rmtree, old, True)
+        return job.checkpoint
+
+    # ---- requests -----------------------------------------------------------------------
+    async def _rpc_results(self, job_id: str, after: int = 0, wait_s: float = 10.0
+                           ) -> dict[str, Any]:
+        return await self._job(job_id).results_after(int(after), float(wait_s))
+
+    async def _rpc_checkpoint(self, job_id: str) -> dict[str, Any]:
+        job = self._job(job_id)
+        if job.trainer is None:
+            if job.checkpoint is None:
+                raise JobError(f"job {job.id} is {job.state} and has no checkpoint")
+            return job.checkpoint
+        return await self._checkpoint(job, job.trainer)
+
+    async def stop_job(self, job_id: str) -> dict[str, Any]:
+        """Stop a job (its actors are stopped); returns its record."""
+        job = self._job(job_id)
+        if job.task is not None and not job.task.done():
+            job.log("stop requested")
+            job.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await job.task
+        if job.state not in TERMINAL_STATES:
+            job.set_state("stopped")
+        return job.record()
+
+    def _on_actor_died(self, record: ActorRecord) -> None:
+        if not record.owner.startswith("job:"):
+            return
+        job = self.jobs.get(record.owner[4:])
+        if job is None:
+            return
+        what = record.spec.name or record.spec.class_path
+        extra = ""
+        if what.startswith("replay-"):
+            extra = "; the replay data it held is lost"
+        job.log(f"actor {what} died: {record.reason}{extra}", logging.WARNING)
+
+    async def shutdown(self, checkpoint: bool = True) -> None:
+        """Checkpoint running jobs (best effort), then stop them as ``interrupted`` so a
+        restarted coordinator resumes them."""
+        running = [j for j in self.jobs.values() if j.task is not None and not j.task.done()]
+        for job in running:
+            if checkpoint and job.trainer is not None:
+                try:
+                    await asyncio.wait_for(self._checkpoint(job, job.trainer), 30)
+                except (Exception, GetTimeoutError) as exc:
+                    job.log(f"final checkpoint failed: {exc}", logging.WARNING)
+            job.set_state("interrupted")
+            job.log("coordinator shutting down; the job resumes when it restarts")
+            assert job.task is not None
+            job.task.cancel()
+        for job in running:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await job.task  # type: ignore[misc]
+        logging.getLogger().removeHandler(self._router)

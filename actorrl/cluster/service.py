@@ -1,0 +1,265 @@
+"""The coordinator and node-agent processes: what ``actorrl coordinator start`` and
+``actorrl node join`` run, plus the coordinator's state file and daemon mode.
+
+State directory (``--state-dir``, ``$ACTORRL_STATE_DIR`` or ``~/.actorrl``)::
+
+    coordinator.json   pid, address, keys directory of the running coordinator
+    coordinator.log    its log (daemon mode)
+    jobs/JOB_ID/       one directory per job (see actorrl.cluster.jobs)
+
+``status`` and ``stop`` find the coordinator through ``coordinator.json``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlparse
+
+from actorrl.cluster.jobs import JobManager
+from actorrl.runtime.coordinator import (
+    DEFAULT_HEARTBEAT_S,
+    DEFAULT_HEARTBEAT_TIMEOUT_S,
+    Coordinator,
+)
+from actorrl.runtime.core import Runtime
+from actorrl.runtime.network import Network
+from actorrl.runtime.node_agent import NodeAgent
+from transport.auth import Security, check_bind
+from transport.sockets import new_event_loop
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "coordinator.json"
+DEFAULT_BIND = "tcp://127.0.0.1:7450"
+
+
+def default_state_dir() -> str:
+    """``$ACTORRL_STATE_DIR`` or ``~/.actorrl``."""
+    return os.environ.get("ACTORRL_STATE_DIR") or os.path.join(os.path.expanduser("~"),
+                                                               ".actorrl")
+
+
+def read_state(state_dir: str) -> dict[str, Any] | None:
+    """The running coordinator's state file, or None."""
+    try:
+        with open(os.path.join(state_dir, STATE_FILE)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (and is not a zombie we could reap)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def wait_pid_exit(pid: int, timeout_s: float) -> bool:
+    """Block until ``pid`` exits (pidfd, no polling) or ``timeout_s``; True if it did."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        ready, _, _ = select.select([fd], [], [], timeout_s)
+        return bool(ready) or not pid_alive(pid)
+    finally:
+        os.close(fd)
+
+
+def _advertise_host(bind: str, advertise: str | None) -> str:
+    if advertise:
+        return advertise
+    host = urlparse(bind).hostname or "127.0.0.1"
+    if host in ("0.0.0.0", "*", "::", ""):
+        return socket.gethostbyname(socket.gethostname())
+    return host
+
+
+def _setup_logging(level: str | None = None) -> None:
+    logging.basicConfig(level=level or os.environ.get("ACTORRL_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+async def serve_coordinator(bind: str = DEFAULT_BIND, *, keys_dir: str | None = None,
+                            state_dir: str | None = None, advertise: str | None = None,
+                            heartbeat_s: float = DEFAULT_HEARTBEAT_S,
+                            heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
+                            on_ready: Callable[[str], None] | None = None,
+                            stop: asyncio.Event | None = None) -> None:
+    """Run a coordinator until ``coord.shutdown``, SIGTERM/SIGINT or ``stop`` is set."""
+    state_dir = os.path.abspath(state_dir or default_state_dir())
+    os.makedirs(state_dir, exist_ok=True)
+    security = Security.from_dir(keys_dir, "coordinator") if keys_dir else None
+    check_bind(bind, security)
+    state = read_state(state_dir)
+    if state is not None and pid_alive(int(state.get("pid", 0))) and \
+            int(state["pid"]) != os.getpid():
+        raise RuntimeError(f"a coordinator (pid {state['pid']}) already runs with state "
+                           f"directory {state_dir} at {state.get('address')}")
+    network = Network.create(_advertise_host(bind, advertise), f"coord-{uuid.uuid4().hex[:8]}",
+                             keys_dir, "coordinator")
+    session_dir = tempfile.mkdtemp(prefix="actorrl-coord-")
+    runtime = Runtime.start(session_dir, "coordinator", extra_bind=[bind], network=network)
+    address = runtime.server.endpoints[-1]
+    coordinator = Coordinator(runtime, heartbeat_s, heartbeat_timeout_s)
+    jobs = JobManager(coordinator, state_dir)
+    coordinator.serve()
+    jobs.serve()
+    coordinator.start()
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    state_path = os.path.join(state_dir, STATE_FILE)
+    try:
+        resumed = await jobs.resume_all()
+        with open(state_path + ".tmp", "w") as f:
+            json.dump({"pid": os.getpid(), "address": address, "bind": bind,
+                       "keys_dir": os.path.abspath(keys_dir) if keys_dir else None,
+                       "state_dir": state_dir, "started_at": time.time()}, f)
+        os.replace(state_path + ".tmp", state_path)
+        log.info("coordinator listening at %s (state in %s%s)", address, state_dir,
+                 f"; resumed jobs {resumed}" if resumed else "")
+        if on_ready is not None:
+            on_ready(address)
+        waiters = [asyncio.ensure_future(stop.wait()),
+                   asyncio.ensure_future(coordinator.shutdown_requested.wait())]
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        for waiter in waiters:
+            waiter.cancel()
+        log.info("coordinator shutting down")
+    finally:
+        await jobs.shutdown()
+        await coordinator.shutdown(release_nodes=True,
+                                   exit_nodes=coordinator.shutdown_with_nodes)
+        runtime.close()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)
+        current = read_state(state_dir)
+        if current is not None and current.get("pid") == os.getpid():
+            with contextlib.suppress(OSError):
+                os.remove(state_path)
+        shutil.rmtree(session_dir, ignore_errors=True)
+
+
+def run_coordinator(bind: str = DEFAULT_BIND, *, keys_dir: str | None = None,
+                    state_dir: str | None = None, advertise: str | None = None,
+                    heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
+                    ready_fd: int | None = None) -> int:
+    """Blocking entry of the coordinator process; writes ``READY address`` to
+    ``ready_fd`` (the daemon handshake) once it serves."""
+    _setup_logging()
+
+    def ready(address: str) -> None:
+        print(f"coordinator listening at {address}", flush=True)
+        if ready_fd is not None:
+            os.write(ready_fd, f"READY {address}\n".encode())
+            os.close(ready_fd)
+
+    loop = new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_until_complete(serve_coordinator(
+            bind, keys_dir=keys_dir, state_dir=state_dir, advertise=advertise,
+            heartbeat_timeout_s=heartbeat_timeout_s, on_ready=ready))
+    except Exception as exc:
+        log.error("coordinator failed: %s", exc)
+        if ready_fd is not None:
+            with contextlib.suppress(OSError):
+                os.write(ready_fd, f"ERROR {exc}\n".encode())
+        return 1
+    finally:
+        loop.close()
+    return 0
+
+
+def start_daemon(argv: list[str], state_dir: str, timeout_s: float = 60.0) -> str:
+    """Start ``python -m actorrl.cli_cluster coordinator start ARGV`` detached (new session,
+    output to ``STATE_DIR/coordinator.log``); return its address once it serves."""
+    os.makedirs(state_dir, exist_ok=True)
+    read_fd, write_fd = os.pipe()
+    log_path = os.path.join(state_dir, "coordinator.log")
+    with open(log_path, "ab") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "actorrl.cli_cluster", "coordinator", "start", *argv,
+             "--state-dir", state_dir, "--ready-fd", str(write_fd)],
+            stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+            pass_fds=(write_fd,), start_new_session=True, close_fds=True)
+    os.close(write_fd)
+    try:
+        data = b""
+        deadline = time.monotonic() + timeout_s
+        while b"\n" not in data:
+            remaining = deadline - time.monotonic()
+            ready, _, _ = select.select([read_fd], [], [], max(remaining, 0))
+            if not ready:
+                process.kill()
+                raise RuntimeError(f"the coordinator did not start within {timeout_s:g} s; "
+                                   f"see {log_path}")
+            chunk = os.read(read_fd, 4096)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(read_fd)
+    line = data.decode(errors="replace").strip()
+    if not line.startswith("READY "):
+        process.wait(timeout=10)
+        raise RuntimeError(f"the coordinator did not start: {line or 'it exited'}; see "
+                           f"{log_path}")
+    return line.split(" ", 1)[1]
+
+
+def run_node(address: str, *, name: str | None = None, host: str | None = None,
+             num_cpus: float | None = None, num_gpus: float | None = None,
+             keys_dir: str | None = None) -> int:
+    """Blocking entry of ``actorrl node join``: serve until SIGTERM/SIGINT."""
+    _setup_logging()
+    loop = new_event_loop()
+    asyncio.set_event_loop(loop)
+
+    async def main() -> None:
+        agent = NodeAgent(address, name=name, host=host, num_cpus=num_cpus,
+                          num_gpus=num_gpus, keys_dir=keys_dir)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, agent.stop)
+
+        async def announce() -> None:
+            await agent.joined.wait()
+            print(f"node {agent.registered_name} joined {address}", flush=True)
+
+        announcer = asyncio.ensure_future(announce())
+        try:
+            await agent.run()
+        finally:
+            announcer.cancel()
+
+    try:
+        loop.run_until_complete(main())
+    except Exception as exc:
+        log.error("node agent failed: %s", exc)
+        return 1
+    finally:
+        loop.close()
+    return 0

@@ -1,0 +1,248 @@
+"""A node agent: joins a coordinator and runs actors on this host for it.
+
+``actorrl node join tcp://COORDINATOR:PORT --cpus N --gpus N --keys DIR`` runs one. It
+
+1. starts a runtime bound to ipc (for its own actors) and ``tcp://HOST:0`` (CURVE with
+   keys), and a :class:`LocalNode` whose actor processes bind the same way, so handles and
+   refs of actors here carry endpoints other hosts can reach;
+2. registers with the coordinator (retrying until it answers) and heartbeats;
+3. serves ``node.start_actor`` / ``node.stop_actor`` / ``node.kill_actor`` /
+   ``node.release``, and reports every unasked actor death with an acknowledged call;
+4. when the coordinator is lost (heartbeats unanswered for its timeout), stops all its
+   actors (their jobs are the coordinator's to recreate) and tries to register again, so a
+   restarted coordinator gets its nodes back.
+
+SIGTERM/SIGINT: leave the cluster, stop the actors, exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import time
+import uuid
+from typing import Any
+
+from actorrl.runtime.actor import ActorHandle
+from actorrl.runtime.coordinator import DEFAULT_HEARTBEAT_S, serve_async, spec_from_wire
+from actorrl.runtime.core import Runtime
+from actorrl.runtime.network import Network
+from actorrl.runtime.node import LocalNode
+from transport.auth import load_public_key
+from transport.endpoint import Endpoint
+from transport.rpc import RpcClient
+
+log = logging.getLogger(__name__)
+
+
+def coordinator_endpoint(address: str, keys_dir: str | None) -> str:
+    """The coordinator's endpoint for callers: with keys, its CURVE public key
+    (``coordinator.public``) rides along so the connection is encrypted and the
+    coordinator authenticated."""
+    if keys_dir is None:
+        return address
+    return str(Endpoint(address, load_public_key(keys_dir, "coordinator")))
+
+
+def route_host(address: str) -> str:
+    """This host's IP on the route to ``address`` (no packet is sent); loopback targets
+    give 127.0.0.1."""
+    host = address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+    if host in ("localhost", "") or host.startswith("127."):
+        return "127.0.0.1"
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect((host, 9))
+        return probe.getsockname()[0]
+
+
+class NodeAgent:
+    """One host's member of a cluster. Run with :meth:`run` on the process's loop."""
+
+    def __init__(self, coordinator: str, *, name: str | None = None, host: str | None = None,
+                 num_cpus: float | None = None, num_gpus: float | None = None,
+                 keys_dir: str | None = None, identity: str = "node",
+                 session_dir: str | None = None, connect_timeout_s: float = 5.0) -> None:
+        self.coordinator_address = coordinator
+        self.host = host or route_host(coordinator)
+        self.name = name or f"{socket.gethostname()}-{uuid.uuid4().hex[:4]}"
+        self.num_cpus = num_cpus
+        self.num_gpus = num_gpus
+        self.keys_dir = keys_dir
+        self.identity = identity
+        self.connect_timeout_s = connect_timeout_s
+        self._owns_session_dir = session_dir is None
+        self.session_dir = session_dir or tempfile.mkdtemp(prefix="actorrl-node-")
+        self.node_id = ""
+        self.registered_name = ""
+        self.runtime: Runtime | None = None
+        self.local: LocalNode | None = None
+        self.stop_event = asyncio.Event()
+        self.joined = asyncio.Event()
+        self._coord: RpcClient | None = None
+        self._coord_endpoint = coordinator_endpoint(coordinator, keys_dir)
+        self._heartbeat_s = DEFAULT_HEARTBEAT_S
+        self._heartbeat_timeout_s = 3.0
+        self._tasks: set[asyncio.Task] = set()
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    async def run(self) -> None:
+        """Join, serve and heartbeat until :meth:`stop` (or SIGTERM in the CLI)."""
+        network = Network.create(self.host, f"node-{uuid.uuid4().hex[:12]}", self.keys_dir,
+                                 self.identity)
+        os.makedirs(self.session_dir, exist_ok=True)
+        runtime = self.runtime = Runtime.start(self.session_dir, "node", network=network)
+        local = self.local = LocalNode(runtime, self.session_dir, self.num_cpus,
+                                       self.num_gpus, child_env=network.to_env())
+        local.on_death.append(self._on_actor_death)
+        serve_async(runtime, "node.start_actor", self._start_actor)
+        serve_async(runtime, "node.stop_actor", self._stop_actor)
+        serve_async(runtime, "node.kill_actor", self._kill_actor)
+        serve_async(runtime, "node.release", self._release)
+        runtime.serve("node.info", lambda r: r.reply(self.info()))
+        try:
+            while not self.stop_event.is_set():
+                if not await self._register():
+                    break
+                await self._heartbeat_until_lost()
+                self.joined.clear()
+                await self._stop_all()
+            await self._leave()
+        finally:
+            await local.shutdown()
+            if self._coord is not None:
+                self._coord.close()
+            runtime.close()
+            if self._owns_session_dir:
+                shutil.rmtree(self.session_dir, ignore_errors=True)
+
+    def stop(self) -> None:
+        """Leave the cluster and exit :meth:`run`."""
+        self.stop_event.set()
+
+    def info(self) -> dict[str, Any]:
+        """Name, resources and actor processes of this node."""
+        local = self.local
+        assert local is not None and self.runtime is not None
+        return {"node_id": self.node_id, "name": self.registered_name or self.name,
+                "endpoint": self.runtime.address, "num_cpus": local.num_cpus,
+                "num_gpus": local.num_gpus, "pid": os.getpid(),
+                "actors": {a: r.process.pid for a, r in local.actors.items()}}
+
+    # ---- talking to the coordinator -----------------------------------------------------
+    def _fresh_client(self) -> RpcClient:
+        # A new connection per attempt: requests queued for an unreachable coordinator are
+        # dropped with the old socket instead of arriving in a burst later.
+        if self._coord is not None:
+            self._coord.close()
+        assert self.runtime is not None
+        self._coord = self.runtime.connect(self._coord_endpoint, self.connect_timeout_s)
+        return self._coord
+
+    async def _register(self) -> bool:
+        """Register (new node id each time), retrying until it works or we stop."""
+        assert self.runtime is not None and self.local is not None
+        delay = 0.2
+        self.node_id = uuid.uuid4().hex
+        while not self.stop_event.is_set():
+            client = self._fresh_client()
+            try:
+                reply = await client.call(
+                    "coord.register_node",
+                    [self.node_id, self.name, self.runtime.address, self.host,
+                     self.local.num_cpus, self.local.num_gpus],
+                    timeout_s=self.connect_timeout_s)
+            except Exception as exc:
+                log.warning("could not register with %s: %s (retrying in %.1f s)",
+                            self.coordinator_address, exc, delay)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stop_event.wait(), delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            self.registered_name = reply["name"]
+            self._heartbeat_s = float(reply["heartbeat_s"])
+            self._heartbeat_timeout_s = float(reply["heartbeat_timeout_s"])
+            log.info("joined %s as node %s", self.coordinator_address, self.registered_name)
+            self.joined.set()
+            return True
+        return False
+
+    async def _heartbeat_until_lost(self) -> None:
+        last_ok = time.monotonic()
+        while not self.stop_event.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop_event.wait(), self._heartbeat_s)
+            if self.stop_event.is_set():
+                return
+            client = self._coord
+            if client is None or (client.lost is not None and not client.connected):
+                client = self._fresh_client()
+            try:
+                reply = await client.call("coord.heartbeat", [self.node_id],
+                                          timeout_s=self._heartbeat_timeout_s)
+            except Exception as exc:
+                if time.monotonic() - last_ok > self._heartbeat_timeout_s:
+                    log.warning("coordinator lost (%s); stopping this node's actors and "
+                                "joining again", exc)
+                    return
+                continue
+            if not reply.get("known"):
+                log.warning("the coordinator no longer knows this node; joining again")
+                return
+            last_ok = time.monotonic()
+
+    async def _leave(self) -> None:
+        if self._coord is None or not self.joined.is_set():
+            return
+        with contextlib.suppress(Exception):
+            await self._coord.call("coord.leave", [self.node_id], timeout_s=2)
+
+    def _on_actor_death(self, actor_id: str, reason: str) -> None:
+        task = asyncio.get_running_loop().create_task(self._report_death(actor_id, reason))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _report_death(self, actor_id: str, reason: str) -> None:
+        for _ in range(5):  # acknowledged; retried while this node is registered
+            client = self._coord
+            if client is None or not self.joined.is_set():
+                return
+            try:
+                await client.call("coord.actor_died", [self.node_id, actor_id, reason],
+                                  timeout_s=self._heartbeat_timeout_s)
+                return
+            except Exception as exc:
+                log.debug("death report for %s failed: %s", actor_id[:8], exc)
+
+    # ---- served to the coordinator ------------------------------------------------------
+    async def _start_actor(self, spec: list[Any], timeout_s: float) -> list[Any]:
+        assert self.local is not None
+        handle = await self.local.start_actor(spec_from_wire(spec), float(timeout_s))
+        process = self.local.process_of(handle)
+        return [handle.actor_id, handle.endpoint, process.pid if process else 0]
+
+    async def _stop_actor(self, actor_id: str, timeout_s: float = 5.0) -> bool:
+        assert self.local is not None
+        await self.local.stop_actor(ActorHandle(actor_id, ""), float(timeout_s))
+        return True
+
+    async def _kill_actor(self, actor_id: str) -> bool:
+        assert self.local is not None
+        self.local.kill_actor(ActorHandle(actor_id, ""))
+        return True
+
+    async def _release(self, exit_node: bool = False) -> bool:
+        await self._stop_all()
+        if exit_node:
+            self.stop()
+        return True
+
+    async def _stop_all(self) -> None:
+        assert self.local is not None
+        await asyncio.gather(*(self.local.stop_actor(ActorHandle(a, ""), 2.0)
+                               for a in list(self.local.actors)))
