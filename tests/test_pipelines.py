@@ -73,13 +73,14 @@ async def test_apex_syncs_weights_exactly_when_the_delay_is_crossed(tmp_path):
 
 async def test_apex_counts_drops_when_the_learner_queue_is_full(tmp_path):
     """A learner that never dequeues (no learner thread) holds exactly learner_queue_size
-    replays; every further replay is dropped and counted."""
+    replays; the replays that come back while it is full are dropped and counted, and the
+    shard is not asked for more while the learner has no room."""
     async with Driver.start(str(tmp_path / "s")) as driver:
         worker = await driver.create_actor("tests.actors.scripted:ScriptedWorker", args=(64,))
         shard = await _shard(driver, starts=64)
         learner = await _learner(driver, queue_size=2, start_thread=False)
         pipeline = AsyncReplayOptimizer([worker], [shard], learner, learner_queue_size=2)
-        await _until(lambda: pipeline.num_samples_dropped >= 10, pipeline)
+        await _until(lambda: pipeline.num_samples_dropped >= 3, pipeline)
         sizes = []
 
         async def fill() -> None:
@@ -90,6 +91,7 @@ async def test_apex_counts_drops_when_the_learner_queue_is_full(tmp_path):
         await asyncio.wait_for(fill(), 60)
         assert max(sizes) == 2, "the learner's in-queue must hold exactly its bound"
         assert pipeline.num_steps_trained == 0
+        assert pipeline.replay_tasks.count < 4, "replays kept coming for a full learner"
         stats = await driver.get(shard.stats.remote(), timeout_s=30)
         assert stats["num_added"] > 0
 

@@ -65,6 +65,9 @@ class TowerSet:
         self.replicas: list[torch.nn.Module] = [policy.model]
         for device in devices[1:]:
             self.replicas.append(copy.deepcopy(policy.model).to(device))
+        # Flat lists, built once: averaging and syncing then run as fused foreach ops.
+        self._params = [list(r.parameters()) for r in self.replicas]
+        self._buffers = [list(r.buffers()) for r in self.replicas]
         self.stacks: list[list[dict[str, torch.Tensor]] | None] = [None] * num_stacks
         self.stack_counts = [0] * num_stacks
         self.stack_batches: list[SampleBatch | None] = [None] * num_stacks
@@ -107,8 +110,7 @@ class TowerSet:
     def _tower_loss(self, i: int, tensors: dict[str, torch.Tensor]) -> LossOutput:
         model = self.replicas[i]
         model.train()
-        for p in model.parameters():
-            p.grad = None
+        model.zero_grad(set_to_none=True)
         out = self.policy.loss(model, tensors)
         out.loss.backward()
         return out
@@ -127,12 +129,11 @@ class TowerSet:
             self._average_gradients_into_tower0()
             self.policy._clip_and_step()
             self._sync_replicas()
-        stats: dict[str, float] = {}
-        for out in outs:
-            for key, value in out.stats.items():
-                value = float(value.detach().cpu()) if isinstance(value, torch.Tensor) else value
-                stats[key] = stats.get(key, 0.0) + float(value) / len(outs)
-        info: dict[str, Any] = {"learner_stats": stats}
+        keys = list(outs[0].stats)
+        values = torch.stack([
+            torch.stack([torch.as_tensor(o.stats[k], dtype=torch.float32).detach().cpu()
+                         for k in keys]) for o in outs]).mean(dim=0).tolist()
+        info: dict[str, Any] = {"learner_stats": dict(zip(keys, values))}
         for key in outs[0].per_sample:
             info[key] = np.concatenate([o.per_sample[key].detach().cpu().numpy() for o in outs])
         return info
@@ -140,24 +141,23 @@ class TowerSet:
     def _average_gradients_into_tower0(self) -> None:
         if self.num_towers == 1:
             return
-        main_params = list(self.replicas[0].parameters())
-        others = [list(r.parameters()) for r in self.replicas[1:]]
-        scale = 1.0 / self.num_towers
+        main = self._params[0]
+        for param in main:
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+        grads = [p.grad for p in main]
         with torch.no_grad():
-            for j, main in enumerate(main_params):
-                grads = [p[j].grad for p in others if p[j].grad is not None]
-                if main.grad is None and not grads:
-                    continue
-                total = main.grad.clone() if main.grad is not None else torch.zeros_like(main)
-                for g in grads:
-                    total.add_(g.to(main.device))
-                main.grad = total.mul_(scale)
+            for replica in self._params[1:]:
+                others = [(p.grad if p.grad is not None else torch.zeros_like(p)).to(
+                    g.device, non_blocking=True) for p, g in zip(replica, grads)]
+                torch._foreach_add_(grads, others)
+            torch._foreach_mul_(grads, 1.0 / self.num_towers)
 
     def _sync_replicas(self) -> None:
         if self.num_towers == 1:
             return
-        state = self.replicas[0].state_dict()
         with torch.no_grad():
-            for replica in self.replicas[1:]:
-                for key, value in replica.state_dict().items():
-                    value.copy_(state[key])
+            for params, buffers in zip(self._params[1:], self._buffers[1:]):
+                torch._foreach_copy_(params, self._params[0])
+                if buffers:
+                    torch._foreach_copy_(buffers, self._buffers[0])

@@ -15,7 +15,14 @@ Each step handles whatever finished:
    dropped without being fetched, and counted (``num_samples_dropped``). The coordinator
    tracks the queue from the learner's replies, so most drops cost no call to the learner;
    the learner refuses (and the coordinator counts) the rare one that finds it full.
-   The shard replays again at once.
+   The shard replays again at once, unless its replay was just dropped: then it is asked
+   again when the learner has room (4 replays stay in flight per shard while the learner
+   keeps up, and the coordinator and shard do not spin on drops while it does not).
+With ``training_intensity`` (RLlib's later key; None in the original Ape-X), a worker whose
+sample comes back while the learner has trained on fewer than ``training_intensity`` rows
+per sampled env step is parked until the learner catches up: on a small machine the
+samplers would otherwise take the CPU the learner needs.
+
 3. Learner results carry ``td_error`` per row; ``|td_error| + eps`` go back, as new
    priorities, to the shard the batch came from.
 """
@@ -43,7 +50,8 @@ class AsyncReplayOptimizer:
 
     def __init__(self, workers: list[ActorHandle], replay_actors: list[ActorHandle],
                  learner: ActorHandle, *, learner_queue_size: int = 16,
-                 max_weight_sync_delay: int = 400,
+                 max_weight_sync_delay: int = 400, training_intensity: float | None = None,
+                 learning_starts: int = 0,
                  debug: bool = False, replace_worker: ReplaceWorker | None = None,
                  seed: int | None = None) -> None:
         if not workers:
@@ -57,6 +65,10 @@ class AsyncReplayOptimizer:
         self.learner = learner
         self.max_weight_sync_delay = max_weight_sync_delay
         self.learner_queue_size = learner_queue_size
+        self.training_intensity = training_intensity
+        self.learning_starts = learning_starts
+        self.parked: list[ActorHandle] = []
+        self.deferred_replays: list[ActorHandle] = []
         # Replays accepted by the learner and not yet reported trained: the coordinator's
         # view of the learner's in-queue (plus the batch in training), so a full queue is
         # seen here and the replay dropped without a round trip to the learner.
@@ -114,6 +126,23 @@ class AsyncReplayOptimizer:
             self.timers["train"].push_units_processed(train_steps)
         self.counters.num_steps_sampled += sample_steps
         self.counters.num_steps_trained += train_steps
+        self._resume_parked()
+
+    def _sampling_ahead(self, extra_sampled: int = 0) -> bool:
+        """With ``training_intensity``, sampling waits while the learner has trained on
+        fewer than ``training_intensity`` rows per env step sampled since learning_starts."""
+        if self.training_intensity is None:
+            return False
+        sampled = self.counters.num_steps_sampled + extra_sampled - self.learning_starts
+        return self.counters.num_steps_trained < self.training_intensity * sampled
+
+    def _resume_parked(self) -> None:
+        while self.parked and not self._sampling_ahead():
+            worker = self.parked.pop(0)
+            self.sample_tasks.add(worker, worker.sample_ref.remote())
+        while self.deferred_replays and self.learner_backlog <= self.learner_queue_size:
+            shard = self.deferred_replays.pop(0)
+            self.replay_tasks.add(shard, shard.replay.remote())
 
     async def _process_samples(self) -> int:
         sample_steps = 0
@@ -133,7 +162,10 @@ class AsyncReplayOptimizer:
                 self.steps_since_update[worker] = self.steps_since_update.get(worker, 0) + count
                 if self.steps_since_update[worker] >= self.max_weight_sync_delay:
                     self._sync_weights(worker)
-                self.sample_tasks.add(worker, worker.sample_ref.remote())
+                if self._sampling_ahead(sample_steps):
+                    self.parked.append(worker)
+                else:
+                    self.sample_tasks.add(worker, worker.sample_ref.remote())
         for worker, exc in failures:
             await self._worker_failed(worker, exc)
         return sample_steps
@@ -151,11 +183,13 @@ class AsyncReplayOptimizer:
     async def _process_replays(self) -> None:
         with self.timers["replay_processing"]:
             for shard, ref in await self.replay_tasks.completed(0):
-                self.replay_tasks.add(shard, shard.replay.remote())
                 if self.learner_backlog > self.learner_queue_size:
                     self.num_samples_dropped += 1
                     self.runtime.free(ref)
+                    # Ask again once the learner has room, rather than spin on drops.
+                    self.deferred_replays.append(shard)
                     continue
+                self.replay_tasks.add(shard, shard.replay.remote())
                 tag = self.replay_actors.index(shard) if shard in self.replay_actors else -1
                 self.learner_backlog += 1
                 self.learner_tasks.add(
@@ -192,6 +226,8 @@ class AsyncReplayOptimizer:
         log.warning("rollout worker %r failed: %s", worker, exc)
         self.sample_tasks.remove_actor(worker)
         self.steps_since_update.pop(worker, None)
+        if worker in self.parked:
+            self.parked.remove(worker)
         if worker in self.workers:
             self.workers.remove(worker)
         if self.replace_worker is None:
@@ -215,6 +251,7 @@ class AsyncReplayOptimizer:
     def reset(self, workers: list[ActorHandle]) -> None:
         """Swap the worker set."""
         self.sample_tasks.reset_workers(workers)
+        self.parked = [w for w in self.parked if w in workers]
         added = [w for w in workers if w not in self.workers]
         self.workers = list(workers)
         self.steps_since_update = {w: self.steps_since_update.get(w, 0) for w in workers}
@@ -236,6 +273,7 @@ class AsyncReplayOptimizer:
             "num_weight_syncs": self.num_weight_syncs,
             "num_samples_dropped": self.num_samples_dropped,
             "num_worker_failures": self.num_worker_failures,
+            "parked_sample_requests": len(self.parked),
             "learner_queue": learner["learner_queue"],
             "replay_shard_0": replay_stats,
         }
