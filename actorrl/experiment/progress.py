@@ -173,7 +173,7 @@ class RichProgress:
 
     def note(self, text: str) -> None:
         """Print ``text`` above the live panel."""
-        self.console.print(text, highlight=False, markup=False)
+        self.console.print(text, highlight=False, markup=False, soft_wrap=True)
 
     def close(self) -> None:
         """Stop refreshing; the last panel stays on screen."""

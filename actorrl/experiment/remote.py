@@ -25,7 +25,7 @@ from actorrl.experiment.results import (
     RunDirectory,
 )
 from actorrl.experiment.signals import SignalExit, exit_code_for
-from actorrl.experiment.train import EXIT_FAILED, RunSummary, TrainPlan
+from actorrl.experiment.train import EXIT_FAILED, FILE_ONLY, RunSummary, TrainPlan
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def run_remote(plan: TrainPlan, address: str, run_dir: RunDirectory,
         if job is not None:
             _final_checkpoint(job, run_dir, summary, plan)
     except Exception as exc:
-        log.error("remote training failed", exc_info=True)
+        log.error("remote training failed", exc_info=True, extra=FILE_ONLY)
         summary.status, summary.exit_code = STATUS_FAILED, EXIT_FAILED
         summary.error = error_summary(exc)
     finally:

@@ -64,6 +64,9 @@ STATE_TIMEOUT_S = 60.0
 TRAINER_STOP_TIMEOUT_S = 30.0
 """Deadline for stopping the pipeline and actors before the driver kills what is left."""
 EXIT_FAILED = 1
+FILE_ONLY = {"file_only": True}
+"""``extra=`` for log records that belong in driver.log but not on the terminal (the
+terminal gets one summarised error line instead)."""
 
 
 @dataclass(frozen=True)
@@ -269,7 +272,7 @@ class TrainingRun:
             self._finish(STATUS_INTERRUPTED, self._signal_exit_code(), "aborted by a second "
                          "signal")
         except Exception as exc:
-            log.error("training failed", exc_info=True)
+            log.error("training failed", exc_info=True, extra=FILE_ONLY)
             self.summary.error = error_summary(exc)
             self._finish(STATUS_FAILED, EXIT_FAILED, "")
             if plan.debug:
@@ -304,8 +307,9 @@ class TrainingRun:
 
     async def _run_trainer(self, driver: Driver, writer: ResultWriter) -> None:
         plan = self.plan
-        self.display.note(f"starting {plan.spec.name} on {plan.config.env} with "
-                          f"{plan.config.num_workers} workers; results in {self.run_dir.path}")
+        self.display.note(f"starting {plan.spec.name} on {plan.config.env} "
+                          f"(num_workers={plan.config.num_workers}); results in "
+                          f"{self.run_dir.path}")
         try:
             trainer = await self._unless_stopped(Trainer.create(plan.spec, plan.config, driver))
         except _Stopped:
@@ -418,6 +422,8 @@ class _StderrHandler(logging.Handler):
         self.debug = debug
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "file_only", False):
+            return False
         return self.debug or record.name.startswith(("actorrl", "transport"))
 
     def emit(self, record: logging.LogRecord) -> None:
