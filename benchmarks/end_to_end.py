@@ -1,0 +1,221 @@
+"""End-to-end: ``actorrl train ALGO --env CartPole-v1`` as a user runs it, per algorithm.
+
+For each algorithm the real CLI runs in a subprocess (plain progress lines on a pipe) with
+``--stop-reward 450 --stop-time CAP``. Measured from the moment the command starts:
+
+- ``startup_s``: until the first result line (interpreter, imports, actor processes, first
+  training iteration);
+- ``solve_time_s`` / ``solve_timesteps``: until the first result with
+  ``episode_reward_mean >= 450`` (null when the cap came first; ``best_reward`` says how far
+  it got);
+- ``peak_rss_mb``: the largest sum of VmRSS over the CLI process and all its descendants,
+  sampled from /proc every ``--sample-s`` seconds (shared library pages count once per
+  process, as RSS does); ``peak_pss_mb`` is the same with proportional set sizes, which
+  splits shared pages between processes and so does not double-count them.
+
+Prints one JSON object per algorithm, then a summary object with the machine's load
+averages before and after (the machine may be shared; compare runs on equal load).
+
+    python benchmarks/end_to_end.py            # apex, impala, a3c, a2c; 300 s cap each
+    python benchmarks/end_to_end.py --quick    # apex only, 60 s cap
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+ALGORITHMS = ("apex", "impala", "a3c", "a2c")
+SOLVED_REWARD = 450.0
+EXIT_GRACE_S = 120.0
+
+
+def process_tree(pid: int) -> set[int]:
+    """``pid`` and all its descendants (from /proc/<pid>/task/*/children)."""
+    found = {pid}
+    stack = [pid]
+    while stack:
+        parent = stack.pop()
+        for children_file in glob.glob(f"/proc/{parent}/task/*/children"):
+            try:
+                children = Path(children_file).read_text().split()
+            except OSError:
+                continue
+            for child in map(int, children):
+                if child not in found:
+                    found.add(child)
+                    stack.append(child)
+    return found
+
+
+def _status_kb(pid: int, field: str) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _pss_kb(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+class MemorySampler:
+    """Samples the process tree's summed RSS and PSS in a thread until stopped."""
+
+    def __init__(self, pid: int, interval_s: float) -> None:
+        self.pid = pid
+        self.interval_s = interval_s
+        self.peak_rss_kb = 0
+        self.peak_pss_kb = 0
+        self.peak_processes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+
+    def start(self) -> None:
+        """Begin sampling."""
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            pids = process_tree(self.pid)
+            self.peak_rss_kb = max(self.peak_rss_kb, sum(_status_kb(p, "VmRSS:") for p in pids))
+            self.peak_pss_kb = max(self.peak_pss_kb, sum(_pss_kb(p) for p in pids))
+            self.peak_processes = max(self.peak_processes, len(pids))
+            if self._stop.wait(self.interval_s):  # periodic sampling, not synchronisation
+                return
+
+    def stop(self) -> None:
+        """Stop and join the sampler."""
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+def parse_result_line(line: str) -> dict[str, str] | None:
+    """The ``key=value`` fields of a ``result ...`` progress line, else None."""
+    if not line.startswith("result "):
+        return None
+    return dict(part.split("=", 1) for part in line.split()[1:] if "=" in part)
+
+
+def _number(text: str | None) -> float | None:
+    try:
+        value = float(text) if text is not None else None
+    except ValueError:
+        return None
+    return None if value is None or value != value else value
+
+
+def run_algorithm(algorithm: str, cap_s: float, sample_s: float, workdir: Path) -> dict:
+    """Train ``algorithm`` through the CLI and measure it (see the module docstring)."""
+    output = workdir / algorithm
+    stderr_path = workdir / f"{algorithm}.stderr"
+    command = [sys.executable, "-m", "actorrl.cli", "train", algorithm, "--env", "CartPole-v1",
+               "--stop-reward", str(SOLVED_REWARD), "--stop-time", str(cap_s),
+               "--checkpoint-every", "0", "--progress", "plain", "--output", str(output)]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    started = time.monotonic()
+    with open(stderr_path, "w") as stderr:
+        proc = subprocess.Popen(command, cwd=workdir, stdout=subprocess.PIPE, stderr=stderr,
+                                text=True, env=env)
+    sampler = MemorySampler(proc.pid, sample_s)
+    sampler.start()
+    watchdog = threading.Timer(cap_s + EXIT_GRACE_S, proc.kill)
+    watchdog.start()
+    out: dict[str, Any] = {"algorithm": algorithm, "cap_s": cap_s, "startup_s": None,
+                           "solve_time_s": None, "solve_timesteps": None, "best_reward": None,
+                           "iterations": 0}
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            fields = parse_result_line(line.strip())
+            if fields is None:
+                continue
+            now = time.monotonic() - started
+            out["iterations"] += 1
+            if out["startup_s"] is None:
+                out["startup_s"] = round(now, 2)
+            reward = _number(fields.get("reward_mean"))
+            if reward is not None and (out["best_reward"] is None or reward > out["best_reward"]):
+                out["best_reward"] = reward
+            if reward is not None and reward >= SOLVED_REWARD and out["solve_time_s"] is None:
+                out["solve_time_s"] = round(now, 2)
+                out["solve_timesteps"] = int(fields["timesteps_total"])
+        proc.wait()
+    finally:
+        watchdog.cancel()
+        sampler.stop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out["exit_code"] = proc.returncode
+    out["total_s"] = round(time.monotonic() - started, 2)
+    out["peak_rss_mb"] = round(sampler.peak_rss_kb / 1024, 1)
+    out["peak_pss_mb"] = round(sampler.peak_pss_kb / 1024, 1)
+    out["peak_processes"] = sampler.peak_processes
+    runs = sorted(output.glob("*/run.json"))
+    if runs:
+        status = json.loads(runs[-1].read_text())
+        out["status"] = status.get("status")
+        out["stop_reason"] = status.get("stop_reason")
+        out["timesteps_total"] = status.get("timesteps_total")
+    if proc.returncode != 0:
+        out["stderr_tail"] = stderr_path.read_text()[-500:]
+    return out
+
+
+def main() -> None:
+    """Parse arguments, run the algorithms one after another, print JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="apex only, 60 s cap")
+    parser.add_argument("--algorithms", default=",".join(ALGORITHMS),
+                        help="comma-separated list (default: all four)")
+    parser.add_argument("--cap-s", type=float, default=None,
+                        help="time cap per algorithm (default: 300, 60 with --quick)")
+    parser.add_argument("--sample-s", type=float, default=0.25,
+                        help="RSS sampling period")
+    parser.add_argument("--keep", action="store_true", help="keep the results folders")
+    args = parser.parse_args()
+    algorithms = ["apex"] if args.quick else [a for a in args.algorithms.split(",") if a]
+    cap_s = args.cap_s if args.cap_s is not None else (60.0 if args.quick else 300.0)
+    workdir = Path(tempfile.mkdtemp(prefix="actorrl-e2e-"))
+    load_before = os.getloadavg()
+    results = []
+    try:
+        for algorithm in algorithms:
+            result = run_algorithm(algorithm, cap_s, args.sample_s, workdir)
+            results.append(result)
+            print(json.dumps(result), flush=True)
+    finally:
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print(json.dumps({"summary": {r["algorithm"]: {k: r.get(k) for k in (
+        "startup_s", "solve_time_s", "solve_timesteps", "best_reward", "peak_rss_mb",
+        "peak_pss_mb")} for r in results},
+        "cpu_count": os.cpu_count(), "loadavg_before": [round(x, 2) for x in load_before],
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        "results_dir": str(workdir) if args.keep else None}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
