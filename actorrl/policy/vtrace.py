@@ -71,17 +71,38 @@ def vtrace_from_importance_weights(
     deltas = clipped_rhos * (rewards + discounts * values_next - values)
     decay = discounts * cs
 
-    vs_minus_v = torch.empty_like(values)
-    acc = torch.zeros_like(bootstrap_value)
-    for t in range(values.shape[0] - 1, -1, -1):
-        acc = deltas[t] + decay[t] * acc
-        vs_minus_v[t] = acc
-    vs = values + vs_minus_v
+    vs = values + discounted_suffix_sums(deltas, decay)
 
     vs_next = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)
     pg_rhos = _clip(rhos, clip_pg_rho_threshold)
     pg_advantages = pg_rhos * (rewards + discounts * vs_next - values)
     return VTraceReturns(vs=vs, pg_advantages=pg_advantages)
+
+
+def discounted_suffix_sums(deltas: torch.Tensor, decay: torch.Tensor) -> torch.Tensor:
+    """``acc_t = deltas_t + decay_t * acc_{t+1}`` (``acc_T = 0``) over time-major inputs,
+    without a Python loop over time.
+
+    Unrolled, ``acc_t = sum_{k >= t} (prod_{i=t}^{k-1} decay_i) deltas_k``. The products
+    form a ``[T, T, ...]`` upper-triangular matrix built with one ``cumprod``: row ``t``
+    multiplies ``decay`` from ``t`` on (ones before ``t``). Zeros in ``decay`` (episode ends)
+    just zero the products past them; nothing is divided. Memory is ``T^2 * B`` floats,
+    small for the sequence lengths V-trace uses.
+    """
+    horizon = deltas.shape[0]
+    with torch.no_grad():
+        steps = torch.arange(horizon, device=deltas.device)
+        before = (steps.view(-1, 1) > steps.view(1, -1))  # [t, i]: i < t
+        shape = (horizon, horizon) + (1,) * (decay.dim() - 1)
+        factors = decay.unsqueeze(0).expand(horizon, *decay.shape).clone()
+        factors[before.view(shape).expand_as(factors)] = 1.0
+        # prods[t, k] = prod_{i=t}^{k} decay_i for k >= t; shift so weights[t, k] holds the
+        # product up to k - 1 (1 on the diagonal), and zero everything below it.
+        prods = torch.cumprod(factors, dim=1)
+        weights = torch.ones_like(prods)
+        weights[:, 1:] = prods[:, :-1]
+        weights[before.view(shape).expand_as(weights)] = 0.0
+        return torch.einsum("tk...,k...->t...", weights, deltas)
 
 
 def _clip(rhos: torch.Tensor, threshold: float | None) -> torch.Tensor:
