@@ -18,7 +18,8 @@ The client runs its own runtime (one event loop in a background thread), so the 
 API works as in a single-host run: ``handle.method.remote(...)`` returns refs, and
 ``client.get`` / ``client.wait`` / ``client.put`` resolve and create them. Its runtime binds
 tcp (CURVE with keys) on the interface that routes to the coordinator, so refs it ``put``s
-can be fetched by actors on other hosts. Use one Client per process.
+can be fetched by actors on other hosts. Handles and refs use the most recently opened
+client of the process.
 """
 
 from __future__ import annotations
@@ -179,6 +180,7 @@ class Client:
 
     # ---- plumbing -----------------------------------------------------------------------
     def _start_loop(self) -> None:
+        self._previous_runtime = Runtime._current
         self._loop = new_event_loop()
         started = threading.Event()
 
@@ -319,6 +321,9 @@ class Client:
                 self._run(close(), 10)
             except Exception:
                 pass
+        previous = self._previous_runtime
+        if Runtime._current is None and previous is not None and not previous.closed:
+            Runtime._current = previous  # a second client in this process closed first
         self._closed = True
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)

@@ -19,18 +19,17 @@ Rule enforced by :func:`check_bind`: binding tcp on a non-loopback address requi
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import stat
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 import zmq
 import zmq.utils.z85
 
-from transport.sockets import AsyncSocket, context, is_loopback_address
+from transport.sockets import context, is_loopback_address
 
 log = logging.getLogger(__name__)
 
@@ -188,26 +187,64 @@ class ZapAuthenticator:
     """The process's ZAP handler: admits CURVE clients whose public key is allowed.
 
     ZeroMQ asks it (over ``inproc://zeromq.zap.01`` in this process's context) about every
-    CURVE handshake on every socket of the process; plain (NULL) ipc/loopback sockets are
-    not affected. It runs on the event loop through :class:`AsyncSocket`; answers are
-    synchronous set lookups. Refusals are logged with the peer address.
+    CURVE handshake on every socket of the process (and admits the NULL handshakes of
+    plain ipc/loopback listeners sharing a socket with a CURVE one). It answers from its
+    own thread (handshakes only, a set lookup each), so it serves every runtime of the
+    process whatever event loop they run on, and keeps serving while a loop is busy.
+    Refusals are logged with the peer address.
+
+    CURVE binds set a ZAP domain and ``ZMQ_ZAP_ENFORCE_DOMAIN``
+    (:meth:`transport.rpc.RpcServer.bind`): should this handler be missing, ZeroMQ refuses
+    the handshake instead of admitting any client.
     """
 
     def __init__(self, allowed: Iterable[bytes]) -> None:
-        self.allowed: set[bytes] = set(allowed)
+        self.allowed: frozenset[bytes] = frozenset(allowed)
         self.accepted = 0
         self.refused = 0
-        sock = context().socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.bind(ZAP_ENDPOINT)
-        self._async = AsyncSocket(sock, self._on_request)
+        self._control_address = f"inproc://actorrl-zap-control-{id(self):x}"
+        ctx = context()
+        self._sock = ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.bind(ZAP_ENDPOINT)
+        self._control = ctx.socket(zmq.PAIR)
+        self._control.setsockopt(zmq.LINGER, 0)
+        self._control.bind(self._control_address)
+        self._stopper = ctx.socket(zmq.PAIR)
+        self._stopper.setsockopt(zmq.LINGER, 0)
+        self._stopper.connect(self._control_address)
+        self._thread = threading.Thread(target=self._serve, name="actorrl-zap", daemon=True)
+        self._thread.start()
 
     def allow(self, keys: Iterable[bytes]) -> None:
         """Add keys to the allow-list."""
-        self.allowed.update(keys)
+        self.allowed = self.allowed | frozenset(keys)
 
-    def _on_request(self, frames: list[Any]) -> None:
-        parts = [f.bytes for f in frames]
+    @property
+    def running(self) -> bool:
+        """Whether the handler thread serves."""
+        return self._thread.is_alive()
+
+    def _serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._control, zmq.POLLIN)
+        try:
+            while True:
+                events = dict(poller.poll())
+                if self._control in events:
+                    return
+                if self._sock in events:
+                    try:
+                        self._answer(self._sock.recv_multipart(zmq.NOBLOCK))
+                    except zmq.Again:
+                        continue
+        finally:
+            self._sock.unbind(ZAP_ENDPOINT)  # frees the name at once for a later handler
+            self._sock.close(linger=0)
+            self._control.close(linger=0)
+
+    def _answer(self, parts: list[bytes]) -> None:
         # [routing id, empty delimiter, version, request id, domain, address, identity,
         #  mechanism, credentials...]
         if len(parts) < 8 or parts[1] != b"":
@@ -218,6 +255,10 @@ class ZapAuthenticator:
         status, text, user = b"400", b"denied", b""
         if version != b"1.0":
             text = b"unsupported ZAP version"
+        elif mechanism == b"NULL":
+            # Only a plain (ipc / keyless loopback) listener produces NULL handshakes: a
+            # CURVE listener refuses other mechanisms before asking ZAP.
+            status, text = b"200", b"OK"
         elif mechanism != b"CURVE" or len(credentials) != 1 or len(credentials[0]) != 32:
             text = b"CURVE required"
         else:
@@ -226,48 +267,48 @@ class ZapAuthenticator:
                 status, text, user = b"200", b"OK", key
             else:
                 text = b"unknown key"
-        if status == b"200":
+        if mechanism == b"NULL":
+            pass
+        elif status == b"200":
             self.accepted += 1
         else:
             self.refused += 1
             log.warning("refused a %s connection from %s: %s",
                         mechanism.decode(errors="replace"), address.decode(errors="replace"),
                         text.decode())
-        self._async.send([peer, b"", b"1.0", request_id, status, text, user, b""])
+        self._sock.send_multipart([peer, b"", b"1.0", request_id, status, text, user, b""])
 
-    def close(self) -> None:
-        """Stop answering (CURVE handshakes then fail)."""
-        self._async.close()
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop answering (CURVE handshakes are then refused) and join the thread."""
+        if self._thread.is_alive():
+            self._stopper.send(b"stop")
+            self._thread.join(timeout_s)
+        self._stopper.close(linger=0)
 
 
 _authenticator: ZapAuthenticator | None = None
 _authenticator_pid: int | None = None
+_authenticator_lock = threading.Lock()
 
 
 def ensure_authenticator(allowed: Iterable[bytes]) -> ZapAuthenticator:
-    """Start this process's ZAP handler on the running loop (once), allowing ``allowed``.
-
-    Must run before any CURVE server socket accepts a connection: without a handler,
-    ZeroMQ would admit any client that knows the server's public key.
-    """
+    """Start this process's ZAP handler (once; it lives as long as the process) and add
+    ``allowed`` to its allow-list. Call before binding any CURVE server socket."""
     global _authenticator, _authenticator_pid
-    current = _authenticator
-    if current is not None and _authenticator_pid == os.getpid() and \
-            current._async.loop is not asyncio.get_running_loop():
-        current.close()  # a previous event loop of this process (e.g. a closed Client)
-        current = None
-    if current is None or _authenticator_pid != os.getpid() or current._async._closed:
-        _authenticator = ZapAuthenticator(allowed)
-        _authenticator_pid = os.getpid()
-    else:
-        _authenticator.allow(allowed)
-    return _authenticator
+    with _authenticator_lock:
+        current = _authenticator
+        if current is None or _authenticator_pid != os.getpid() or not current.running:
+            _authenticator = ZapAuthenticator(allowed)
+            _authenticator_pid = os.getpid()
+        else:
+            current.allow(allowed)
+        return _authenticator
 
 
 def stop_authenticator() -> None:
-    """Close the process's ZAP handler, if one runs."""
+    """Stop the process's ZAP handler, if one runs (CURVE servers then refuse everyone)."""
     global _authenticator
-    if _authenticator is not None:
-        _authenticator.close()
+    with _authenticator_lock:
+        if _authenticator is not None and _authenticator_pid == os.getpid():
+            _authenticator.close()
         _authenticator = None
-

@@ -39,6 +39,7 @@ KIND_OK = 3
 KIND_ERROR = 4
 _PREFIX = struct.Struct("<BQ")
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024**3
+ZAP_DOMAIN = b"actorrl"
 
 
 def _frame_len(frame: Any) -> int:
@@ -117,10 +118,16 @@ class RpcServer:
         if curve_secret_key is not None and not self._sock.curve_server:
             self._sock.curve_server = True
             self._sock.curve_secretkey = curve_secret_key
+            # ZAP (the allow-list) is consulted only with a domain set; with it enforced, a
+            # missing handler means "refuse", never "admit anyone". Plain binds made later
+            # keep the domain and are not enforced: the handler admits NULL handshakes.
+            self._sock.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
+            self._sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
             try:
                 self._sock.bind(address)
             finally:
                 self._sock.curve_server = False
+                self._sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 0)
         else:
             self._sock.bind(address)
         endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)

@@ -684,6 +684,7 @@ class ClusterDriver:
         self.placement = dict(placement or {})
         self.colocate = dict(colocate or {})
         self.start_timeout_s = start_timeout_s
+        self._replaced: dict[str, Any] = {}
 
     def _prefer(self, name: str) -> str | None:
         for pattern, node in self.placement.items():
@@ -721,14 +722,32 @@ class ClusterDriver:
 
     async def restart_actor(self, handle: ActorHandle, timeout_s: float | None = None
                             ) -> ActorHandle:
-        """Start a fresh actor from ``handle``'s spec (stopping the old one if it runs)."""
+        """Start a fresh actor from ``handle``'s spec (stopping the old one if it runs).
+
+        A handle is restarted once: asking again (a caller that saw several of the dead
+        actor's calls fail) raises ActorCreationError naming the replacement, so no second
+        replacement is started.
+        """
+        replacement = self._replaced.get(handle.actor_id)
+        if replacement is not None:
+            raise ActorCreationError(f"{handle!r} was already restarted as {replacement!r}")
         record = self.coordinator.actors.get(handle.actor_id)
         spec = handle.spec or (record.spec if record is not None else None)
         if spec is None:
             raise ValueError(f"{handle!r} carries no creation spec; only its creator can "
                              "restart it")
-        await self.coordinator.kill_actor(handle.actor_id, timeout_s=1.0)
-        return await self._create(spec, timeout_s)
+        pending = asyncio.get_running_loop().create_future()
+        self._replaced[handle.actor_id] = pending  # claimed while the new one starts
+        try:
+            await self.coordinator.kill_actor(handle.actor_id, timeout_s=1.0)
+            new = await self._create(spec, timeout_s)
+        except BaseException:
+            del self._replaced[handle.actor_id]
+            pending.cancel()
+            raise
+        self._replaced[handle.actor_id] = new
+        pending.set_result(new)
+        return new
 
     async def kill_actor(self, handle: ActorHandle, timeout_s: float = 5.0) -> None:
         """Stop an actor: exit request, SIGKILL after ``timeout_s``."""

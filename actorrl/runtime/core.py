@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import importlib
 import inspect
 import itertools
 import logging
 import os
 import queue
+import tempfile
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -47,7 +49,7 @@ from actorrl.runtime.refs import (
     ObjectStore,
     new_object_id,
 )
-from transport.auth import check_bind, ensure_authenticator, stop_authenticator
+from transport.auth import check_bind, ensure_authenticator
 from transport.codec import Codec
 from transport.endpoint import Endpoint, is_composite
 from transport.errors import PeerLostError, RemoteError, TransportError
@@ -86,6 +88,19 @@ def estimate_size(value: Any, budget: int = 256) -> int:
         else:
             total += 16
     return total
+
+
+def ipc_address(address_dir: str, name: str) -> str:
+    """``ipc://`` endpoint for socket ``name`` in ``address_dir``. Unix socket paths are
+    limited to 107 bytes, so a long directory falls back to a short per-directory folder
+    under the system temp dir."""
+    path = os.path.join(address_dir, f"{name}.sock")
+    if len(path.encode()) > 100:
+        digest = hashlib.blake2b(os.path.abspath(address_dir).encode(), digest_size=6).hexdigest()
+        short_dir = os.path.join(tempfile.gettempdir(), f"actorrl-{digest}")
+        os.makedirs(short_dir, exist_ok=True)
+        path = os.path.join(short_dir, f"{name[:40]}.sock")
+    return f"ipc://{path}"
 
 
 def _raise_for(status: int, value: Any, ref: ObjectRef) -> Any:
@@ -127,7 +142,7 @@ class Runtime:
         self.store = ObjectStore(loop)
         self.network = network
         self.server = RpcServer(self._on_request, codec=self.codec)
-        self.local_address = self.server.bind(f"ipc://{os.path.join(address_dir, name)}.sock")
+        self.local_address = self.server.bind(ipc_address(address_dir, name))
         self.address = self.local_address
         """The endpoint other processes use (refs and handles carry it)."""
         security = network.security if network is not None else None
@@ -191,8 +206,6 @@ class Runtime:
             client.close()
         self._clients.clear()
         self.server.close()
-        if self.network is not None and self.network.security is not None:
-            stop_authenticator()
         if Runtime._current is self:
             Runtime._current = None
 

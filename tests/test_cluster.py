@@ -1,0 +1,543 @@
+"""Cluster use on one machine: a coordinator and node agents on different loopback
+addresses (Linux routes all of 127/8 to lo), CURVE forced on with keys, real processes.
+
+Every wait is a handshake or a bounded wait on a reply (ready pipes, ``coord.wait_nodes``,
+long-polled results, pidfds); nothing sleeps to let something happen. Every test checks
+that the processes it saw (coordinator, nodes, actors) are gone at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import zmq
+
+from actorrl.client import Client, ClusterConnectionError, Job
+from actorrl.runtime.network import Network
+from transport.auth import (
+    InsecureBindError,
+    KeyFileError,
+    KeyPair,
+    Security,
+    check_bind,
+    ensure_authenticator,
+    generate_keys,
+    load_allowed_keys,
+    load_keypair,
+)
+from transport.endpoint import Endpoint
+from transport.errors import CallTimeoutError, PeerLostError
+from transport.rpc import RpcClient, RpcServer
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CLI = [sys.executable, "-m", "actorrl.cli_cluster"]
+
+APEX_TINY = {"algorithm": "apex", "num_workers": 2, "num_envs_per_worker": 1,
+             "rollout_fragment_length": 16, "learning_starts": 64, "buffer_size": 4000,
+             "train_batch_size": 32, "min_iter_time_s": 0.5, "target_network_update_freq": 500,
+             "max_weight_sync_delay": 100}
+
+
+# ---------------------------------------------------------------------------- helpers
+def pids_alive(pids: list[int], timeout_s: float) -> list[int]:
+    """Wait (pidfds, no polling) until every pid exited or ``timeout_s`` passed; returns
+    the pids still alive."""
+    fds = {}
+    for pid in set(pids):
+        try:
+            fds[os.pidfd_open(pid)] = pid
+        except ProcessLookupError:
+            continue
+    alive = set(fds)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while alive:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            ready, _, _ = select.select(list(alive), [], [], remaining)
+            alive -= set(ready)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return [fds[fd] for fd in alive if _running(fds[fd])]
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def read(path: str) -> str:
+    """A text file's contents."""
+    with open(path) as f:
+        return f.read()
+
+
+def spawn(args: list[str], log_path: str, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
+    """A CLI subprocess with its output in ``log_path``."""
+    with open(log_path, "ab") as log:
+        return subprocess.Popen([*CLI, *args], cwd=REPO, stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=subprocess.STDOUT, pass_fds=pass_fds)
+
+
+def start_coordinator(tmp: str, keys: str | None, bind: str = "tcp://127.0.0.1:0",
+                      timeout_s: float = 60.0) -> tuple[subprocess.Popen, str]:
+    """Start ``actorrl coordinator start`` and wait for its READY line (a handshake)."""
+    read_fd, write_fd = os.pipe()
+    args = ["coordinator", "start", "--bind", bind, "--state-dir", os.path.join(tmp, "state"),
+            "--ready-fd", str(write_fd)]
+    if keys:
+        args += ["--keys", keys]
+    proc = spawn(args, os.path.join(tmp, "coordinator.log"), pass_fds=(write_fd,))
+    os.close(write_fd)
+    try:
+        ready, _, _ = select.select([read_fd], [], [], timeout_s)
+        line = os.read(read_fd, 4096).decode() if ready else ""
+    finally:
+        os.close(read_fd)
+    if not line.startswith("READY "):
+        proc.kill()
+        proc.wait(10)
+        raise AssertionError(f"coordinator did not start: {line!r}\n"
+                             + read(os.path.join(tmp, "coordinator.log"))[-3000:])
+    return proc, line.split()[1]
+
+
+def join_node(tmp: str, address: str, keys: str | None, host: str, name: str,
+              cpus: float) -> subprocess.Popen:
+    """Start ``actorrl node join`` on loopback address ``host``."""
+    args = ["node", "join", address, "--host", host, "--name", name, "--cpus", str(cpus),
+            "--gpus", "0"]
+    if keys:
+        args += ["--keys", keys]
+    return spawn(args, os.path.join(tmp, f"node-{name}.log"))
+
+
+def next_result(job: Job, after: int, predicate: Callable[[dict[str, Any]], bool],
+                timeout_s: float) -> tuple[dict[str, Any], int]:
+    """The first result at index >= ``after`` meeting ``predicate``, and the index after
+    it; fails when ``timeout_s`` passes first."""
+    index = after
+    try:
+        for result in job.results(after=after, timeout_s=timeout_s):
+            index += 1
+            if predicate(result):
+                return result, index
+    except TimeoutError:
+        pass
+    raise AssertionError(f"no matching result within {timeout_s} s; job log:\n"
+                         + job.logs()[-4000:])
+
+
+def actor_named(job: Job, name: str) -> dict[str, Any]:
+    """The job's live actor ``name``."""
+    matches = [a for a in job.actors() if a["name"] == name]
+    assert matches, f"{name} not among {[a['name'] for a in job.actors()]}"
+    return matches[0]
+
+
+class Cluster:
+    """A coordinator, node agents and a client; remembers every pid it saw."""
+
+    def __init__(self, tmp: str, keys: str | None) -> None:
+        self.tmp = tmp
+        self.keys = keys
+        self.coordinator, self.address = start_coordinator(tmp, keys)
+        self.nodes: dict[str, subprocess.Popen] = {}
+        self.pids: set[int] = {self.coordinator.pid}
+        self.client = Client(self.address, keys_dir=keys)
+
+    def join(self, host: str, name: str, cpus: float) -> subprocess.Popen:
+        node = join_node(self.tmp, self.address, self.keys, host, name, cpus)
+        self.nodes[name] = node
+        self.pids.add(node.pid)
+        want = len([n for n in self.nodes.values() if n.poll() is None])
+        assert self.client.wait_for_nodes(want, 60) >= want, self.client.nodes()
+        return node
+
+    def remember(self, job: Job) -> list[dict[str, Any]]:
+        actors = job.actors()
+        self.pids.update(a["pid"] for a in actors)
+        return actors
+
+    def close(self) -> None:
+        try:
+            self.client.call("coord.shutdown", [True], timeout_s=10)
+        except Exception:
+            pass
+        self.client.close()
+        for proc in (self.coordinator, *self.nodes.values()):
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        left = pids_alive(sorted(self.pids), 30)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+        assert left == [], f"processes left behind: {left}"
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A keys directory (coordinator, node, client)."""
+    path = str(tmp_path_factory.mktemp("keys") / "keys")
+    generate_keys(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, keys: str) -> Iterator[Cluster]:
+    """Coordinator on 127.0.0.1, node ``a`` on 127.0.0.2 (3 CPUs), ``b`` on 127.0.0.3
+    (2 CPUs), everything CURVE-encrypted."""
+    c = Cluster(str(tmp_path_factory.mktemp("cluster")), keys)
+    try:
+        c.join("127.0.0.2", "a", 3)
+        c.join("127.0.0.3", "b", 2)
+        yield c
+    finally:
+        c.close()
+
+
+# ---------------------------------------------------------------------------- keys, binds
+def test_key_files_have_safe_modes_and_unsafe_secrets_are_refused(tmp_path):
+    """Secrets are written 0600 in a 0700 directory; every *.public is allowed; a secret
+    readable by others, a malformed key and existing keys (without force) are refused."""
+    d = str(tmp_path / "k")
+    pairs = generate_keys(d)
+    assert os.stat(d).st_mode & 0o777 == 0o700
+    for name, pair in pairs.items():
+        assert os.stat(os.path.join(d, f"{name}.secret")).st_mode & 0o777 == 0o600
+        assert load_keypair(d, name) == pair
+        assert zmq.curve_public(pair.secret) == pair.public
+    assert load_allowed_keys(d) == {p.public for p in pairs.values()}
+    with pytest.raises(KeyFileError, match="already exist"):
+        generate_keys(d)
+    os.chmod(os.path.join(d, "node.secret"), 0o644)
+    with pytest.raises(KeyFileError, match="readable by others"):
+        load_keypair(d, "node")
+    with open(os.path.join(d, "client.public"), "w") as f:
+        f.write("not a key\n")
+    with pytest.raises(KeyFileError, match="z85"):
+        load_allowed_keys(d)
+
+
+def test_non_loopback_binds_need_keys(tmp_path):
+    """Binding tcp anywhere but loopback without CURVE keys is a clear error, for the
+    runtime and the coordinator alike; loopback and ipc are allowed."""
+    with pytest.raises(InsecureBindError, match="CURVE"):
+        check_bind("tcp://0.0.0.0:7450", None)
+    with pytest.raises(InsecureBindError, match="CURVE"):
+        Network.create("10.1.2.3")
+    check_bind("tcp://127.0.0.2:0", None)
+    check_bind("ipc:///tmp/x.sock", None)
+    generate_keys(str(tmp_path / "k"))
+    check_bind("tcp://0.0.0.0:7450", Security.from_dir(str(tmp_path / "k"), "node"))
+    result = subprocess.run([*CLI, "coordinator", "start", "--bind", "tcp://0.0.0.0:0",
+                             "--state-dir", str(tmp_path / "s")], cwd=REPO,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "needs CURVE keys" in result.stderr
+
+
+def test_endpoints_route_ipc_within_a_node_and_curve_tcp_across():
+    """A composite endpoint round-trips; callers on the same node get the ipc address,
+    others the tcp address with the server key."""
+    key = zmq.curve_keypair()[0]
+    ep = Endpoint("tcp://127.0.0.2:4000", key, "node-1", "ipc:///tmp/s/actor.sock")
+    assert Endpoint.parse(str(ep)) == ep
+    assert ep.route("node-1") == ("ipc:///tmp/s/actor.sock", None)
+    assert ep.route("node-2") == ("tcp://127.0.0.2:4000", key)
+    assert ep.route(None) == ("tcp://127.0.0.2:4000", key)
+    with pytest.raises(ValueError, match="malformed"):
+        Endpoint.parse("tcp://127.0.0.1:1|x=1")
+
+
+async def test_curve_listener_admits_only_allowed_keys(tmp_path):
+    """One ROUTER serves plain ipc and CURVE tcp: over tcp an allowed key is answered, an
+    unknown key and a keyless client get nothing (the request never reaches the handler),
+    and ipc works unencrypted next to it."""
+    generate_keys(str(tmp_path / "k"))
+    security = Security.from_dir(str(tmp_path / "k"), "coordinator")
+    auth = ensure_authenticator(security.allowed)
+    refused_before = auth.refused
+    seen: list[str] = []
+
+    def handler(request: Any) -> None:
+        seen.append(request.method)
+        request.reply("ok")
+
+    server = RpcServer(handler)
+    ipc = server.bind(f"ipc://{tmp_path}/s.sock")
+    tcp = server.bind("tcp://127.0.0.1:0", security.identity.secret)
+    server.start()
+    stranger = KeyPair.generate()
+    clients = []
+    try:
+        for method, keys in (("stranger", (security.identity.public, stranger.public,
+                                           stranger.secret)), ("keyless", None)):
+            client = RpcClient(tcp, curve_keys=keys, connect_timeout_s=2)
+            clients.append(client)
+            with pytest.raises((PeerLostError, CallTimeoutError)):
+                await client.call(method, timeout_s=3)
+        good = RpcClient(tcp, curve_keys=security.client_keys(security.identity.public))
+        plain = RpcClient(ipc)
+        clients += [good, plain]
+        assert await good.call("allowed", timeout_s=10) == "ok"
+        assert await plain.call("ipc", timeout_s=10) == "ok"
+        assert seen == ["allowed", "ipc"]
+        assert auth.refused == refused_before + 1
+    finally:
+        for client in clients:
+            client.close()
+        server.close()
+
+
+# ---------------------------------------------------------------------------- the cluster
+@pytest.mark.timeout(120)
+def test_clients_without_a_valid_key_get_nothing(cluster, tmp_path):
+    """A client without keys and one with an unknown key are refused by the coordinator's
+    CURVE handshake (the ZAP allow-list); the right key works, and nodes never saw the
+    refused clients' requests."""
+    with pytest.raises(ClusterConnectionError):
+        Client(cluster.address, connect_timeout_s=3)
+    stranger = tmp_path / "stranger"
+    generate_keys(str(stranger), ["client"])
+    shutil.copy(os.path.join(cluster.keys, "coordinator.public"), stranger)
+    with pytest.raises(ClusterConnectionError, match="authentication failed|within"):
+        Client(cluster.address, keys_dir=str(stranger), bind_host=None, connect_timeout_s=3)
+    with Client(cluster.address, keys_dir=cluster.keys, bind_host=None) as client:
+        assert {n["name"] for n in client.nodes()} == {"a", "b"}
+    log = read(os.path.join(cluster.tmp, "coordinator.log"))
+    assert "refused a CURVE connection" in log and "unknown key" in log
+
+
+@pytest.mark.timeout(120)
+def test_actors_on_remote_nodes_are_reachable_over_curve_tcp(cluster):
+    """The raw actor API: actors created on chosen nodes carry tcp endpoints of their node
+    with its key; refs pass between hosts (a ref put by the client is fetched by an actor
+    on node b; an actor on a fetches a result owned by an actor on b)."""
+    client = cluster.client
+    store_b = client.create_actor("tests.actors.basic:Store", num_cpus=0, node="b")
+    relay_a = client.create_actor("tests.actors.basic:Relay", num_cpus=0, node="a")
+    try:
+        for handle, host in ((store_b, "127.0.0.3"), (relay_a, "127.0.0.2")):
+            endpoint = Endpoint.parse(handle.endpoint)
+            assert endpoint.address.startswith(f"tcp://{host}:")
+            assert endpoint.server_key == load_keypair(cluster.keys, "node").public
+        cluster.pids.update(a["pid"] for a in client.actors())
+        ref = client.put({"x": __import__("numpy").arange(10.0)})
+        assert client.get(store_b.consume.remote(ref), timeout=30) == 45.0
+        made = store_b.make.remote(1 << 20)
+        total = client.get(relay_a.forward.remote(store_b, [made]), timeout=30)
+        assert total == (1 << 20) // 8
+    finally:
+        client.kill_actor(store_b)
+        client.kill_actor(relay_a)
+
+
+@pytest.mark.timeout(240)
+def test_job_runs_across_two_nodes_and_streams_results(cluster):
+    """An Ape-X job is placed across both nodes (learner and its replay shard on a, the
+    workers on b), results stream to the client in order, and the job finishes at its
+    stop criterion with a checkpoint."""
+    job = cluster.client.submit({**APEX_TINY, "stop": {"training_iteration": 3},
+                                 "job": {"placement": {"learner": "a", "worker-*": "b"}}})
+    results = list(job.results(timeout_s=180))
+    assert [r["training_iteration"] for r in results] == [1, 2, 3]
+    steps = [r["timesteps_total"] for r in results]
+    assert steps == sorted(steps) and steps[-1] > 0
+    status = job.status()
+    assert status["state"] == "finished"
+    assert status["checkpoint"]["iteration"] == 3
+    assert os.path.isdir(status["checkpoint"]["path"])
+    log = job.logs()
+    placed = json.loads(log.split("placed: ", 1)[1].split("\n", 1)[0].replace("'", '"'))
+    assert placed == {"worker-1": "b", "worker-2": "b", "learner": "a", "replay-0": "a"}
+    assert job.actors() == []  # stopped with the job
+
+
+@pytest.mark.timeout(300)
+def test_killed_worker_and_replay_shard_are_replaced_and_the_job_continues(cluster):
+    """SIGKILL of a rollout worker: the pipeline replaces it (on a node with room) and
+    results keep coming. SIGKILL of the replay shard (then of the learner): the job
+    restarts from its last checkpoint with fresh actors, reports the replay data loss, and
+    counters never go backwards."""
+    job = cluster.client.submit({**APEX_TINY, "job": {"checkpoint_interval_s": 0}})
+    try:
+        _, after = next_result(job, 0, lambda r: True, 150)
+        worker = actor_named(job, "worker-1")
+        cluster.remember(job)
+        os.kill(worker["pid"], signal.SIGKILL)
+        result, after = next_result(
+            job, after, lambda r: r["info"]["num_worker_restarts"] >= 1, 120)
+        assert result["num_healthy_workers"] == 2
+        assert pids_alive([worker["pid"]], 10) == []
+        replaced = actor_named(job, "worker-1")
+        assert replaced["pid"] != worker["pid"]
+        last = result
+
+        for victim in ("replay-0", "learner"):
+            before = job.status()["num_failures"]
+            actor = actor_named(job, victim)
+            cluster.remember(job)
+            os.kill(actor["pid"], signal.SIGKILL)
+            result, after = next_result(
+                job, after, lambda r, b=before: r["job"]["num_failures"] > b, 150)
+            for key in ("training_iteration", "timesteps_total", "num_steps_trained",
+                        "time_total_s"):
+                assert result[key] >= last[key], (key, result[key], last[key])
+            assert result["training_iteration"] == last["training_iteration"] + 1 or \
+                result["training_iteration"] > last["training_iteration"]
+            last = result
+            assert actor_named(job, victim)["pid"] != actor["pid"]
+        log = job.logs()
+        assert "replay-0 died" in log and "replay data it held is lost" in log
+        assert "restarting from checkpoint" in log
+        cluster.remember(job)
+    finally:
+        job.stop()
+    assert job.status()["state"] == "stopped"
+
+
+@pytest.mark.timeout(300)
+def test_lost_node_actors_are_recreated_on_the_remaining_nodes(cluster):
+    """SIGKILL of a node agent: its actors die with it (lifeline), the coordinator loses
+    the node within seconds, the workers that ran there are recreated on a and b, and the
+    job keeps producing results."""
+    node_c = cluster.join("127.0.0.4", "c", 2)
+    job = cluster.client.submit({**APEX_TINY, "job": {
+        "placement": {"learner": "a", "worker-*": "c"}}})
+    try:
+        _, after = next_result(job, 0, lambda r: True, 150)
+        on_c = [a for a in cluster.remember(job) if a["node"] == "c"]
+        assert {a["name"] for a in on_c} == {"worker-1", "worker-2"}
+        killed_at = time.monotonic()
+        node_c.kill()
+        node_c.wait(10)
+        assert pids_alive([a["pid"] for a in on_c], 15) == []  # no orphans
+        result, after = next_result(
+            job, after, lambda r: r["info"]["num_worker_restarts"] >= 2
+            and r["num_healthy_workers"] == 2, 150)
+        recovered_s = time.monotonic() - killed_at
+        nodes = {n["name"] for n in cluster.client.nodes()}
+        assert nodes == {"a", "b"}
+        assert {a["node"] for a in cluster.remember(job)
+                if a["name"].startswith("worker")} <= {"a", "b"}
+        lost = cluster.client.status()["lost_nodes"]
+        assert any(n["name"] == "c" for n in lost)
+        assert recovered_s < 120
+        next_result(job, after, lambda r: True, 60)
+    finally:
+        job.stop()
+
+
+# ---------------------------------------------------------------------------- restarts
+@pytest.mark.timeout(300)
+def test_restarted_coordinator_resumes_the_job_from_its_checkpoint(tmp_path, keys):
+    """SIGKILL of the coordinator mid-job: the node stops the orphaned actors and waits;
+    a coordinator restarted on the same address and state directory gets the node back
+    and resumes the job from its checkpoint, counters continuing."""
+    c = Cluster(str(tmp_path), keys)
+    try:
+        c.join("127.0.0.5", "n", 4)
+        job = c.client.submit({**APEX_TINY, "job": {"checkpoint_interval_s": 0}})
+        first, _ = next_result(job, 0, lambda r: r["training_iteration"] >= 2, 150)
+        job_id = job.id
+        c.remember(job)
+        old_actor_pids = [a["pid"] for a in job.actors()]
+        c.client.close()
+        c.coordinator.kill()
+        c.coordinator.wait(10)
+        assert pids_alive(old_actor_pids, 30) == []  # the node released them
+        c.coordinator, address = start_coordinator(str(tmp_path), keys, bind=c.address)
+        assert address == c.address
+        c.pids.add(c.coordinator.pid)
+        c.client = Client(c.address, keys_dir=keys)
+        assert c.client.wait_for_nodes(1, 60) == 1
+        job = c.client.job(job_id)
+        seen = job.status()["num_results"]
+        result, _ = next_result(job, seen, lambda r: True, 150)
+        assert result["training_iteration"] > first["training_iteration"]
+        assert result["timesteps_total"] >= first["timesteps_total"]
+        assert "resuming from checkpoint" in job.logs()
+        c.remember(job)
+        job.stop()
+    finally:
+        c.close()
+
+
+# ---------------------------------------------------------------------------- the shell
+@pytest.mark.timeout(240)
+def test_daemon_and_job_commands_from_the_shell(tmp_path, keys):
+    """``coordinator start --daemon`` detaches and records itself; ``status``, ``submit``,
+    ``jobs``, ``logs``, ``stop JOB`` and ``coordinator stop --with-nodes`` work from the
+    shell; afterwards nothing runs and ``status`` says so."""
+    state = str(tmp_path / "state")
+
+    def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+        result = subprocess.run([*CLI, *args, "--state-dir", state], cwd=REPO,
+                                capture_output=True, text=True, timeout=120)
+        if check:
+            assert result.returncode == 0, result.stdout + result.stderr
+        return result
+
+    started = subprocess.run(
+        [*CLI, "coordinator", "start", "--daemon", "--bind", "tcp://127.0.0.1:0",
+         "--keys", keys, "--state-dir", state], cwd=REPO, capture_output=True, text=True,
+        timeout=120)
+    assert started.returncode == 0, started.stdout + started.stderr
+    record = json.loads(read(os.path.join(state, "coordinator.json")))
+    pid = record["pid"]
+    assert os.getsid(pid) != os.getsid(0)  # detached into its own session
+    node = join_node(str(tmp_path), record["address"], keys, "127.0.0.6", "shell", 4)
+    pids = [pid, node.pid]
+    try:
+        with Client(record["address"], keys_dir=keys, bind_host=None) as client:
+            assert client.wait_for_nodes(1, 60) == 1
+        assert "1 node(s)" in cli("coordinator", "status").stdout
+        config = tmp_path / "job.yaml"
+        config.write_text("algorithm: apex\nnum_workers: 1\nlearning_starts: 64\n"
+                          "min_iter_time_s: 0.5\nstop:\n  training_iteration: 100\n")
+        job_id = cli("submit", str(config)).stdout.strip()
+        assert job_id in cli("jobs").stdout
+        assert "submitted: apex" in cli("logs", job_id[:12]).stdout
+        assert "stopped" in cli("stop", job_id).stdout
+        bad = cli("submit", str(config), "--set", "num_workerz=2", check=False)
+        assert bad.returncode == 2 and "num_workers" in bad.stderr
+        assert "coordinator stopped" in cli("coordinator", "stop", "--with-nodes").stdout
+        node.wait(60)
+        assert pids_alive(pids, 30) == []
+        assert not os.path.exists(os.path.join(state, "coordinator.json"))
+        after = cli("coordinator", "status", check=False)
+        assert after.returncode == 1 and "not running" in after.stdout
+    finally:
+        for p in pids_alive(pids, 0):
+            os.kill(p, signal.SIGKILL)
+
+
+@pytest.mark.timeout(120)
+def test_local_client_runs_actors_in_process():
+    """``Client.local()``: coordinator and node in this process; the raw actor API works
+    and closing leaves no actor process."""
+    with Client.local(num_cpus=2) as client:
+        counter = client.create_actor("tests.actors.basic:Counter", args=(1,))
+        assert client.get([counter.add.remote(i) for i in range(3)], timeout=30) == [1, 2, 4]
+        ready, _ = client.wait([counter.pid.remote()], timeout=30)
+        pid = client.get(ready[0])
+        assert client.nodes()[0]["num_actors"] == 1
+    assert pids_alive([pid], 15) == []
