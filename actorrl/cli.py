@@ -5,7 +5,7 @@
     actorrl train ALGO [--env ENV] [--num-workers N] [--config FILE] [--set KEY=VALUE ...]
                        [--seed N] [--output DIR] [--checkpoint-every N] [--restore PATH]
                        [--stop-reward R|none] [--stop-timesteps N] [--stop-time S|none]
-                       [--address ADDR] [--progress auto|rich|plain] [--debug]
+                       [--address ADDR [--keys DIR]] [--progress auto|rich|plain] [--debug]
     actorrl evaluate CHECKPOINT [--episodes N] [--render no|human] [--env ENV] [--seed N]
                                 [--json] [--debug]
     actorrl plot RESULTS_DIR [RESULTS_DIR ...] [-o OUT.png] [--title TEXT]
@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import signal
 import sys
 import traceback
@@ -141,6 +142,8 @@ def _add_train(subparsers: argparse._SubParsersAction) -> None:
                    "'none' or 0 disables (default: 600)")
     p.add_argument("--address", help="run on an existing coordinator (actorrl.client) "
                                      "instead of a local embedded cluster")
+    p.add_argument("--keys", metavar="DIR",
+                   help="with --address: CURVE key folder (default: $ACTORRL_KEYS_DIR)")
     p.add_argument("--progress", choices=("auto", "rich", "plain"), default="auto",
                    help="live display: rich on a terminal, one line per iteration "
                         "otherwise (default: auto)")
@@ -204,6 +207,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
         stop_reward_given=args.stop_reward != "auto", stop_timesteps=args.stop_timesteps,
         stop_time_s=args.stop_time, debug=args.debug, command=["actorrl", *args.argv])
     if args.address:
+        if args.restore:
+            raise UsageError("--restore works with local training only; on a cluster, "
+                             "jobs resume from their own checkpoints")
         return _train_remote(plan, args)
     return _train_local(plan, args)
 
@@ -253,8 +259,9 @@ def _train_remote(plan: TrainPlan, args: argparse.Namespace) -> int:
     run_dir = _create_run_dir(plan)
     configure_logging(run_dir.logs_dir / "driver.log", plan.debug)
     signal.signal(signal.SIGTERM, raise_signal_exit)
-    summary = run_remote(plan, args.address, run_dir, make_progress(args.progress),
-                         client_class)
+    keys = args.keys or os.environ.get("ACTORRL_KEYS_DIR")
+    summary = run_remote(plan, args.address, os.path.expanduser(keys) if keys else None,
+                         run_dir, make_progress(args.progress), client_class)
     return _report(plan, summary, run_dir)
 
 

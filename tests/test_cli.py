@@ -517,14 +517,15 @@ def test_restore_of_another_algorithm_is_refused(trained: dict, tmp_path: Path) 
 
 # ---- --address and the cluster commands -------------------------------------------------
 FAKE_CLIENT = r'''
-import json, sys, types
-import numpy as np
+import json, os, sys, types
 
 class Job:
+    id = "job-1"
     def __init__(self, config):
         self.config = config
+        self.state = "running"
     def results(self):
-        for i in range(1, 100):
+        for i in range(1, int(os.environ["FAKE_JOB_RESULTS"]) + 1):
             yield {"episode_reward_mean": 10.0 * i, "episode_reward_min": 1.0,
                    "episode_reward_max": 20.0 * i, "episode_len_mean": 10.0 * i,
                    "episodes_this_iter": 3, "timesteps_total": 1000 * i,
@@ -532,21 +533,28 @@ class Job:
                    "training_iteration": i, "time_this_iter_s": 1.0,
                    "time_total_s": float(i), "num_healthy_workers": 2,
                    "timestamp": 0.0, "info": {"learner_queue": {"size_mean": 1.5}}}
+        self.state = "finished"
     def checkpoint(self):
-        return {"algorithm": self.config["algorithm"], "config": self.config,
-                "policies": {"default_policy": {"weights": {"w": np.arange(4.0)}}},
-                "iteration": 2, "timesteps_total": 2000, "num_steps_trained": 1000,
-                "time_total_s": 2.0}
+        print("FAKE checkpoint", flush=True)
+        return {"path": "/coordinator/jobs/job-1/checkpoints/checkpoint_000002",
+                "iteration": 2, "timesteps_total": 2000}
+    def status(self):
+        return {"job_id": self.id, "state": self.state, "stop_reason": "time_total_s >= 3",
+                "checkpoint": {"path": "/coordinator/jobs/job-1/checkpoints/checkpoint_000003",
+                               "iteration": 3}}
     def stop(self):
         print("FAKE job stopped", flush=True)
+        return {"job_id": self.id, "state": "stopped"}
 
 class Client:
-    def __init__(self, address):
-        print("FAKE client", address, flush=True)
+    def __init__(self, address, keys_dir=None, *, bind_host="auto", connect_timeout_s=10.0):
+        print("FAKE client", address, keys_dir, flush=True)
     def submit(self, config):
-        print("FAKE submit", json.dumps({"algorithm": config["algorithm"],
-                                         "env": config["env"], "lr": config["lr"]}))
+        print("FAKE submit", json.dumps({k: config[k] for k in (
+            "algorithm", "env", "lr", "stop")}), flush=True)
         return Job(config)
+    def close(self):
+        print("FAKE closed", flush=True)
 
 module = types.ModuleType("actorrl.client")
 module.Client = Client
@@ -556,25 +564,48 @@ sys.exit(main(sys.argv[1:]))
 '''
 
 
+def _run_fake_remote(tmp_path: Path, args: list[str], num_results: int
+                     ) -> subprocess.CompletedProcess:
+    env = {**_env(), "FAKE_JOB_RESULTS": str(num_results)}
+    return subprocess.run([sys.executable, "-c", FAKE_CLIENT, "train", "apex", "--address",
+                           "tcp://10.0.0.1:7000", "--keys", "/k", *args, "--output",
+                           str(tmp_path / "results")], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=QUICK_TIMEOUT_S, env=env)
+
+
 def test_address_submits_to_the_client_and_records_results(tmp_path: Path) -> None:
     """--address runs the job through actorrl.client: the resolved config with its
-    "algorithm" key is submitted, results are recorded locally, the stop criterion ends
-    the job with a checkpoint and job.stop()."""
-    output = tmp_path / "results"
-    proc = run_cli(["train", "apex", "--address", "tcp://10.0.0.1:7000", "--set", "lr=0.01",
-                    "--stop-timesteps", "2000", "--output", str(output)], cwd=tmp_path,
-                   python=[sys.executable, "-c", FAKE_CLIENT])
+    "algorithm" key and the stop criteria is submitted, results are recorded locally, and
+    a criterion met here checkpoints and stops the job, then closes the client."""
+    proc = _run_fake_remote(tmp_path, ["--set", "lr=0.01", "--stop-timesteps", "2000"], 99)
     assert proc.returncode == 0, proc.stderr
-    assert "FAKE client tcp://10.0.0.1:7000" in proc.stdout
+    assert "FAKE client tcp://10.0.0.1:7000 /k" in proc.stdout
     submitted = json.loads(proc.stdout.split("FAKE submit ", 1)[1].splitlines()[0])
-    assert submitted == {"algorithm": "apex", "env": "CartPole-v1", "lr": 0.01}
-    assert "FAKE job stopped" in proc.stdout
-    [run] = run_dirs(output)
+    assert submitted == {"algorithm": "apex", "env": "CartPole-v1", "lr": 0.01,
+                         "stop": {"episode_reward_mean": 450.0, "timesteps_total": 2000,
+                                  "time_total_s": 600.0}}
+    order = [line for line in proc.stdout.splitlines() if line.startswith("FAKE ")]
+    assert order[-3:] == ["FAKE checkpoint", "FAKE job stopped", "FAKE closed"]
+    [run] = run_dirs(tmp_path / "results")
     results = read_jsonl(run / "result.jsonl")
     assert [r["timesteps_total"] for r in results] == [1000, 2000]
-    _, state = read_checkpoint(run)
-    assert state["iteration"] == 2 and list(state["policies"]["default_policy"]["weights"])
-    assert json.loads((run / "run.json").read_text())["status"] == "finished"
+    status = json.loads((run / "run.json").read_text())
+    assert status["status"] == "finished" and status["job_id"] == "job-1"
+    assert status["last_checkpoint"].startswith(
+        "/coordinator/jobs/job-1/checkpoints/checkpoint_000002")
+
+
+def test_address_job_that_ends_by_itself(tmp_path: Path) -> None:
+    """When the job meets its own stop criteria first, the command reports the job's stop
+    reason and final checkpoint and does not stop it again."""
+    proc = _run_fake_remote(tmp_path, ["--stop-reward", "none"], 3)
+    assert proc.returncode == 0, proc.stderr
+    assert "FAKE job stopped" not in proc.stdout and "FAKE checkpoint" not in proc.stdout
+    [run] = run_dirs(tmp_path / "results")
+    assert len(read_jsonl(run / "result.jsonl")) == 3
+    status = json.loads((run / "run.json").read_text())
+    assert status["stop_reason"] == "time_total_s >= 3"
+    assert "checkpoint_000003" in status["last_checkpoint"]
 
 
 def test_address_without_a_client_module_is_a_clear_error(tmp_path: Path) -> None:
