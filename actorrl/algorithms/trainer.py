@@ -136,7 +136,10 @@ class Trainer:
         return list(self.learner_side_actors)
 
     async def replace_worker(self, dead: ActorHandle) -> ActorHandle | None:
-        """Start a fresh worker in place of ``dead`` (same index), synced to the learner."""
+        """Start a fresh worker in place of ``dead`` (same index), synced to the learner.
+        A worker that was already replaced is not replaced again."""
+        if dead not in self.workers:
+            return None
         try:
             new = await self.driver.restart_actor(dead)
         except Exception as exc:  # keep training with the workers left

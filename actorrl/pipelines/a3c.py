@@ -90,6 +90,8 @@ class AsyncGradientsOptimizer:
 
     async def _worker_failed(self, worker: ActorHandle, exc: BaseException
                              ) -> ActorHandle | None:
+        if worker not in self.workers:
+            return None  # already handled (it had several calls in flight)
         self.num_worker_failures += 1
         log.warning("rollout worker %r failed: %s", worker, exc)
         if worker in self.workers:

@@ -222,6 +222,8 @@ class AsyncReplayOptimizer:
         return train_steps
 
     async def _worker_failed(self, worker: ActorHandle, exc: BaseException) -> None:
+        if worker not in self.workers:
+            return  # already handled (it had several calls in flight)
         self.num_worker_failures += 1
         log.warning("rollout worker %r failed: %s", worker, exc)
         self.sample_tasks.remove_actor(worker)

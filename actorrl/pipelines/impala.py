@@ -144,6 +144,8 @@ class AsyncSamplesOptimizer:
             self.num_weight_broadcasts += 1
 
     async def _worker_failed(self, worker: ActorHandle, exc: BaseException) -> None:
+        if worker not in self.workers:
+            return  # already handled (it had several calls in flight)
         self.num_worker_failures += 1
         log.warning("rollout worker %r failed: %s", worker, exc)
         self.tasks.remove_actor(worker)
