@@ -414,6 +414,33 @@ def test_signal_stops_cleanly(tmp_path: Path, signum: int, to_group: bool,
     assert "interrupted" in rest
 
 
+def test_second_signal_aborts_promptly(tmp_path: Path) -> None:
+    """A second SIGINT (sent once the first is acknowledged) aborts the stop sequence:
+    exit 130, status interrupted, and still no process left behind."""
+    output = tmp_path / "results"
+    tag = f"abort-{tmp_path.name}"
+    proc = start_cli(["train", "apex", *TINY, "--stop-timesteps", "1000000",
+                      "--checkpoint-every", "0", "--output", str(output)], tmp_path,
+                     tmp_path / "stderr.txt", tag)
+    reader = LineReader(proc)
+    try:
+        reader.wait_for(lambda line: line.startswith("result iter="), FIRST_RESULT_TIMEOUT_S)
+        proc.send_signal(signal.SIGINT)
+        reader.wait_for(lambda line: line.startswith("SIGINT received"), EXIT_TIMEOUT_S)
+        proc.send_signal(signal.SIGINT)
+        rest = finish(proc, EXIT_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert proc.returncode == 130, rest
+    assert_no_process_left(tag)
+    [run] = run_dirs(output)
+    status = json.loads((run / "run.json").read_text())
+    assert status["status"] == "interrupted", status
+    assert "Traceback" not in (tmp_path / "stderr.txt").read_text()
+
+
 # ---- failures -------------------------------------------------------------------------
 def test_actor_crash_is_one_error_line(tmp_path: Path) -> None:
     """An actor whose constructor raises ends the run with exit code 1, one error line

@@ -327,10 +327,11 @@ class TrainingRun:
             if self.summary.status in (STATUS_FINISHED, STATUS_INTERRUPTED):
                 await self._checkpoint(trainer, final=True)
         finally:
-            try:
-                await asyncio.wait_for(trainer.stop(), TRAINER_STOP_TIMEOUT_S)
-            except Exception as exc:  # the driver's shutdown kills whatever is left
-                log.warning("stopping the trainer: %s", error_summary(exc))
+            if not self._aborted:  # an abort leaves the actors to the driver's shutdown
+                try:
+                    await asyncio.wait_for(trainer.stop(), TRAINER_STOP_TIMEOUT_S)
+                except Exception as exc:  # the driver's shutdown kills whatever is left
+                    log.warning("stopping the trainer: %s", error_summary(exc))
 
     async def _train(self, trainer: Trainer, writer: ResultWriter) -> None:
         plan = self.plan
