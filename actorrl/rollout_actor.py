@@ -7,6 +7,7 @@ data moves straight from here to whoever consumes it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -98,6 +99,15 @@ class RolloutWorkerActor:
     def set_state(self, state: Mapping[str, Any]) -> None:
         """Restore policy states."""
         self.worker.set_state(state)
+
+    def sample_for(self, seconds: float) -> int:
+        """Throughput probe: sample in a loop for ``seconds`` with nothing around it
+        (batches are dropped); returns the env steps taken."""
+        deadline = time.perf_counter() + seconds
+        steps = 0
+        while time.perf_counter() < deadline:
+            steps += self.worker.sample().count
+        return steps
 
     def ping(self) -> int:
         """Liveness check; returns the worker index."""
