@@ -110,6 +110,9 @@ class Trainer:
         assert self.spec.learner_config is not None
         learner_config = self.spec.learner_config(self.config)
         num_gpus = 0.0 if self.config._fake_gpus else float(self.config.num_gpus)
+        node_gpus = getattr(getattr(self.driver, "node", None), "num_gpus", 0.0)
+        if num_gpus == 0 and not self.config._fake_gpus and node_gpus >= 1:
+            num_gpus = 1.0  # the learner uses CUDA when the machine has it
         return await self.driver.create_actor(
             LEARNER_CLASS,
             args=(self.config.env, self.spec.policy, self.worker_config, learner_config),

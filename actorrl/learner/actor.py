@@ -39,7 +39,8 @@ class LearnerActor:
         self.worker = RolloutWorker(env, policy, config, worker_index=0,
                                     num_workers=int(worker_config.get("num_workers", 0)))
         self.config = LearnerConfig(**learner_config)
-        if not self.config.multi_tower and torch.cuda.is_available() and self.config.num_gpus:
+        if not self.config.multi_tower and torch.cuda.is_available():
+            # A learner only sees CUDA when its node gave it a GPU: learn there.
             self.worker.foreach_policy(lambda p, _pid: move_policy_to(p, torch.device("cuda")))
         self.thread = make_learner_thread(self.worker, self.config)
         self.device = str(getattr(self.thread, "devices", ["cpu"])[0])
