@@ -176,7 +176,7 @@ def _cmd_node_join(args: argparse.Namespace) -> int:
 
     keys = os.path.abspath(os.path.expanduser(args.keys)) if args.keys else None
     return run_node(args.address, name=args.name, host=args.host, num_cpus=args.cpus,
-                    num_gpus=args.gpus, keys_dir=keys)
+                    num_gpus=args.gpus, keys_dir=keys, session_dir=args.session_dir)
 
 
 def _cmd_nodes(args: argparse.Namespace) -> int:
@@ -309,6 +309,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--name", help="node name (default: hostname + random suffix)")
     p.add_argument("--host", help="IP this node's actors bind and are reached at "
                    "(default: the interface that routes to the coordinator)")
+    p.add_argument("--session-dir", metavar="DIR", help="sockets and actor logs (default: a "
+                   "fresh temporary directory, removed when the node exits)")
     p.set_defaults(func=_guarded(_cmd_node_join))
 
     p = subparsers.add_parser("nodes", help="list the cluster's nodes")

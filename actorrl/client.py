@@ -202,6 +202,12 @@ class Client:
             future.cancel()
             raise
 
+    def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+        """Run a coroutine on the client's event loop and return its result: the native
+        async API (``await client.runtime.get_async(handle.m.remote())``) without a thread
+        hop per call."""
+        return self._run(coro, timeout_s)
+
     def call(self, method: str, args: Sequence[Any] = (), timeout_s: float = 60.0) -> Any:
         """Call a coordinator method (``coord.*``, ``job.*``) and return its reply."""
         if self._closed:
@@ -232,6 +238,13 @@ class Client:
     def actors(self) -> list[dict[str, Any]]:
         """Every live actor of the cluster."""
         return self.call("coord.actors")
+
+    def wait_for_actor(self, name: str, exclude: Sequence[str] = (), owner: str | None = None,
+                       timeout_s: float = 60.0) -> dict[str, Any] | None:
+        """Block until a live actor called ``name`` whose id is not in ``exclude`` exists
+        (e.g. the replacement of a killed worker); its description, or None on timeout."""
+        return self.call("coord.wait_actor", [name, owner, list(exclude), timeout_s],
+                         timeout_s=timeout_s + 5)
 
     # ---- jobs ---------------------------------------------------------------------------
     def submit(self, config: dict[str, Any]) -> Job:

@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -118,10 +119,13 @@ def start_coordinator(tmp: str, keys: str | None, bind: str = "tcp://127.0.0.1:0
 
 
 def join_node(tmp: str, address: str, keys: str | None, host: str, name: str,
-              cpus: float) -> subprocess.Popen:
-    """Start ``actorrl node join`` on loopback address ``host``."""
+              cpus: float, sessions: list[str]) -> subprocess.Popen:
+    """Start ``actorrl node join`` on loopback address ``host``; its session directory is
+    appended to ``sessions`` (for the test to remove, even after a SIGKILL)."""
+    session = tempfile.mkdtemp(prefix="arl-node-")  # short: ipc paths max ~107 bytes
+    sessions.append(session)
     args = ["node", "join", address, "--host", host, "--name", name, "--cpus", str(cpus),
-            "--gpus", "0"]
+            "--gpus", "0", "--session-dir", session]
     if keys:
         args += ["--keys", keys]
     return spawn(args, os.path.join(tmp, f"node-{name}.log"))
@@ -158,11 +162,12 @@ class Cluster:
         self.keys = keys
         self.coordinator, self.address = start_coordinator(tmp, keys)
         self.nodes: dict[str, subprocess.Popen] = {}
+        self.sessions: list[str] = []
         self.pids: set[int] = {self.coordinator.pid}
         self.client = Client(self.address, keys_dir=keys)
 
     def join(self, host: str, name: str, cpus: float) -> subprocess.Popen:
-        node = join_node(self.tmp, self.address, self.keys, host, name, cpus)
+        node = join_node(self.tmp, self.address, self.keys, host, name, cpus, self.sessions)
         self.nodes[name] = node
         self.pids.add(node.pid)
         want = len([n for n in self.nodes.values() if n.poll() is None])
@@ -189,6 +194,8 @@ class Cluster:
         left = pids_alive(sorted(self.pids), 30)
         for pid in left:
             os.kill(pid, signal.SIGKILL)
+        for session in self.sessions:
+            shutil.rmtree(session, ignore_errors=True)
         assert left == [], f"processes left behind: {left}"
 
 
@@ -504,7 +511,8 @@ def test_daemon_and_job_commands_from_the_shell(tmp_path, keys):
     record = json.loads(read(os.path.join(state, "coordinator.json")))
     pid = record["pid"]
     assert os.getsid(pid) != os.getsid(0)  # detached into its own session
-    node = join_node(str(tmp_path), record["address"], keys, "127.0.0.6", "shell", 4)
+    sessions: list[str] = []
+    node = join_node(str(tmp_path), record["address"], keys, "127.0.0.6", "shell", 4, sessions)
     pids = [pid, node.pid]
     try:
         with Client(record["address"], keys_dir=keys, bind_host=None) as client:
@@ -528,6 +536,8 @@ def test_daemon_and_job_commands_from_the_shell(tmp_path, keys):
     finally:
         for p in pids_alive(pids, 0):
             os.kill(p, signal.SIGKILL)
+        for session in sessions:
+            shutil.rmtree(session, ignore_errors=True)
 
 
 @pytest.mark.timeout(120)

@@ -75,3 +75,8 @@ class Endpoint:
 def is_composite(text: str) -> bool:
     """True when ``text`` carries more than a bare ZeroMQ address."""
     return SEPARATOR in text
+
+
+def short(text: str) -> str:
+    """The address part of an endpoint, for messages and reprs."""
+    return text.split(SEPARATOR, 1)[0]

@@ -23,7 +23,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -117,7 +116,11 @@ async def serve_coordinator(bind: str = DEFAULT_BIND, *, keys_dir: str | None = 
                            f"directory {state_dir} at {state.get('address')}")
     network = Network.create(_advertise_host(bind, advertise), f"coord-{uuid.uuid4().hex[:8]}",
                              keys_dir, "coordinator")
-    session_dir = tempfile.mkdtemp(prefix="actorrl-coord-")
+    # Sockets live in the state directory (one coordinator per state directory), so a
+    # coordinator killed by SIGKILL leaves nothing in /tmp; the next start clears them.
+    session_dir = os.path.join(state_dir, "run")
+    shutil.rmtree(session_dir, ignore_errors=True)
+    os.makedirs(session_dir, mode=0o700)
     runtime = Runtime.start(session_dir, "coordinator", extra_bind=[bind], network=network)
     address = runtime.server.endpoints[-1]
     coordinator = Coordinator(runtime, heartbeat_s, heartbeat_timeout_s)
@@ -233,7 +236,7 @@ def start_daemon(argv: list[str], state_dir: str, timeout_s: float = 60.0) -> st
 
 def run_node(address: str, *, name: str | None = None, host: str | None = None,
              num_cpus: float | None = None, num_gpus: float | None = None,
-             keys_dir: str | None = None) -> int:
+             keys_dir: str | None = None, session_dir: str | None = None) -> int:
     """Blocking entry of ``actorrl node join``: serve until SIGTERM/SIGINT."""
     _setup_logging()
     loop = new_event_loop()
@@ -241,7 +244,7 @@ def run_node(address: str, *, name: str | None = None, host: str | None = None,
 
     async def main() -> None:
         agent = NodeAgent(address, name=name, host=host, num_cpus=num_cpus,
-                          num_gpus=num_gpus, keys_dir=keys_dir)
+                          num_gpus=num_gpus, keys_dir=keys_dir, session_dir=session_dir)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, agent.stop)
 

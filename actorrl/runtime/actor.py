@@ -7,6 +7,7 @@ from typing import Any
 
 from actorrl.runtime.refs import ObjectRef
 from transport.codec import register_type
+from transport.endpoint import short
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class ActorHandle:
 
     def __repr__(self) -> str:
         label = self.name or self.class_path
-        return f"ActorHandle({label} #{self.actor_id[:8]} @ {self.endpoint})"
+        return f"ActorHandle({label} #{self.actor_id[:8]} @ {short(self.endpoint)})"
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ActorHandle) and other.actor_id == self.actor_id

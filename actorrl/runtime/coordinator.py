@@ -296,6 +296,7 @@ class Coordinator:
                 ("coord.kill_actor", self._rpc_kill_actor),
                 ("coord.close_session", self._rpc_close_session),
                 ("coord.wait_nodes", self._rpc_wait_nodes),
+                ("coord.wait_actor", self._rpc_wait_actor),
                 ("coord.shutdown", self._rpc_shutdown)):
             serve_async(rt, name, fn)
         rt.serve("coord.heartbeat", self._on_heartbeat)
@@ -452,6 +453,22 @@ class Coordinator:
             await self._wait_change(deadline - time.monotonic())
         return len(self.nodes)
 
+    async def _rpc_wait_actor(self, name: str, owner: str | None = None,
+                              exclude: Sequence[str] = (), timeout_s: float = 30.0
+                              ) -> dict[str, Any] | None:
+        """Long-poll: the first live actor called ``name`` (of ``owner``) whose id is not in
+        ``exclude`` (e.g. the replacement of a killed one), or None after ``timeout_s``."""
+        deadline = time.monotonic() + min(float(timeout_s), 300.0)
+        while True:
+            for record in self.actors.values():
+                if record.spec.name == name and record.state == "alive" and \
+                        record.actor_id not in exclude and owner in (None, record.owner):
+                    node = self.nodes.get(record.node_id)
+                    return record.describe(node.name if node else "?")
+            if time.monotonic() >= deadline:
+                return None
+            await self._wait_change(deadline - time.monotonic())
+
     # ---- placement ----------------------------------------------------------------------
     def _find_node(self, name_or_id: str) -> NodeState | None:
         for node in self.nodes.values():
@@ -545,6 +562,7 @@ class Coordinator:
             self.runtime.forget_dead(endpoint)
             log.info("started %s (%s) on node %s", spec.name or spec.class_path,
                      actor_id[:8], target.name)
+            self._notify()
             return record.handle()
 
     def _release(self, node: NodeState, spec: ActorSpec) -> None:

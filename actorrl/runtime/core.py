@@ -51,7 +51,7 @@ from actorrl.runtime.refs import (
 )
 from transport.auth import check_bind, ensure_authenticator
 from transport.codec import Codec
-from transport.endpoint import Endpoint, is_composite
+from transport.endpoint import Endpoint, is_composite, short
 from transport.errors import PeerLostError, RemoteError, TransportError
 from transport.rpc import Request, RpcClient, RpcServer
 
@@ -259,7 +259,7 @@ class Runtime:
     def _died_error(self, endpoint: str, what: str, cause: BaseException | None = None
                     ) -> ActorDiedError:
         reason = self._dead.get(endpoint) or (str(cause) if cause else "connection lost")
-        return ActorDiedError(f"{what} at {endpoint} died: {reason}")
+        return ActorDiedError(f"{what} at {short(endpoint)} died: {reason}")
 
     # ------------------------------------------------------------------ calls (caller side)
     def submit(self, handle: ActorHandle, method: str, args: Sequence[Any],

@@ -77,7 +77,8 @@ class NodeAgent:
         self.identity = identity
         self.connect_timeout_s = connect_timeout_s
         self._owns_session_dir = session_dir is None
-        self.session_dir = session_dir or tempfile.mkdtemp(prefix="actorrl-node-")
+        self.session_dir = os.path.abspath(session_dir) if session_dir else \
+            tempfile.mkdtemp(prefix="actorrl-node-")
         self.node_id = ""
         self.registered_name = ""
         self.runtime: Runtime | None = None

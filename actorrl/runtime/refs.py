@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from transport.codec import register_type
+from transport.endpoint import short
 
 STATUS_OK = 0
 STATUS_ERROR = 1
@@ -67,7 +68,7 @@ class ObjectRef:
         return self.id.hex()
 
     def __repr__(self) -> str:
-        return f"ObjectRef({self.id.hex()[-12:]} @ {self.owner})"
+        return f"ObjectRef({self.id.hex()[-12:]} @ {short(self.owner)})"
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ObjectRef) and other.id == self.id
