@@ -110,11 +110,16 @@ class Job:
 
 
 class Client:
-    """A connection to a coordinator (see the module docstring)."""
+    """A connection to a coordinator (see the module docstring).
+
+    ``keys_dir`` (default ``$ACTORRL_KEYS_DIR``): the CURVE keys directory, needed when the
+    coordinator uses keys; ``identity`` names the key pair used (``client``).
+    """
 
     def __init__(self, address: str, keys_dir: str | None = None, *,
                  identity: str = "client", bind_host: str | None = "auto",
                  connect_timeout_s: float = 10.0) -> None:
+        keys_dir = keys_dir or os.environ.get("ACTORRL_KEYS_DIR") or None
         keys_dir = os.path.expanduser(keys_dir) if keys_dir else None
         if bind_host == "auto":
             bind_host = route_host(address)

@@ -470,8 +470,10 @@ class JobManager:
             job.log(f"placed: {where}")
             if job.checkpoint is not None:
                 await self._restore(job, trainer)
+            elif job.last_counters:
+                _continue_counters(trainer, job.last_counters)
             job.set_state("running")
-            last_checkpoint = time.monotonic()
+            last_checkpoint = -math.inf  # the first iteration is always checkpointed
             while True:
                 result = job.publish(await trainer.train())
                 reached = stop_reached(result, job.submission.stop)
@@ -578,3 +580,15 @@ class JobManager:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await job.task  # type: ignore[misc]
         logging.getLogger().removeHandler(self._router)
+
+
+def _continue_counters(trainer: Trainer, last: dict[str, float]) -> None:
+    """A job restarted without a checkpoint: fresh weights, counters continuing from the
+    last reported result (never going backwards)."""
+    assert trainer.pipeline is not None
+    trainer.iteration = int(last.get("training_iteration", 0))
+    trainer.time_total_s = float(last.get("time_total_s", 0.0))
+    trainer.timesteps_offset = int(last.get("timesteps_total", 0)) - \
+        trainer.pipeline.num_steps_sampled
+    trainer.trained_offset = int(last.get("num_steps_trained", 0)) - \
+        trainer.pipeline.num_steps_trained
