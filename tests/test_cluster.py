@@ -361,10 +361,16 @@ def test_actors_on_remote_nodes_are_reachable_over_curve_tcp(cluster):
 def test_job_runs_across_two_nodes_and_streams_results(cluster):
     """An Ape-X job is placed across both nodes (learner and its replay shard on a, the
     workers on b), results stream to the client in order, and the job finishes at its
-    stop criterion with a checkpoint."""
+    stop criterion with a checkpoint; a second job runs at the same time on what is left
+    (one CPU on a for its learner, one for its worker)."""
     job = cluster.client.submit({**APEX_TINY, "stop": {"training_iteration": 3},
                                  "job": {"placement": {"learner": "a", "worker-*": "b"}}})
+    other = cluster.client.submit({**APEX_TINY, "num_workers": 1,
+                                   "stop": {"training_iteration": 2}})
     results = list(job.results(timeout_s=180))
+    assert [r["training_iteration"] for r in other.results(timeout_s=120)] == [1, 2]
+    assert other.status()["state"] == "finished"
+    assert {j["job_id"] for j in cluster.client.jobs()} >= {job.id, other.id}
     assert [r["training_iteration"] for r in results] == [1, 2, 3]
     steps = [r["timesteps_total"] for r in results]
     assert steps == sorted(steps) and steps[-1] > 0
