@@ -11,7 +11,7 @@
     actorrl nodes
     actorrl submit CONFIG [--set KEY=VALUE ...] [--follow]
     actorrl jobs
-    actorrl logs JOB
+    actorrl logs JOB [--actors]
     actorrl stop JOB
 
 Commands that talk to a coordinator find it through ``--address`` or the state file of a
@@ -118,7 +118,8 @@ def _cmd_coordinator_start(args: argparse.Namespace) -> int:
     check_bind(args.bind, Security.from_dir(keys, "coordinator") if keys else None)
     state_dir = _state_dir(args)
     if args.daemon:
-        argv = ["--bind", args.bind, "--heartbeat-timeout", str(args.heartbeat_timeout)]
+        argv = ["--bind", args.bind, "--heartbeat-timeout", str(args.heartbeat_timeout),
+                "--session-timeout", str(args.session_timeout)]
         if keys:
             argv += ["--keys", keys]
         if args.advertise:
@@ -129,7 +130,8 @@ def _cmd_coordinator_start(args: argparse.Namespace) -> int:
         return 0
     return run_coordinator(args.bind, keys_dir=keys, state_dir=state_dir,
                            advertise=args.advertise,
-                           heartbeat_timeout_s=args.heartbeat_timeout, ready_fd=args.ready_fd)
+                           heartbeat_timeout_s=args.heartbeat_timeout,
+                           session_timeout_s=args.session_timeout, ready_fd=args.ready_fd)
 
 
 def _cmd_coordinator_status(args: argparse.Namespace) -> int:
@@ -247,7 +249,12 @@ def _cmd_jobs(args: argparse.Namespace) -> int:
 
 def _cmd_logs(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        sys.stdout.write(client.job(args.job).logs())
+        job = client.job(args.job)
+        sys.stdout.write(job.logs())
+        if args.actors:
+            for name, text in sorted(job.actor_logs(args.bytes).items()):
+                print(f"\n===== {name} =====")
+                sys.stdout.write(text)
     return 0
 
 
@@ -286,6 +293,9 @@ def register(subparsers: Any) -> None:
                    "(default: the --bind host)")
     p.add_argument("--heartbeat-timeout", type=float, default=3.0, metavar="S",
                    help="seconds without a heartbeat before a node is lost (default: 3)")
+    p.add_argument("--session-timeout", type=float, default=20.0, metavar="S",
+                   help="seconds a client may stay silent before the actors it created are "
+                   "stopped (default: 20)")
     p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     p.set_defaults(func=_guarded(_cmd_coordinator_start))
     p = coord_sub.add_parser("status", help="nodes and jobs of the running coordinator")
@@ -336,6 +346,9 @@ def register(subparsers: Any) -> None:
 
     p = subparsers.add_parser("logs", help="print a job's log")
     p.add_argument("job", metavar="JOB", help="job id (a unique prefix is enough)")
+    p.add_argument("--actors", action="store_true", help="also print the end of every live "
+                   "actor's output, fetched from its node")
+    p.add_argument("--bytes", type=int, default=20_000, help="bytes per actor (default 20000)")
     _add_target(p)
     p.set_defaults(func=_guarded(_cmd_logs))
 

@@ -46,6 +46,7 @@ from transport.errors import RemoteError
 from transport.sockets import is_loopback_address, new_event_loop
 
 T = TypeVar("T")
+SESSION_PING_S = 3.0
 
 
 class ClusterConnectionError(ConnectionError):
@@ -107,6 +108,16 @@ class Job:
     def actors(self) -> list[dict[str, Any]]:
         """The job's live actors with their nodes, endpoints and pids."""
         return self.client.call("job.actors", [self.id])
+
+    def actor_logs(self, max_bytes: int = 20_000) -> dict[str, str]:
+        """Actor name -> the end of that live actor's output, fetched from its node."""
+        out = {}
+        for actor in self.actors():
+            try:
+                out[actor["name"]] = self.client.actor_log(actor["actor_id"], max_bytes)
+            except ValueError:  # it exited meanwhile
+                continue
+        return out
 
 
 class Client:
@@ -280,7 +291,32 @@ class Client:
             [self._session, spec_to_wire(spec), node,
              colocate_with.actor_id if colocate_with is not None else None, timeout_s],
             timeout_s=timeout_s + 10)
+        self._start_session_pings()
         return ActorHandle(actor_id, endpoint, path, label, spec)
+
+    def _start_session_pings(self) -> None:
+        """Keep this client's actors alive: the coordinator stops the actors of a session
+        that stays silent (a client that died without closing) for 20 s."""
+        if getattr(self, "_pinger", None) is not None:
+            return
+
+        async def ping_forever() -> None:
+            while True:
+                await asyncio.sleep(SESSION_PING_S)
+                try:
+                    await self.runtime.client(self._coordinator).call(
+                        "coord.session_ping", [self._session], timeout_s=SESSION_PING_S)
+                except Exception:  # the coordinator is away; keep trying
+                    continue
+
+        async def start() -> asyncio.Task:
+            return asyncio.get_running_loop().create_task(ping_forever())
+
+        self._pinger = self._run(start())
+
+    def actor_log(self, actor_id: str, max_bytes: int = 20_000) -> str:
+        """The end of a live actor's output (stdout + stderr), fetched from its node."""
+        return self.call("coord.actor_log", [actor_id, max_bytes])
 
     def kill_actor(self, handle: ActorHandle, sigkill: bool = False) -> None:
         """Stop an actor (exit request then SIGKILL); ``sigkill`` kills it like a crash."""
@@ -311,6 +347,9 @@ class Client:
         stop its jobs, coordinator and node)."""
         if getattr(self, "_closed", True):
             return
+        pinger = getattr(self, "_pinger", None)
+        if pinger is not None:
+            self._loop.call_soon_threadsafe(pinger.cancel)
         try:
             if self._local is not None:
                 coordinator, node, jobs, _ = self._local

@@ -42,6 +42,7 @@ from transport.rpc import RpcClient, RpcServer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLI = [sys.executable, "-m", "actorrl.cli_cluster"]
+SESSION_TIMEOUT_S = 4.0
 
 APEX_TINY = {"algorithm": "apex", "num_workers": 2, "num_envs_per_worker": 1,
              "rollout_fragment_length": 16, "learning_starts": 64, "buffer_size": 4000,
@@ -100,7 +101,7 @@ def start_coordinator(tmp: str, keys: str | None, bind: str = "tcp://127.0.0.1:0
     """Start ``actorrl coordinator start`` and wait for its READY line (a handshake)."""
     read_fd, write_fd = os.pipe()
     args = ["coordinator", "start", "--bind", bind, "--state-dir", os.path.join(tmp, "state"),
-            "--ready-fd", str(write_fd)]
+            "--ready-fd", str(write_fd), "--session-timeout", str(SESSION_TIMEOUT_S)]
     if keys:
         args += ["--keys", keys]
     proc = spawn(args, os.path.join(tmp, "coordinator.log"), pass_fds=(write_fd,))
@@ -342,6 +343,7 @@ def test_actors_on_remote_nodes_are_reachable_over_curve_tcp(cluster):
     store_b = client.create_actor("tests.actors.basic:Store", num_cpus=0, node="b")
     relay_a = client.create_actor("tests.actors.basic:Relay", num_cpus=0, node="a")
     try:
+        assert isinstance(client.actor_log(store_b.actor_id), str)
         for handle, host in ((store_b, "127.0.0.3"), (relay_a, "127.0.0.2")):
             endpoint = Endpoint.parse(handle.endpoint)
             assert endpoint.address.startswith(f"tcp://{host}:")
@@ -355,6 +357,24 @@ def test_actors_on_remote_nodes_are_reachable_over_curve_tcp(cluster):
     finally:
         client.kill_actor(store_b)
         client.kill_actor(relay_a)
+
+
+@pytest.mark.timeout(120)
+def test_actors_of_a_client_that_died_are_stopped(cluster):
+    """A client process that exits without closing stops pinging its session; the
+    coordinator stops the actors it created once the session timeout passes."""
+    script = ("import os, sys\n"
+              "from actorrl.client import Client\n"
+              "c = Client(sys.argv[1], keys_dir=sys.argv[2])\n"
+              "h = c.create_actor('tests.actors.basic:Counter', num_cpus=0, node='a')\n"
+              "print(c.get(h.pid.remote(), timeout=30), flush=True)\n"
+              "os._exit(0)\n")
+    done = subprocess.run([sys.executable, "-c", script, cluster.address, cluster.keys],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    pid = int(done.stdout.split()[-1])
+    cluster.pids.add(pid)
+    assert pids_alive([pid], SESSION_TIMEOUT_S + 10) == []
 
 
 @pytest.mark.timeout(240)
@@ -530,6 +550,10 @@ def test_daemon_and_job_commands_from_the_shell(tmp_path, keys):
         job_id = cli("submit", str(config)).stdout.strip()
         assert job_id in cli("jobs").stdout
         assert "submitted: apex" in cli("logs", job_id[:12]).stdout
+        with Client(record["address"], keys_dir=keys, bind_host=None) as client:
+            learner = client.wait_for_actor("learner", owner=f"job:{job_id}", timeout_s=120)
+            assert learner is not None
+        assert "===== learner =====" in cli("logs", job_id, "--actors").stdout
         assert "stopped" in cli("stop", job_id).stdout
         bad = cli("submit", str(config), "--set", "num_workerz=2", check=False)
         assert bad.returncode == 2 and "num_workers" in bad.stderr

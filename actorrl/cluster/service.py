@@ -33,6 +33,7 @@ from actorrl.cluster.jobs import JobManager
 from actorrl.runtime.coordinator import (
     DEFAULT_HEARTBEAT_S,
     DEFAULT_HEARTBEAT_TIMEOUT_S,
+    DEFAULT_SESSION_TIMEOUT_S,
     Coordinator,
 )
 from actorrl.runtime.core import Runtime
@@ -102,6 +103,7 @@ async def serve_coordinator(bind: str = DEFAULT_BIND, *, keys_dir: str | None = 
                             state_dir: str | None = None, advertise: str | None = None,
                             heartbeat_s: float = DEFAULT_HEARTBEAT_S,
                             heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
+                            session_timeout_s: float = DEFAULT_SESSION_TIMEOUT_S,
                             on_ready: Callable[[str], None] | None = None,
                             stop: asyncio.Event | None = None) -> None:
     """Run a coordinator until ``coord.shutdown``, SIGTERM/SIGINT or ``stop`` is set."""
@@ -123,7 +125,7 @@ async def serve_coordinator(bind: str = DEFAULT_BIND, *, keys_dir: str | None = 
     os.makedirs(session_dir, mode=0o700)
     runtime = Runtime.start(session_dir, "coordinator", extra_bind=[bind], network=network)
     address = runtime.server.endpoints[-1]
-    coordinator = Coordinator(runtime, heartbeat_s, heartbeat_timeout_s)
+    coordinator = Coordinator(runtime, heartbeat_s, heartbeat_timeout_s, session_timeout_s)
     jobs = JobManager(coordinator, state_dir)
     coordinator.serve()
     jobs.serve()
@@ -169,6 +171,7 @@ async def serve_coordinator(bind: str = DEFAULT_BIND, *, keys_dir: str | None = 
 def run_coordinator(bind: str = DEFAULT_BIND, *, keys_dir: str | None = None,
                     state_dir: str | None = None, advertise: str | None = None,
                     heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
+                    session_timeout_s: float = DEFAULT_SESSION_TIMEOUT_S,
                     ready_fd: int | None = None) -> int:
     """Blocking entry of the coordinator process; writes ``READY address`` to
     ``ready_fd`` (the daemon handshake) once it serves."""
@@ -185,7 +188,8 @@ def run_coordinator(bind: str = DEFAULT_BIND, *, keys_dir: str | None = None,
     try:
         loop.run_until_complete(serve_coordinator(
             bind, keys_dir=keys_dir, state_dir=state_dir, advertise=advertise,
-            heartbeat_timeout_s=heartbeat_timeout_s, on_ready=ready))
+            heartbeat_timeout_s=heartbeat_timeout_s, session_timeout_s=session_timeout_s,
+            on_ready=ready))
     except Exception as exc:
         log.error("coordinator failed: %s", exc)
         if ready_fd is not None:

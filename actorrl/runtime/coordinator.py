@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_HEARTBEAT_S = 0.5
 DEFAULT_HEARTBEAT_TIMEOUT_S = 3.0
+DEFAULT_SESSION_TIMEOUT_S = 20.0
 _EPS = 1e-9
 
 
@@ -120,6 +121,10 @@ class NodeConnection(Protocol):
         """Stop every actor of the node (and make the agent exit when ``exit_node``)."""
         ...
 
+    async def actor_log(self, actor_id: str, max_bytes: int) -> str:
+        """The end of an actor process's output (stdout + stderr)."""
+        ...
+
     def close(self) -> None:
         """Drop the connection."""
         ...
@@ -155,6 +160,9 @@ class RemoteNode:
     async def release(self, exit_node: bool) -> None:
         await self.client.call("node.release", [exit_node], timeout_s=30)
 
+    async def actor_log(self, actor_id: str, max_bytes: int) -> str:
+        return await self.client.call("node.actor_log", [actor_id, max_bytes], timeout_s=10)
+
     def close(self) -> None:
         self.client.close()
 
@@ -179,6 +187,10 @@ class InProcessNode:
     async def release(self, exit_node: bool) -> None:
         await asyncio.gather(*(self.local.stop_actor(ActorHandle(a, ""))
                                for a in list(self.local.actors)))
+
+    async def actor_log(self, actor_id: str, max_bytes: int) -> str:
+        process = self.local.process_of(ActorHandle(actor_id, ""))
+        return process.log_tail(max_bytes) if process is not None else ""
 
     def close(self) -> None:
         pass
@@ -265,10 +277,14 @@ class Coordinator:
     """
 
     def __init__(self, runtime: Runtime, heartbeat_s: float = DEFAULT_HEARTBEAT_S,
-                 heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S) -> None:
+                 heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
+                 session_timeout_s: float = DEFAULT_SESSION_TIMEOUT_S) -> None:
         self.runtime = runtime
         self.heartbeat_s = heartbeat_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.session_timeout_s = session_timeout_s
+        self.sessions: dict[str, float] = {}
+        """Client sessions owning actors -> when they last pinged (monotonic)."""
         self.nodes: dict[str, NodeState] = {}
         self.actors: dict[str, ActorRecord] = {}
         self.lost_nodes: deque[dict[str, Any]] = deque(maxlen=100)
@@ -297,9 +313,11 @@ class Coordinator:
                 ("coord.close_session", self._rpc_close_session),
                 ("coord.wait_nodes", self._rpc_wait_nodes),
                 ("coord.wait_actor", self._rpc_wait_actor),
+                ("coord.actor_log", self._rpc_actor_log),
                 ("coord.shutdown", self._rpc_shutdown)):
             serve_async(rt, name, fn)
         rt.serve("coord.heartbeat", self._on_heartbeat)
+        rt.serve("coord.session_ping", self._on_session_ping)
         rt.serve("coord.hello", lambda r: r.reply({"address": rt.address}))
         rt.serve("coord.nodes", lambda r: r.reply(self.describe_nodes()))
         rt.serve("coord.actors", lambda r: r.reply(self.describe_actors(*r.args)))
@@ -417,6 +435,20 @@ class Coordinator:
                     continue
                 if now - node.last_heartbeat > self.heartbeat_timeout_s:
                     self.node_lost(node, f"no heartbeat for {now - node.last_heartbeat:.1f} s")
+            for session, last in list(self.sessions.items()):
+                if now - last > self.session_timeout_s:
+                    # The client went away without closing: its actors go too.
+                    del self.sessions[session]
+                    log.warning("client session %s silent for %.0f s; stopping its actors",
+                                session[:8], now - last)
+                    self._spawn(self.kill_owner(f"client:{session}"))
+
+    def _on_session_ping(self, request: Request) -> None:
+        session = request.args[0] if request.args else None
+        known = isinstance(session, str) and session in self.sessions
+        if known:
+            self.sessions[session] = time.monotonic()
+        request.reply({"known": known})
 
     async def _rpc_register_node(self, node_id: str, name: str, endpoint: str, host: str,
                                  num_cpus: float, num_gpus: float) -> dict[str, Any]:
@@ -632,6 +664,9 @@ class Coordinator:
     async def _rpc_create_actor(self, session: str, spec: list[Any], node: str | None = None,
                                 colocate_with: str | None = None,
                                 timeout_s: float = DEFAULT_START_TIMEOUT_S) -> list[Any]:
+        if not isinstance(session, str) or not session:
+            raise ValueError("session must be a non-empty string")
+        self.sessions[session] = time.monotonic()
         handle = await self.create_actor(
             spec_from_wire(spec), f"client:{session}", node=node, colocate_with=colocate_with,
             timeout_s=min(float(timeout_s), 600.0))
@@ -652,7 +687,15 @@ class Coordinator:
         return True
 
     async def _rpc_close_session(self, session: str) -> int:
+        self.sessions.pop(session, None)
         return await self.kill_owner(f"client:{session}")
+
+    async def _rpc_actor_log(self, actor_id: str, max_bytes: int = 20_000) -> str:
+        record = self.actors.get(actor_id)
+        node = self.nodes.get(record.node_id) if record is not None else None
+        if node is None:
+            raise ValueError(f"no live actor {actor_id!r}")
+        return await node.conn.actor_log(actor_id, min(int(max_bytes), 1 << 20))
 
     async def _rpc_shutdown(self, with_nodes: bool = False) -> bool:
         self.shutdown_with_nodes = bool(with_nodes)

@@ -7,7 +7,8 @@
    refs of actors here carry endpoints other hosts can reach;
 2. registers with the coordinator (retrying until it answers) and heartbeats;
 3. serves ``node.start_actor`` / ``node.stop_actor`` / ``node.kill_actor`` /
-   ``node.release``, and reports every unasked actor death with an acknowledged call;
+   ``node.release`` / ``node.actor_log``, and reports every unasked actor death with an
+   acknowledged call;
 4. when the coordinator is lost (heartbeats unanswered for its timeout), stops all its
    actors (their jobs are the coordinator's to recreate) and tries to register again, so a
    restarted coordinator gets its nodes back.
@@ -106,6 +107,7 @@ class NodeAgent:
         serve_async(runtime, "node.kill_actor", self._kill_actor)
         serve_async(runtime, "node.release", self._release)
         runtime.serve("node.info", lambda r: r.reply(self.info()))
+        runtime.serve("node.actor_log", lambda r: r.reply(self._actor_log(*r.args)))
         try:
             while not self.stop_event.is_set():
                 if not await self._register():
@@ -236,6 +238,11 @@ class NodeAgent:
         assert self.local is not None
         self.local.kill_actor(ActorHandle(actor_id, ""))
         return True
+
+    def _actor_log(self, actor_id: str, max_bytes: int = 20_000) -> str:
+        assert self.local is not None
+        process = self.local.process_of(ActorHandle(actor_id, ""))
+        return process.log_tail(min(int(max_bytes), 1 << 20)) if process is not None else ""
 
     async def _release(self, exit_node: bool = False) -> bool:
         await self._stop_all()
