@@ -145,7 +145,8 @@ def _cmd_coordinator_status(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(status)
         return 0
-    print(f"coordinator at {status['address']}: {len(status['nodes'])} node(s), "
+    where = status.get("listen") or status["address"].split("|", 1)[0]
+    print(f"coordinator at {where}: {len(status['nodes'])} node(s), "
           f"{status['num_actors']} actor(s), {len(status.get('jobs', []))} job(s)")
     if status["nodes"]:
         print(_table(status["nodes"], ["name", "host", "num_cpus", "used_cpus", "num_gpus",

@@ -126,6 +126,8 @@ async def serve_coordinator(bind: str = DEFAULT_BIND, *, keys_dir: str | None = 
     runtime = Runtime.start(session_dir, "coordinator", extra_bind=[bind], network=network)
     address = runtime.server.endpoints[-1]
     coordinator = Coordinator(runtime, heartbeat_s, heartbeat_timeout_s, session_timeout_s)
+    coordinator.extra_status.append(lambda: {"listen": address, "state_dir": state_dir,
+                                             "pid": os.getpid()})
     jobs = JobManager(coordinator, state_dir)
     coordinator.serve()
     jobs.serve()
