@@ -84,6 +84,8 @@ class LocalNode:
             env["CUDA_VISIBLE_DEVICES"] = ""  # CPU actors never initialise CUDA
         env.update(spec.env)
         ready = asyncio.get_running_loop().create_future()
+        # If the caller gave up (cancelled), a late exit still sets an error: consume it.
+        ready.add_done_callback(lambda f: f.cancelled() or f.exception())
         process = ChildProcess(
             ["-m", "actorrl.runtime.actor_main", self.runtime.address, actor_id,
              self.session_dir, str(self.lifeline.read_fd)],
