@@ -72,9 +72,10 @@ async def test_algorithm_learns_cartpole(algorithm, tmp_path):
     assert _pids_alive(pids, timeout_s=15) == []
 
 
-async def test_apex_keeps_training_when_a_worker_is_killed(tmp_path):
+async def test_apex_keeps_training_when_a_worker_and_the_shard_are_killed(tmp_path):
     """SIGKILL of a rollout worker mid-run: the failure is reported, the worker replaced,
-    results keep coming and the sampled step count keeps growing."""
+    results keep coming and the sampled step count keeps growing. Then SIGKILL of the
+    replay shard: an empty shard takes its place and training goes on."""
     spec = get_algorithm("apex")
     config = load_config(spec.config_cls, {"num_workers": 2, "seed": 0,
                                            "min_iter_time_s": 1.0})
@@ -93,6 +94,15 @@ async def test_apex_keeps_training_when_a_worker_is_killed(tmp_path):
         assert victim not in trainer.workers
         steps = [first["timesteps_total"]] + [r["timesteps_total"] for r in results]
         assert steps == sorted(steps) and steps[-1] > steps[1], steps
+
+        shard = trainer.learner_side_actors[0]
+        os.kill(driver.node.process_of(shard).pid, signal.SIGKILL)
+        after = [await trainer.train() for _ in range(4)]
+        assert after[-1]["info"]["num_shard_failures"] == 1
+        assert shard not in trainer.learner_side_actors
+        assert after[-1]["num_steps_trained"] > last["num_steps_trained"]
+        assert after[-1]["timesteps_total"] > last["timesteps_total"]
+        assert "policy_default_policy" in after[-1]["info"]["replay_shard_0"]
         pids = _actor_pids(driver)
         await trainer.stop()
     assert _pids_alive(pids, timeout_s=15) == []

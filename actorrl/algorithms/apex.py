@@ -134,7 +134,8 @@ async def build_pipeline(trainer: Trainer) -> AsyncReplayOptimizer:
         training_intensity=config.training_intensity,
         learning_starts=config.learning_starts,
         max_weight_sync_delay=config.max_weight_sync_delay, debug=config.debug,
-        replace_worker=trainer.replace_worker, seed=config.seed)
+        replace_worker=trainer.replace_worker,
+        replace_shard=trainer.replace_learner_side_actor, seed=config.seed)
 
 
 APEX = AlgorithmSpec(

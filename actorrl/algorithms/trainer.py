@@ -138,6 +138,19 @@ class Trainer:
             for i in range(count)))
         return list(self.learner_side_actors)
 
+    async def replace_learner_side_actor(self, dead: ActorHandle) -> ActorHandle | None:
+        """Start a fresh actor (e.g. an empty replay shard) in place of ``dead``."""
+        if dead not in self.learner_side_actors:
+            return None
+        try:
+            new = await self.driver.restart_actor(dead)
+        except Exception as exc:
+            log.error("could not replace %r: %s", dead, exc)
+            return None
+        self.learner_side_actors = [new if a == dead else a for a in self.learner_side_actors]
+        log.warning("replaced %r with %r", dead, new)
+        return new
+
     async def replace_worker(self, dead: ActorHandle) -> ActorHandle | None:
         """Start a fresh worker in place of ``dead`` (same index), synced to the learner.
         A worker that was already replaced is not replaced again."""

@@ -10,7 +10,8 @@ Each step handles whatever finished:
    passes the ref). The worker's step counter grows; past ``max_weight_sync_delay`` it gets
    the learner's weights (a fresh ``get_weights`` only if the learner has updated since the
    last one). Then it samples again. A failed worker is reported and replaced; the other
-   finished samples of the step are still used.
+   finished samples of the step are still used. A dead replay shard is replaced by an
+   empty one at the same index (its data is lost, and counted in ``num_shard_failures``).
 2. A finished replay goes to the learner's bounded in-queue; when the queue is full it is
    dropped without being fetched, and counted (``num_samples_dropped``). The coordinator
    tracks the queue from the learner's replies, so most drops cost no call to the learner;
@@ -37,7 +38,7 @@ from typing import Any
 from actorrl.metrics import TimerStat
 from actorrl.pipelines.impala import ReplaceWorker
 from actorrl.pipelines.pieces import StepCounters, TaskPool, Wakeup
-from actorrl.runtime import ActorDiedError, ActorHandle, ObjectRef, Runtime
+from actorrl.runtime import ActorDiedError, ActorHandle, ObjectRef, RemoteError, Runtime
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ class AsyncReplayOptimizer:
     def __init__(self, workers: list[ActorHandle], replay_actors: list[ActorHandle],
                  learner: ActorHandle, *, learner_queue_size: int = 16,
                  max_weight_sync_delay: int = 400, training_intensity: float | None = None,
-                 learning_starts: int = 0,
+                 learning_starts: int = 0, replace_shard: ReplaceWorker | None = None,
                  debug: bool = False, replace_worker: ReplaceWorker | None = None,
                  seed: int | None = None) -> None:
         if not workers:
@@ -75,6 +76,8 @@ class AsyncReplayOptimizer:
         self.learner_backlog = 0
         self.debug = debug
         self.replace_worker = replace_worker
+        self.replace_shard = replace_shard
+        self.num_shard_failures = 0
         self._random = random.Random(seed)
         self.counters = StepCounters()
         self.timers = {k: TimerStat() for k in (
@@ -183,6 +186,9 @@ class AsyncReplayOptimizer:
     async def _process_replays(self) -> None:
         with self.timers["replay_processing"]:
             for shard, ref in await self.replay_tasks.completed(0):
+                if isinstance(self.runtime.call_error(ref), ActorDiedError):
+                    await self._shard_failed(shard)
+                    continue
                 if self.learner_backlog > self.learner_queue_size:
                     self.num_samples_dropped += 1
                     self.runtime.free(ref)
@@ -199,7 +205,14 @@ class AsyncReplayOptimizer:
         train_steps = 0
         with self.timers["update_priorities"]:
             for _, ref in await self.learner_tasks.completed(0):
-                reply = await self.runtime.get_async(ref)
+                try:
+                    reply = await self.runtime.get_async(ref)
+                except RemoteError as exc:
+                    if "ObjectLostError" not in exc.type_name:
+                        raise
+                    # The replay's shard died before the learner fetched it: a lost batch.
+                    self.learner_backlog -= 1
+                    continue
                 if "results" not in reply:  # an enqueue reply
                     if not reply["queued"]:
                         self.learner_backlog -= 1
@@ -220,6 +233,27 @@ class AsyncReplayOptimizer:
                         self.replay_actors[shard_index].update_priorities.remote(prio_dict)
                 self._poll_learner()
         return train_steps
+
+    async def _shard_failed(self, shard: ActorHandle) -> None:
+        """A replay shard died: its replay data is lost (reported); a fresh, empty shard
+        takes its index and sampling and training go on."""
+        if shard not in self.replay_actors:
+            return  # already handled (it had several replays in flight)
+        index = self.replay_actors.index(shard)
+        self.num_shard_failures += 1
+        self.replay_tasks.remove_actor(shard)
+        self.deferred_replays = [s for s in self.deferred_replays if s != shard]
+        log.warning("replay shard %d (%r) died: its replay data is lost; it refills from "
+                    "new samples", index, shard)
+        new = await self.replace_shard(shard) if self.replace_shard is not None else None
+        if new is None:
+            self.replay_actors.pop(index)
+            if not self.replay_actors:
+                raise RuntimeError("every replay shard died and none could be replaced")
+            return
+        self.replay_actors[index] = new
+        for _ in range(REPLAY_QUEUE_DEPTH):
+            self.replay_tasks.add(new, new.replay.remote())
 
     async def _worker_failed(self, worker: ActorHandle, exc: BaseException) -> None:
         if worker not in self.workers:
@@ -261,9 +295,12 @@ class AsyncReplayOptimizer:
 
     async def stats(self) -> dict[str, Any]:
         """RLlib's AsyncReplayOptimizer stats (timing and pending counts with ``debug``)."""
-        replay_stats, learner = await self.runtime.get_async(
-            [self.replay_actors[0].stats.remote(self.debug), self.learner.stats.remote()],
-            timeout_s=60)
+        learner = await self.runtime.get_async(self.learner.stats.remote(), timeout_s=60)
+        try:
+            replay_stats = await self.runtime.get_async(
+                self.replay_actors[0].stats.remote(self.debug), timeout_s=60)
+        except ActorDiedError as exc:  # replaced at the next step
+            replay_stats = {"error": str(exc)}
         timing = {f"{k}_time_ms": round(1000 * t.mean, 3) for k, t in self.timers.items()}
         timing["learner_grad_time_ms"] = learner["timing_breakdown"]["learner_grad_time_ms"]
         timing["learner_dequeue_time_ms"] = learner["timing_breakdown"][
@@ -275,6 +312,7 @@ class AsyncReplayOptimizer:
             "num_weight_syncs": self.num_weight_syncs,
             "num_samples_dropped": self.num_samples_dropped,
             "num_worker_failures": self.num_worker_failures,
+            "num_shard_failures": self.num_shard_failures,
             "parked_sample_requests": len(self.parked),
             "learner_queue": learner["learner_queue"],
             "replay_shard_0": replay_stats,

@@ -373,6 +373,14 @@ class Runtime:
                 str(self._died_error(ref.owner, f"owner of {ref!r}", exc))) from None
         return status, value
 
+    def call_error(self, ref: ObjectRef) -> BaseException | None:
+        """For a finished call this process submitted: the error that ended it without a
+        result (e.g. ActorDiedError), else None. Never fetches the value."""
+        fut = ref._future
+        if fut is None or isinstance(fut, _PendingFuture) or not fut.done():
+            return None
+        return None if fut.cancelled() else fut.exception()
+
     def on_ready(self, ref: ObjectRef, callback: Callable[[], None]) -> None:
         """Call ``callback()`` on the loop once ``ref`` is ready (value or error)."""
         self._readiness(ref)[0].add_done_callback(lambda _f: callback())
