@@ -10,6 +10,10 @@ Prints one JSON object:
 - ``env_steps_per_s`` / ``trained_per_s``: steps sampled / trained per second by the full
   pipeline (coordinator + 2 workers + learner [+ replay shard]) after a warm-up iteration.
 - ``pipeline_efficiency`` = env_steps_per_s / ceiling_env_steps_per_s (goal >= 0.7).
+- ``worker_cores_pipeline`` / ``worker_cores_ceiling``: CPU cores the two workers got in each
+  phase (from /proc), and ``per_core_efficiency``: env steps per worker CPU-second in the
+  pipeline over the same in the ceiling, i.e. what the runtime costs the workers
+  themselves, apart from the cores the learner, shard and coordinator take.
 
 Ape-X runs with ``training_intensity=None`` (RLlib's original free-running sampling) so the
 figure measures the pipeline's cost, not a deliberate throttle. On a 2-core machine the
@@ -40,17 +44,36 @@ from actorrl.runtime import Driver  # noqa: E402
 OVERRIDES = {"apex": {"training_intensity": None}, "a3c": {}, "impala": {}}
 
 
-async def ceiling(driver: Driver, spec, config, seconds: float) -> float:
-    """Env steps/s of 2 workers sampling in their own processes with nothing around them."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used (from /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def worker_pids(driver: Driver, prefix: str) -> list[int]:
+    """Pids of the actors whose name starts with ``prefix``."""
+    return [r.process.pid for r in driver.node.actors.values()
+            if r.spec.name.startswith(prefix)]
+
+
+async def ceiling(driver: Driver, spec, config, seconds: float) -> tuple[float, float]:
+    """Env steps/s of 2 workers sampling in their own processes with nothing around them,
+    and the CPU cores those workers used meanwhile."""
     worker_config = config.to_dict()
     workers = [await driver.create_actor(
         WORKER_CLASS, args=(config.env, spec.policy, worker_config),
         kwargs={"worker_index": i, "num_workers": 2}, name=f"probe-{i}") for i in (1, 2)]
     await driver.get([w.sample_for.remote(0.5) for w in workers], timeout_s=120)  # warm up
+    pids = worker_pids(driver, "probe-")
+    cpu_before = sum(cpu_seconds(p) for p in pids)
+    start = time.perf_counter()
     steps = await driver.get([w.sample_for.remote(seconds) for w in workers], timeout_s=300)
+    elapsed = time.perf_counter() - start
+    cores = (sum(cpu_seconds(p) for p in pids) - cpu_before) / elapsed
     for worker in workers:
         await driver.kill_actor(worker)
-    return sum(steps) / seconds
+    return sum(steps) / seconds, cores
 
 
 async def pipeline(driver: Driver, spec, config, iterations: int) -> dict[str, float]:
@@ -61,6 +84,8 @@ async def pipeline(driver: Driver, spec, config, iterations: int) -> dict[str, f
         await trainer.train()
         first_sampled = trainer.pipeline.num_steps_sampled
         first_trained = trainer.pipeline.num_steps_trained
+        pids = worker_pids(driver, "worker-")
+        cpu_before = sum(cpu_seconds(p) for p in pids)
         start = time.perf_counter()
         for _ in range(iterations):
             result = await trainer.train()
@@ -68,6 +93,7 @@ async def pipeline(driver: Driver, spec, config, iterations: int) -> dict[str, f
         return {
             "env_steps_per_s": (trainer.pipeline.num_steps_sampled - first_sampled) / elapsed,
             "trained_per_s": (trainer.pipeline.num_steps_trained - first_trained) / elapsed,
+            "worker_cores": (sum(cpu_seconds(p) for p in pids) - cpu_before) / elapsed,
             "episode_reward_mean": result["episode_reward_mean"],
         }
     finally:
@@ -84,11 +110,14 @@ async def run(algo: str, quick: bool) -> dict:
     iterations = 4 if quick else 6
     started = time.perf_counter()
     async with Driver.start() as driver:
-        before = await ceiling(driver, spec, config, probe_s)
+        before, before_cores = await ceiling(driver, spec, config, probe_s)
         measured = await pipeline(driver, spec, config, iterations)
-        after = await ceiling(driver, spec, config, probe_s)
+        after, after_cores = await ceiling(driver, spec, config, probe_s)
     ceiling_steps = (before + after) / 2
+    ceiling_cores = (before_cores + after_cores) / 2
     efficiency = measured["env_steps_per_s"] / ceiling_steps
+    per_core = (measured["env_steps_per_s"] / measured["worker_cores"]) / (
+        ceiling_steps / ceiling_cores)
     return {
         "benchmark": "pipeline",
         "algo": algo,
@@ -100,6 +129,9 @@ async def run(algo: str, quick: bool) -> dict:
         "ceiling_env_steps_per_s": round(ceiling_steps, 1),
         "ceiling_before_after": [round(before, 1), round(after, 1)],
         "pipeline_efficiency": round(efficiency, 3),
+        "worker_cores_pipeline": round(measured["worker_cores"], 2),
+        "worker_cores_ceiling": round(ceiling_cores, 2),
+        "per_core_efficiency": round(per_core, 3),
         "target_pipeline_efficiency": 0.7,
         "targets_met": {"pipeline_efficiency_ge_0_7": efficiency >= 0.7},
         "episode_reward_mean_at_end": measured["episode_reward_mean"],
