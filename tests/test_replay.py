@@ -625,3 +625,15 @@ def test_replay_imports_neither_asyncio_nor_transport() -> None:
             for alias in node.names
         } | {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
         assert not {m for m in imported if m.split(".")[0] in {"asyncio", "transport"}}, imported
+
+
+def test_given_priorities_set_the_new_rows_mass_even_across_the_end() -> None:
+    """add_batch(priorities=...) gives each new row mass p ** alpha (Ape-X's worker-side
+    initial priorities), also for a batch that wraps past the end of the storage."""
+    buffer = PrioritizedReplayBuffer(8, alpha=0.5, seed=0)
+    buffer.add_batch(cartpole_batch(6))
+    priorities = np.array([1.0, 4.0, 9.0, 16.0], dtype=np.float64)
+    buffer.add_batch(cartpole_batch(4, start=6), priorities=priorities)
+    slots = np.array([6, 7, 0, 1])
+    np.testing.assert_allclose(buffer.priority_mass(slots), np.sqrt(priorities))
+    assert buffer.priority_mass(np.array([2]))[0] == pytest.approx(1.0)  # untouched row

@@ -127,7 +127,8 @@ async def build_pipeline(trainer: Trainer) -> AsyncReplayOptimizer:
          config.train_batch_size, config.prioritized_replay_alpha,
          config.prioritized_replay_beta, config.prioritized_replay_eps,
          config.prioritized_replay),
-        config.num_replay_buffer_shards, "replay")
+        config.num_replay_buffer_shards, "replay",
+        kwargs={"worker_side_prioritization": config.worker_side_prioritization})
     return AsyncReplayOptimizer(
         trainer.workers, shards, trainer.learner,
         learner_queue_size=config.learner_queue_size,

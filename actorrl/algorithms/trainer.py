@@ -129,11 +129,12 @@ class Trainer:
                                      timeout_s=120)
 
     async def create_learner_side_actors(self, class_path: str, args: tuple, count: int,
-                                         name: str) -> list[ActorHandle]:
+                                         name: str, kwargs: dict[str, Any] | None = None
+                                         ) -> list[ActorHandle]:
         """Start ``count`` actors on the learner's node (replay shards), zero CPUs each as
         in RLlib, so they never block placement."""
         self.learner_side_actors = await asyncio.gather(*(
-            self.driver.create_actor(class_path, args=args, kwargs={"seed": i},
+            self.driver.create_actor(class_path, args=args, kwargs={**(kwargs or {}), "seed": i},
                                      num_cpus=0, name=f"{name}-{i}")
             for i in range(count)))
         return list(self.learner_side_actors)

@@ -80,7 +80,14 @@ class ReplayActor:
         with self.add_batch_timer:
             for batch in batches:
                 for policy_id, rows in as_multi_agent(batch).policy_batches.items():
-                    self.replay_buffers[policy_id].add_batch(_replay_columns(rows))
+                    buffer = self.replay_buffers[policy_id]
+                    rows = _replay_columns(rows)
+                    if self.worker_side_prioritization and isinstance(
+                            buffer, PrioritizedReplayBuffer):
+                        # The workers computed |td_error| + eps into ``weights``.
+                        buffer.add_batch(rows, priorities=rows[SampleBatch.WEIGHTS])
+                    else:
+                        buffer.add_batch(rows)
                 added += batch.count
         self.num_added += added
         return added

@@ -274,9 +274,15 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         """Sampling mass ``priority ** alpha`` of the rows at ``slots``."""
         return self._sum_tree.get(np.asarray(slots, dtype=np.intp))
 
-    def add_batch(self, batch: SampleBatch) -> None:
-        """Append all rows of ``batch`` with priority ``max_priority``."""
+    def add_batch(self, batch: SampleBatch, priorities: np.ndarray | None = None) -> None:
+        """Append all rows of ``batch`` with priority ``max_priority``, or with the given
+        per-row ``priorities`` (Ape-X's worker-side initial priorities)."""
         first_slot, written = self._write(batch)
+        if priorities is not None:
+            priorities = np.asarray(priorities, dtype=np.float64)[batch.count - written:]
+            slots = (first_slot + np.arange(written)) % self._capacity
+            self.update_priorities(slots, priorities)
+            return
         mass = self._max_priority**self._alpha
         for start, stop, _ in _wrapped_segments(first_slot, written, self._capacity):
             self._sum_tree.fill_range(start, stop, mass)
