@@ -449,7 +449,10 @@ def test_killed_worker_and_replay_shard_are_replaced_and_the_job_continues(clust
             assert result[key] >= last[key], (key, result[key], last[key])
         assert actor_named(job, "learner")["pid"] != actor["pid"]
         log = job.logs()
-        assert "replay-0 died" in log and "replay data it held is lost" in log
+        # Reported by the pipeline (which replaced it) or by the coordinator (which saw the
+        # process die), whichever noticed first; either says the replay data is lost.
+        shard_lines = [line for line in log.splitlines() if "replay-0" in line and "died" in line]
+        assert any("lost" in line for line in shard_lines), shard_lines
         assert "restarting from checkpoint" in log
         cluster.remember(job)
     finally:

@@ -637,3 +637,14 @@ def test_given_priorities_set_the_new_rows_mass_even_across_the_end() -> None:
     slots = np.array([6, 7, 0, 1])
     np.testing.assert_allclose(buffer.priority_mass(slots), np.sqrt(priorities))
     assert buffer.priority_mass(np.array([2]))[0] == pytest.approx(1.0)  # untouched row
+
+
+def test_replay_shards_accept_the_apex_options() -> None:
+    """Both shard kinds take the options the Ape-X algorithm passes (a constructor that
+    refused one would only fail inside a spawned actor)."""
+    from actorrl.replay.actor import BatchReplayActor, ReplayActor
+
+    for cls in (ReplayActor, BatchReplayActor):
+        shard = cls(2, 100, 1000, 32, 0.6, 0.4, 1e-6, True, seed=1,
+                    worker_side_prioritization=True)
+        assert shard.replay_starts == 50 and shard.buffer_size == 500

@@ -42,9 +42,11 @@ class ReplayActor:
         prioritized_replay_eps: float = 1e-6,
         prioritized_replay: bool = True,
         seed: int | None = None,
+        worker_side_prioritization: bool = False,
     ) -> None:
         self.replay_starts = _shard_share(learning_starts, num_shards, "learning_starts")
         self.buffer_size = _shard_share(buffer_size, num_shards, "buffer_size")
+        self.worker_side_prioritization = worker_side_prioritization
         if self.buffer_size < 1:
             raise ValueError(
                 f"buffer_size ({buffer_size}) must give every one of the "
@@ -150,6 +152,7 @@ class BatchReplayActor:
         prioritized_replay_eps: float = 1e-6,
         prioritized_replay: bool = False,
         seed: int | None = None,
+        worker_side_prioritization: bool = False,
     ) -> None:
         self.replay_starts = _shard_share(learning_starts, num_shards, "learning_starts")
         self.buffer_size = _shard_share(buffer_size, num_shards, "buffer_size")
