@@ -240,3 +240,11 @@ async def test_repeated_wait_leaves_nothing_behind_on_pending_refs(tmp_path):
         await driver.get(gate.open.remote("k"), timeout_s=30)
         assert await driver.get(pending, timeout_s=30) == 1
         assert after == before, f"{after - before} callbacks left by 200 waits"
+
+
+def test_object_put_inside_a_method_is_fetchable_before_the_method_returns(runtime):
+    """An actor method can put a value and have another actor fetch it while the method
+    is still running (puts are stored before any request leaves the method)."""
+    putter = rt.create_actor("tests.actors.basic:Putter")
+    store = rt.create_actor("tests.actors.basic:Store")
+    assert rt.get(putter.roundtrip.remote(store, 800_000), timeout=60) == 100_000.0

@@ -41,6 +41,7 @@ def _run(coro: Coroutine[Any, Any, T], runtime: Runtime | None = None,
         coro.close()
         raise RuntimeError("the synchronous runtime API cannot be used on the event loop "
                            "thread; use the async API (await driver.get(...)) there")
+    runtime.before_loop_request()
     future = asyncio.run_coroutine_threadsafe(coro, runtime.loop)
     try:
         return future.result(None if timeout_s is None else timeout_s + 5.0)

@@ -213,6 +213,14 @@ class Runtime:
         """True when called from this runtime's event-loop thread."""
         return threading.get_ident() == self.loop_thread_id
 
+    def before_loop_request(self) -> None:
+        """Called off the loop before anything that may make another process fetch this
+        one's objects (a call, a get, a free): objects an actor method put are stored first
+        (the loop runs callbacks in order)."""
+        executor = self._executor
+        if executor is not None and executor.pending_puts:
+            self.loop.call_soon_threadsafe(executor.flush_puts)
+
     # ------------------------------------------------------------------ connections
     def client(self, endpoint: str) -> RpcClient:
         """The (cached) connection to ``endpoint``; loop thread only."""
@@ -282,6 +290,7 @@ class Runtime:
         if self.on_loop():
             self._send_call(ref, handle, frames)
         else:
+            self.before_loop_request()
             ref._future = _PendingFuture()
             self.loop.call_soon_threadsafe(self._send_call, ref, handle, frames)
         return ref
@@ -476,8 +485,13 @@ class Runtime:
         ref._value = (STATUS_OK, value)
         ref._has_value = True
         ref._ready_seq = next(_ready_seq)
+        executor = self._executor
         if self.on_loop():
             self.store.set(ref.id, STATUS_OK, value)
+        elif executor is not None and executor.running_here():
+            # Inside an actor method: stored when the method's result reaches the loop
+            # (before the result is replied), which saves a loop wake-up per put.
+            executor.pending_puts.append((ref.id, value))
         else:
             self.loop.call_soon_threadsafe(self.store.set, ref.id, STATUS_OK, value)
         return ref
@@ -486,6 +500,8 @@ class Runtime:
         """Release objects at their owners now (thread-safe)."""
         if isinstance(refs, ObjectRef):
             refs = [refs]
+        if not self.on_loop():
+            self.before_loop_request()
         for ref in refs:
             ref._freed = True
             ref._value = None
@@ -659,6 +675,7 @@ class _ActorExecutor:
         self.runtime = runtime
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._done: deque[tuple[_Call, int, Any]] = deque()
+        self.pending_puts: deque[tuple[bytes, Any]] = deque()
         self._lock = threading.Lock()
         self._wake_scheduled = False
         self._thread = threading.Thread(target=self._run, name="actor-executor", daemon=True)
@@ -690,7 +707,18 @@ class _ActorExecutor:
                 except RuntimeError:  # loop closed during shutdown
                     return
 
+    def running_here(self) -> bool:
+        """True when called from this executor's thread (inside an actor method)."""
+        return threading.get_ident() == self._thread.ident
+
+    def flush_puts(self) -> None:
+        """Store the values put by the running method so far (on the loop)."""
+        while self.pending_puts:
+            object_id, value = self.pending_puts.popleft()
+            self.runtime.store.set(object_id, STATUS_OK, value)
+
     def _deliver(self) -> None:
+        self.flush_puts()
         with self._lock:
             done, self._done = self._done, deque()
             self._wake_scheduled = False

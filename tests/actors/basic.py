@@ -106,3 +106,11 @@ class Broken:
 
     def __init__(self) -> None:
         raise RuntimeError("constructor exploded")
+
+
+class Putter:
+    """Puts a value inside a method and has another actor read it before returning."""
+
+    def roundtrip(self, target: rt.ActorHandle, nbytes: int) -> float:
+        ref = rt.put({"a": np.ones(nbytes // 8)})
+        return rt.get(target.consume.remote(ref), timeout=30)
