@@ -74,6 +74,9 @@ class AsyncReplayOptimizer:
         # view of the learner's in-queue (plus the batch in training), so a full queue is
         # seen here and the replay dropped without a round trip to the learner.
         self.learner_backlog = 0
+        # Set when the learner refused a replay (its queue was full), until it reports
+        # trained batches again: no replay is requested or sent meanwhile.
+        self.learner_full = False
         self.debug = debug
         self.replace_worker = replace_worker
         self.replace_shard = replace_shard
@@ -143,7 +146,8 @@ class AsyncReplayOptimizer:
         while self.parked and not self._sampling_ahead():
             worker = self.parked.pop(0)
             self.sample_tasks.add(worker, worker.sample_ref.remote())
-        while self.deferred_replays and self.learner_backlog <= self.learner_queue_size:
+        while (self.deferred_replays and not self.learner_full
+               and self.learner_backlog <= self.learner_queue_size):
             shard = self.deferred_replays.pop(0)
             self.replay_tasks.add(shard, shard.replay.remote())
 
@@ -189,7 +193,7 @@ class AsyncReplayOptimizer:
                 if isinstance(self.runtime.call_error(ref), ActorDiedError):
                     await self._shard_failed(shard)
                     continue
-                if self.learner_backlog > self.learner_queue_size:
+                if self.learner_full or self.learner_backlog > self.learner_queue_size:
                     self.num_samples_dropped += 1
                     self.runtime.free(ref)
                     # Ask again once the learner has room, rather than spin on drops.
@@ -218,8 +222,11 @@ class AsyncReplayOptimizer:
                         self.learner_backlog -= 1
                     if reply["dropped"]:
                         self.num_samples_dropped += 1
+                        self.learner_full = True
                     continue
                 self.learner_version = reply["weights_version"]
+                if reply["results"]:
+                    self.learner_full = False
                 for result in reply["results"]:
                     self.learner_backlog -= 1
                     train_steps += result["env_steps"]
