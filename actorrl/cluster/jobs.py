@@ -174,6 +174,10 @@ def lookup(result: dict[str, Any], key: str) -> Any:
     return value
 
 
+STOP_WAIT_S = 30.0
+"""How long ``job.stop`` waits for a cancelled job to stop its actors before replying."""
+
+
 def stop_reached(result: dict[str, Any], stop: dict[str, float]) -> str | None:
     """The first stop criterion ``result`` meets (value >= threshold), or None."""
     for key, threshold in stop.items():
@@ -544,8 +548,13 @@ class JobManager:
         if job.task is not None and not job.task.done():
             job.log("stop requested")
             job.task.cancel()
+            # Bounded: a job whose clean-up is slow still answers the stop promptly; its
+            # task finishes stopping its actors in the background.
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await job.task
+                await asyncio.wait_for(asyncio.shield(job.task), STOP_WAIT_S)
+            if not job.task.done():
+                job.log(f"still stopping its actors after {STOP_WAIT_S:g} s; continuing in "
+                        "the background", logging.WARNING)
         if job.state not in TERMINAL_STATES:
             job.set_state("stopped")
         return job.record()
