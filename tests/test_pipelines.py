@@ -4,6 +4,8 @@ be filled), on real actor processes."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 
 import numpy as np
 import pytest
@@ -223,3 +225,33 @@ async def test_a3c_applies_grads_per_step_gradients(tmp_path):
         assert pipeline.num_steps_sampled == 7 * 20
         stats = await pipeline.stats()
         assert {"wait_time_ms", "apply_time_ms", "dispatch_time_ms", "learner"} <= set(stats)
+
+
+async def test_apex_paced_sampling_refills_a_replaced_shard(tmp_path):
+    """With training_intensity pacing the samplers wait on the learner; when the only shard
+    is SIGKILLed the learner has nothing left to replay, so sampling must run unpaced
+    until the empty replacement can replay again, and training must resume."""
+    async with Driver.start(str(tmp_path / "s")) as driver:
+        worker = await driver.create_actor("tests.actors.scripted:ScriptedWorker", args=(64,))
+        shard = await _shard(driver, starts=256)
+        learner = await _learner(driver)
+        replacements = []
+
+        async def replace_shard(old):
+            new = await _shard(driver, starts=256, seed=1)
+            replacements.append(new)
+            return new
+
+        pipeline = AsyncReplayOptimizer([worker], [shard], learner, learning_starts=256,
+                                        training_intensity=8.0, replace_shard=replace_shard)
+        await _until(lambda: pipeline.num_steps_trained >= 32 * 20, pipeline, timeout_s=120)
+        assert pipeline.parked, "pacing should hold the sampler back at this intensity"
+        os.kill(driver.node.process_of(shard).pid, signal.SIGKILL)
+        await _until(lambda: replacements, pipeline)
+        trained_at_replacement = pipeline.num_steps_trained
+        await _until(lambda: pipeline.num_steps_trained >= trained_at_replacement + 32 * 20,
+                     pipeline, timeout_s=120)
+        stats = await driver.get(replacements[0].stats.remote(), timeout_s=30)
+        assert stats["num_added"] >= 256
+        assert pipeline.num_shard_failures == 1
+        await pipeline.stop()

@@ -22,7 +22,8 @@ Each step handles whatever finished:
 With ``training_intensity`` (RLlib's later key; None in the original Ape-X), a worker whose
 sample comes back while the learner has trained on fewer than ``training_intensity`` rows
 per sampled env step is parked until the learner catches up: on a small machine the
-samplers would otherwise take the CPU the learner needs.
+samplers would otherwise take the CPU the learner needs. After a shard is replaced,
+sampling runs unpaced for another ``learning_starts`` steps while the new shard refills.
 
 3. Learner results carry ``td_error`` per row; ``|td_error| + eps`` go back, as new
    priorities, to the shard the batch came from.
@@ -68,6 +69,11 @@ class AsyncReplayOptimizer:
         self.learner_queue_size = learner_queue_size
         self.training_intensity = training_intensity
         self.learning_starts = learning_starts
+        # Pacing counts from here: moved to "now" when a replaced shard must refill, so
+        # sampling runs free for another learning_starts steps (else the learner, short of
+        # replayable data, and the parked samplers would wait on each other forever).
+        self._pacing_sampled = 0
+        self._pacing_trained = 0
         self.parked: list[ActorHandle] = []
         self.deferred_replays: list[ActorHandle] = []
         # Replays accepted by the learner and not yet reported trained: the coordinator's
@@ -139,8 +145,10 @@ class AsyncReplayOptimizer:
         fewer than ``training_intensity`` rows per env step sampled since learning_starts."""
         if self.training_intensity is None:
             return False
-        sampled = self.counters.num_steps_sampled + extra_sampled - self.learning_starts
-        return self.counters.num_steps_trained < self.training_intensity * sampled
+        sampled = (self.counters.num_steps_sampled + extra_sampled - self._pacing_sampled
+                   - self.learning_starts)
+        trained = self.counters.num_steps_trained - self._pacing_trained
+        return trained < self.training_intensity * sampled
 
     def _resume_parked(self) -> None:
         while self.parked and not self._sampling_ahead():
@@ -259,6 +267,8 @@ class AsyncReplayOptimizer:
                 raise RuntimeError("every replay shard died and none could be replaced")
             return
         self.replay_actors[index] = new
+        self._pacing_sampled = self.counters.num_steps_sampled
+        self._pacing_trained = self.counters.num_steps_trained
         for _ in range(REPLAY_QUEUE_DEPTH):
             self.replay_tasks.add(new, new.replay.remote())
 
