@@ -16,13 +16,13 @@ from typing import Any
 
 from actorrl.metrics import TimerStat
 from actorrl.pipelines.impala import ReplaceWorker
-from actorrl.pipelines.pieces import StepCounters, TaskPool
+from actorrl.pipelines.pieces import StepCounters, StepCountersMixin, TaskPool
 from actorrl.runtime import ActorDiedError, ActorHandle, ObjectRef, Runtime
 
 log = logging.getLogger(__name__)
 
 
-class AsyncGradientsOptimizer:
+class AsyncGradientsOptimizer(StepCountersMixin):
     """The A3C pipeline over remote workers and a learner actor that applies gradients."""
 
     def __init__(self, workers: list[ActorHandle], learner: ActorHandle, *,
@@ -102,16 +102,6 @@ class AsyncGradientsOptimizer:
         if new is not None:
             self.workers.append(new)
         return new
-
-    @property
-    def num_steps_sampled(self) -> int:
-        """Env steps sampled so far."""
-        return self.counters.num_steps_sampled
-
-    @property
-    def num_steps_trained(self) -> int:
-        """Env steps whose gradients were applied."""
-        return self.counters.num_steps_trained
 
     def reset(self, workers: list[ActorHandle]) -> None:
         """Swap the worker set (takes effect at the next step)."""

@@ -38,7 +38,7 @@ from typing import Any
 
 from actorrl.metrics import TimerStat
 from actorrl.pipelines.impala import ReplaceWorker
-from actorrl.pipelines.pieces import StepCounters, TaskPool, Wakeup
+from actorrl.pipelines.pieces import StepCounters, StepCountersMixin, TaskPool, Wakeup
 from actorrl.runtime import ActorDiedError, ActorHandle, ObjectRef, RemoteError, Runtime
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ SAMPLE_QUEUE_DEPTH = 2
 REPLAY_QUEUE_DEPTH = 4
 
 
-class AsyncReplayOptimizer:
+class AsyncReplayOptimizer(StepCountersMixin):
     """The Ape-X pipeline over remote workers, replay shard actors and a learner actor."""
 
     def __init__(self, workers: list[ActorHandle], replay_actors: list[ActorHandle],
@@ -291,16 +291,6 @@ class AsyncReplayOptimizer:
             self._set_workers([new])
 
     # ---- the PolicyOptimizer surface --------------------------------------------------
-    @property
-    def num_steps_sampled(self) -> int:
-        """Env steps sampled so far."""
-        return self.counters.num_steps_sampled
-
-    @property
-    def num_steps_trained(self) -> int:
-        """Env steps (replayed rows) trained on so far."""
-        return self.counters.num_steps_trained
-
     def reset(self, workers: list[ActorHandle]) -> None:
         """Swap the worker set."""
         self.sample_tasks.reset_workers(workers)

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from actorrl.metrics import TimerStat
-from actorrl.pipelines.pieces import StepCounters, TaskPool
+from actorrl.pipelines.pieces import StepCounters, StepCountersMixin, TaskPool
 from actorrl.runtime import ActorDiedError, ActorHandle, ObjectRef, Runtime
 
 log = logging.getLogger(__name__)
@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 ReplaceWorker = Callable[[ActorHandle], Awaitable[ActorHandle | None]]
 
 
-class AsyncSamplesOptimizer:
+class AsyncSamplesOptimizer(StepCountersMixin):
     """The IMPALA pipeline over remote rollout workers and a learner actor."""
 
     def __init__(self, workers: list[ActorHandle], learner: ActorHandle, *,
@@ -160,16 +160,6 @@ class AsyncSamplesOptimizer:
                 self._request_sample(new)
 
     # ---- the PolicyOptimizer surface --------------------------------------------------
-    @property
-    def num_steps_sampled(self) -> int:
-        """Env steps sampled so far."""
-        return self.counters.num_steps_sampled
-
-    @property
-    def num_steps_trained(self) -> int:
-        """Env steps the learner has trained on."""
-        return self.counters.num_steps_trained
-
     def reset(self, workers: list[ActorHandle]) -> None:
         """Swap the worker set: tasks of removed workers are forgotten, new ones start."""
         self.tasks.reset_workers([*workers, self.learner])

@@ -14,11 +14,11 @@ from __future__ import annotations
 from typing import Any
 
 from actorrl.metrics import TimerStat
-from actorrl.pipelines.pieces import StepCounters
+from actorrl.pipelines.pieces import StepCounters, StepCountersMixin
 from actorrl.runtime import ActorHandle, Runtime
 
 
-class MicrobatchOptimizer:
+class MicrobatchOptimizer(StepCountersMixin):
     """The microbatch pipeline over remote workers and a learner actor."""
 
     def __init__(self, workers: list[ActorHandle], learner: ActorHandle, *,
@@ -69,16 +69,6 @@ class MicrobatchOptimizer:
         self.counters.num_steps_sampled += samples_so_far
         self.counters.num_steps_trained += samples_so_far
         return self.learner_stats
-
-    @property
-    def num_steps_sampled(self) -> int:
-        """Env steps sampled so far."""
-        return self.counters.num_steps_sampled
-
-    @property
-    def num_steps_trained(self) -> int:
-        """Env steps trained on so far."""
-        return self.counters.num_steps_trained
 
     def reset(self, workers: list[ActorHandle]) -> None:
         """Swap the worker set (takes effect at the next step)."""

@@ -108,3 +108,19 @@ class StepCounters:
         """RLlib's base optimizer stats."""
         return {"num_steps_sampled": self.num_steps_sampled,
                 "num_steps_trained": self.num_steps_trained}
+
+
+class StepCountersMixin:
+    """The PolicyOptimizer step-count surface, read from a pipeline's ``counters``."""
+
+    counters: StepCounters
+
+    @property
+    def num_steps_sampled(self) -> int:
+        """Env steps sampled so far."""
+        return self.counters.num_steps_sampled
+
+    @property
+    def num_steps_trained(self) -> int:
+        """Env steps trained on so far (for A3C: whose gradients were applied)."""
+        return self.counters.num_steps_trained

@@ -37,9 +37,9 @@ from typing import Any, Protocol
 
 from actorrl.runtime.actor import ActorHandle, ActorSpec
 from actorrl.runtime.core import Runtime
+from actorrl.runtime.driver import ObjectOps
 from actorrl.runtime.errors import ActorCreationError
 from actorrl.runtime.node import DEFAULT_START_TIMEOUT_S, LocalNode
-from actorrl.runtime.refs import ObjectRef
 from transport.errors import PeerLostError, RemoteError
 from transport.rpc import Request, RpcClient
 
@@ -727,7 +727,7 @@ class Coordinator:
 
 
 # ---------------------------------------------------------------------------- driver facade
-class ClusterDriver:
+class ClusterDriver(ObjectOps):
     """The :class:`Driver` surface (``create_actor``, ``restart_actor``, ``kill_actor``,
     ``runtime``, get/wait/put/free) over a cluster, for one owner (a job or a client).
 
@@ -813,29 +813,6 @@ class ClusterDriver:
     async def kill_actor(self, handle: ActorHandle, timeout_s: float = 5.0) -> None:
         """Stop an actor: exit request, SIGKILL after ``timeout_s``."""
         await self.coordinator.kill_actor(handle.actor_id, timeout_s)
-
-    async def get(self, refs: ObjectRef | Sequence[ObjectRef],
-                  timeout_s: float | None = None) -> Any:
-        """Resolve a ref or a list of refs."""
-        return await self.runtime.get_async(refs, timeout_s)
-
-    async def wait(self, refs: Sequence[ObjectRef], num_returns: int = 1,
-                   timeout_s: float | None = None) -> tuple[list[ObjectRef], list[ObjectRef]]:
-        """``(ready, not_ready)`` in first-ready order."""
-        return await self.runtime.wait_async(refs, num_returns, timeout_s)
-
-    def put(self, value: Any) -> ObjectRef:
-        """Store ``value`` in the coordinator's process."""
-        return self.runtime.put(value)
-
-    def free(self, refs: ObjectRef | Sequence[ObjectRef]) -> None:
-        """Release objects at their owners."""
-        self.runtime.free(refs)
-
-    async def get_and_free(self, refs: ObjectRef | Sequence[ObjectRef],
-                           timeout_s: float | None = None) -> Any:
-        """Get, then free at the owner."""
-        return await self.runtime.get_and_free_async(refs, timeout_s)
 
     async def shutdown(self, timeout_s: float = 5.0) -> None:
         """Stop every actor of this owner."""

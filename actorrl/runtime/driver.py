@@ -22,7 +22,37 @@ from actorrl.runtime.node import DEFAULT_START_TIMEOUT_S, LocalNode
 from actorrl.runtime.refs import ObjectRef
 
 
-class Driver:
+class ObjectOps:
+    """get/wait/put/free over ``self.runtime``: the object half of the driver surface,
+    shared by :class:`Driver` and the cluster's ``ClusterDriver``."""
+
+    runtime: Runtime
+
+    async def get(self, refs: ObjectRef | Sequence[ObjectRef],
+                  timeout_s: float | None = None) -> Any:
+        """Resolve a ref or a list of refs."""
+        return await self.runtime.get_async(refs, timeout_s)
+
+    async def wait(self, refs: Sequence[ObjectRef], num_returns: int = 1,
+                   timeout_s: float | None = None) -> tuple[list[ObjectRef], list[ObjectRef]]:
+        """``(ready, not_ready)`` once ``num_returns`` refs are ready, in first-ready order."""
+        return await self.runtime.wait_async(refs, num_returns, timeout_s)
+
+    def put(self, value: Any) -> ObjectRef:
+        """Store ``value`` here; returns a ref others fetch from this process."""
+        return self.runtime.put(value)
+
+    def free(self, refs: ObjectRef | Sequence[ObjectRef]) -> None:
+        """Release objects at their owners."""
+        self.runtime.free(refs)
+
+    async def get_and_free(self, refs: ObjectRef | Sequence[ObjectRef],
+                           timeout_s: float | None = None) -> Any:
+        """Get, then free at the owner."""
+        return await self.runtime.get_and_free_async(refs, timeout_s)
+
+
+class Driver(ObjectOps):
     """Owns this process's :class:`Runtime` and a :class:`LocalNode` for its actors."""
 
     def __init__(self, runtime: Runtime, node: LocalNode, session_dir: str,
@@ -73,29 +103,6 @@ class Driver:
     async def kill_actor(self, handle: ActorHandle, timeout_s: float = 5.0) -> None:
         """Stop an actor: ask it to exit, SIGKILL after ``timeout_s``."""
         await self.node.stop_actor(handle, timeout_s)
-
-    async def get(self, refs: ObjectRef | Sequence[ObjectRef],
-                  timeout_s: float | None = None) -> Any:
-        """Resolve a ref or a list of refs."""
-        return await self.runtime.get_async(refs, timeout_s)
-
-    async def wait(self, refs: Sequence[ObjectRef], num_returns: int = 1,
-                   timeout_s: float | None = None) -> tuple[list[ObjectRef], list[ObjectRef]]:
-        """``(ready, not_ready)`` once ``num_returns`` refs are ready, in first-ready order."""
-        return await self.runtime.wait_async(refs, num_returns, timeout_s)
-
-    def put(self, value: Any) -> ObjectRef:
-        """Store ``value`` here; returns a ref others fetch from this process."""
-        return self.runtime.put(value)
-
-    def free(self, refs: ObjectRef | Sequence[ObjectRef]) -> None:
-        """Release objects at their owners."""
-        self.runtime.free(refs)
-
-    async def get_and_free(self, refs: ObjectRef | Sequence[ObjectRef],
-                           timeout_s: float | None = None) -> Any:
-        """Get, then free at the owner."""
-        return await self.runtime.get_and_free_async(refs, timeout_s)
 
     async def shutdown(self, timeout_s: float = 5.0) -> None:
         """Stop every actor, reap them, close sockets, remove the session directory."""
