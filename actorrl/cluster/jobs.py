@@ -52,6 +52,7 @@ from actorrl.config import ConfigError, load_config
 from actorrl.experiment.checkpoint import list_checkpoints, read_checkpoint, write_checkpoint
 from actorrl.runtime.coordinator import ActorRecord, ClusterDriver, Coordinator, serve_async
 from actorrl.runtime.errors import GetTimeoutError
+from transport.timeouts import wait_for
 
 log = logging.getLogger(__name__)
 
@@ -314,7 +315,7 @@ class Job:
             if remaining <= 0:
                 break
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.changed.wait(), remaining)
+                await wait_for(self.changed.wait(), remaining)
         start = max(after - self.results_offset, 0)
         return {"results": self.results[start:], "next": self.num_results,
                 "state": self.state, "error": self.error,
@@ -492,7 +493,7 @@ class JobManager:
             job.trainer = None
             if trainer is not None:
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(trainer.stop(), 30)
+                    await wait_for(trainer.stop(), 30)
             await driver.shutdown()
 
     async def _restore(self, job: Job, trainer: Trainer) -> None:
@@ -551,7 +552,7 @@ class JobManager:
             # Bounded: a job whose clean-up is slow still answers the stop promptly; its
             # task finishes stopping its actors in the background.
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(asyncio.shield(job.task), STOP_WAIT_S)
+                await wait_for(asyncio.shield(job.task), STOP_WAIT_S)
             if not job.task.done():
                 job.log(f"still stopping its actors after {STOP_WAIT_S:g} s; continuing in "
                         "the background", logging.WARNING)
@@ -578,7 +579,7 @@ class JobManager:
         for job in running:
             if checkpoint and job.trainer is not None:
                 try:
-                    await asyncio.wait_for(self._checkpoint(job, job.trainer), 30)
+                    await wait_for(self._checkpoint(job, job.trainer), 30)
                 except (Exception, GetTimeoutError) as exc:
                     job.log(f"final checkpoint failed: {exc}", logging.WARNING)
             job.set_state("interrupted")

@@ -52,6 +52,7 @@ from actorrl.experiment.results import (
 from actorrl.experiment.signals import exit_code_for
 from actorrl.experiment.stop import StopCriteria, default_stop_reward
 from actorrl.runtime import Driver
+from transport.timeouts import wait_for
 
 log = logging.getLogger(__name__)
 
@@ -329,7 +330,7 @@ class TrainingRun:
         finally:
             if not self._aborted:  # an abort leaves the actors to the driver's shutdown
                 try:
-                    await asyncio.wait_for(trainer.stop(), TRAINER_STOP_TIMEOUT_S)
+                    await wait_for(trainer.stop(), TRAINER_STOP_TIMEOUT_S)
                 except Exception as exc:  # the driver's shutdown kills whatever is left
                     log.warning("stopping the trainer: %s", error_summary(exc))
 
@@ -366,7 +367,7 @@ class TrainingRun:
     async def _checkpoint(self, trainer: Trainer, final: bool) -> None:
         if trainer.iteration == self._last_checkpoint_iteration or trainer.iteration == 0:
             return
-        state = await asyncio.wait_for(trainer.get_state(), STATE_TIMEOUT_S)
+        state = await wait_for(trainer.get_state(), STATE_TIMEOUT_S)
         metadata = {"algorithm": self.plan.spec.name, "env": self.plan.config.env,
                     "training_iteration": trainer.iteration,
                     "timesteps_total": state["timesteps_total"],

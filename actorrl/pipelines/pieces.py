@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actorrl.runtime import ActorHandle, ObjectRef, Runtime
+from transport.timeouts import wait_for
 
 
 class Wakeup:
@@ -24,7 +25,7 @@ class Wakeup:
         """Wait until something finished (or ``timeout_s`` passed), then re-arm."""
         if not self.event.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.event.wait(), timeout_s)
+                await wait_for(self.event.wait(), timeout_s)
         self.event.clear()
 
 
@@ -60,7 +61,7 @@ class TaskPool:
         0: don't wait)."""
         if not self._ready and timeout_s != 0 and self._tasks:
             try:
-                await asyncio.wait_for(self._event.wait(), timeout_s)
+                await wait_for(self._event.wait(), timeout_s)
             except TimeoutError:
                 pass
         out = []

@@ -42,6 +42,7 @@ from actorrl.runtime.errors import ActorCreationError
 from actorrl.runtime.node import DEFAULT_START_TIMEOUT_S, LocalNode
 from transport.errors import PeerLostError, RemoteError
 from transport.rpc import Request, RpcClient
+from transport.timeouts import wait_for
 
 log = logging.getLogger(__name__)
 
@@ -357,7 +358,7 @@ class Coordinator:
     async def _wait_change(self, timeout_s: float) -> None:
         event = self._changed
         try:
-            await asyncio.wait_for(event.wait(), max(timeout_s, 0.0))
+            await wait_for(event.wait(), max(timeout_s, 0.0))
         except TimeoutError:
             pass
 

@@ -54,6 +54,7 @@ from transport.codec import Codec
 from transport.endpoint import Endpoint, is_composite, short
 from transport.errors import PeerLostError, RemoteError, TransportError
 from transport.rpc import Request, RpcClient, RpcServer
+from transport.timeouts import wait_for
 
 log = logging.getLogger(__name__)
 
@@ -346,7 +347,7 @@ class Runtime:
         if timeout_s is None:
             return await coro
         try:
-            return await asyncio.wait_for(coro, timeout_s)
+            return await wait_for(coro, timeout_s)
         except TimeoutError:
             raise GetTimeoutError(f"get timed out after {timeout_s:g} s") from None
 
@@ -464,7 +465,7 @@ class Runtime:
         await asyncio.sleep(0)
         if not enough.done():
             try:
-                await asyncio.wait_for(asyncio.shield(enough), timeout_s)
+                await wait_for(asyncio.shield(enough), timeout_s)
             except TimeoutError:
                 pass
         for rf, cleanup in zip(futures, cleanups):

@@ -19,6 +19,7 @@ from actorrl.runtime.core import Runtime
 from actorrl.runtime.errors import ActorCreationError
 from actorrl.runtime.process import ChildProcess, Lifeline, exit_description
 from transport.rpc import Request
+from transport.timeouts import wait_for
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ class LocalNode:
             on_exit=lambda p, a=actor_id: self._on_exit(a, p))
         self.actors[actor_id] = _Running(spec, process, ready)
         try:
-            endpoint = await asyncio.wait_for(asyncio.shield(ready), timeout_s)
+            endpoint = await wait_for(asyncio.shield(ready), timeout_s)
         except TimeoutError:
             process.kill()
             raise ActorCreationError(

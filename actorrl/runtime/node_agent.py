@@ -37,6 +37,7 @@ from actorrl.runtime.node import LocalNode
 from transport.auth import load_public_key
 from transport.endpoint import Endpoint
 from transport.rpc import RpcClient
+from transport.timeouts import wait_for
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +165,7 @@ class NodeAgent:
                 log.warning("could not register with %s: %s (retrying in %.1f s)",
                             self.coordinator_address, exc, delay)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.stop_event.wait(), delay)
+                    await wait_for(self.stop_event.wait(), delay)
                 delay = min(delay * 2, 2.0)
                 continue
             self.registered_name = reply["name"]
@@ -179,7 +180,7 @@ class NodeAgent:
         last_ok = time.monotonic()
         while not self.stop_event.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stop_event.wait(), self._heartbeat_s)
+                await wait_for(self.stop_event.wait(), self._heartbeat_s)
             if self.stop_event.is_set():
                 return
             client = self._coord

@@ -15,6 +15,8 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 
+from transport.timeouts import wait_for
+
 
 class Lifeline:
     """The parent's side of the lifeline pipe: pass ``read_fd`` to children."""
@@ -111,7 +113,7 @@ class ChildProcess:
     async def wait(self, timeout_s: float) -> int | None:
         """Wait for exit up to ``timeout_s``; returns the exit code or None if still alive."""
         try:
-            return await asyncio.wait_for(asyncio.shield(self.exited), timeout_s)
+            return await wait_for(asyncio.shield(self.exited), timeout_s)
         except TimeoutError:
             return None
 
