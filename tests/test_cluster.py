@@ -454,10 +454,12 @@ def test_killed_worker_and_replay_shard_are_replaced_and_the_job_continues(clust
         shard_lines = [line for line in log.splitlines() if "replay-0" in line and "died" in line]
         assert any("lost" in line for line in shard_lines), shard_lines
         assert "restarting from checkpoint" in log
-        cluster.remember(job)
+        current = cluster.remember(job)
     finally:
         job.stop()
     assert job.status()["state"] == "stopped"
+    # The stop really ended the job: its actors exit (a lost cancel once left them running).
+    assert pids_alive([a["pid"] for a in current], 30) == []
 
 
 @pytest.mark.timeout(300)
