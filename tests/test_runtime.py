@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import select
 import signal
@@ -248,3 +249,40 @@ def test_object_put_inside_a_method_is_fetchable_before_the_method_returns(runti
     putter = rt.create_actor("tests.actors.basic:Putter")
     store = rt.create_actor("tests.actors.basic:Store")
     assert rt.get(putter.roundtrip.remote(store, 800_000), timeout=60) == 100_000.0
+
+
+async def test_a_timed_out_get_leaves_the_ref_usable(tmp_path):
+    """A get that times out (or is cancelled) does not cancel the call: the same ref
+    resolves later, from the async Driver and from the sync API alike."""
+    async with Driver.start(str(tmp_path / "s")) as driver:
+        gate = await driver.create_actor("tests.actors.basic:Gate")
+        ref = gate.wait_for.remote("k", 42)
+        with pytest.raises(rt.GetTimeoutError):
+            await driver.get(ref, timeout_s=0.2)
+        with pytest.raises(rt.GetTimeoutError):
+            await driver.get([ref], timeout_s=0.1)
+        await driver.get(gate.open.remote("k"), timeout_s=10)
+        assert await driver.get(ref, timeout_s=10) == 42
+
+
+def test_a_timed_out_sync_get_leaves_the_ref_usable(runtime):
+    gate = rt.create_actor("tests.actors.basic:Gate")
+    ref = gate.wait_for.remote("k", 7)
+    with pytest.raises(rt.GetTimeoutError):
+        rt.get(ref, timeout=0.2)
+    rt.get(gate.open.remote("k"), timeout=10)
+    assert rt.get(ref, timeout=10) == 7
+
+
+async def test_every_waiter_of_a_call_still_being_sent_wakes():
+    """A call submitted from another thread is a placeholder until its send: a get and a
+    wait on it at the same time must both see it resolve."""
+    from actorrl.runtime.core import _PendingFuture
+
+    pending = _PendingFuture()
+    waiters = [asyncio.ensure_future(pending.wait()) for _ in range(3)]
+    await asyncio.sleep(0)
+    inner = asyncio.get_running_loop().create_future()
+    pending.resolve(inner)
+    done = await asyncio.wait_for(asyncio.gather(*waiters), 5)
+    assert all(f is inner for f in done)

@@ -365,7 +365,9 @@ class Runtime:
             fut = ref._future
             if isinstance(fut, _PendingFuture):
                 fut = await fut.wait()
-            await fut  # raises ActorDiedError / transport errors
+            # Shielded: a caller's timeout or cancel must not cancel the call itself, which
+            # later gets of this ref still need. Raises ActorDiedError / transport errors.
+            await asyncio.shield(fut)
             if ref._has_value:
                 return _raise_for(*ref._value, ref)
         status, value = await self._fetch(ref, free=False)
@@ -662,7 +664,8 @@ class _PendingFuture:
 
     async def wait(self) -> asyncio.Future:
         if self._inner is None:
-            self._event = asyncio.Event()
+            if self._event is None:  # shared by every waiter (a get and a wait, say)
+                self._event = asyncio.Event()
             await self._event.wait()
         assert self._inner is not None
         return self._inner
