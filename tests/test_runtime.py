@@ -286,3 +286,165 @@ async def test_every_waiter_of_a_call_still_being_sent_wakes():
     pending.resolve(inner)
     done = await asyncio.wait_for(asyncio.gather(*waiters), 5)
     assert all(f is inner for f in done)
+
+
+async def test_bad_arguments_to_an_async_method_do_not_stall_the_actor(tmp_path):
+    """The TypeError of a bad call is the caller's error; the next call still runs."""
+    async with Driver.start(str(tmp_path / "s")) as driver:
+        gate = await driver.create_actor("tests.actors.basic:Gate")
+        with pytest.raises(rt.RemoteError, match="TypeError"):
+            await driver.get(gate.open.remote(), timeout_s=10)
+        await driver.get(gate.open.remote("k"), timeout_s=10)
+        assert await driver.get(gate.wait_for.remote("k", 5), timeout_s=10) == 5
+
+
+async def test_a_cancelled_wait_leaves_no_hooks(tmp_path):
+    async with Driver.start(str(tmp_path / "s")) as driver:
+        gate = await driver.create_actor("tests.actors.basic:Gate")
+        ref = gate.wait_for.remote("k", 1)
+        await driver.wait([ref], timeout_s=0.01)
+        hooks = len(ref._future._callbacks)
+        for _ in range(20):
+            task = asyncio.ensure_future(driver.wait([ref]))
+            await asyncio.sleep(0.005)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        assert len(ref._future._callbacks) == hooks
+
+
+async def test_timed_out_gets_of_a_received_ref_share_one_fetch(tmp_path):
+    """Polling get(timeout) on a ref received from elsewhere keeps one fetch in flight (the
+    owner sends the value once), and the value still arrives."""
+    async with Driver.start(str(tmp_path / "s")) as driver:
+        gate = await driver.create_actor("tests.actors.basic:Gate")
+        ref = gate.wait_for.remote("k", 3)
+        received = rt.ObjectRef(ref.id, ref.owner)  # as if it came inside a value
+        client = driver.runtime.client(ref.owner)
+        await driver.wait([ref], timeout_s=0.05)
+        before = client.in_flight
+        for _ in range(10):
+            with pytest.raises(rt.GetTimeoutError):
+                await driver.get(received, timeout_s=0.01)
+        assert client.in_flight == before + 1
+        await driver.get(gate.open.remote("k"), timeout_s=10)
+        assert await driver.get(received, timeout_s=10) == 3
+
+
+async def test_wait_on_a_received_ref_of_a_dead_owner_is_ready_at_once(tmp_path):
+    async with Driver.start(str(tmp_path / "s")) as driver:
+        counter = await driver.create_actor("tests.actors.basic:Counter")
+        ref = counter.add.remote(1)
+        assert await driver.get(ref, timeout_s=10) == 1
+        received = rt.ObjectRef(ref.id, ref.owner)
+        await driver.kill_actor(counter)
+        ready, _ = await driver.wait([received], timeout_s=5)
+        assert ready == [received]
+        with pytest.raises(rt.ObjectLostError):
+            await driver.get(received, timeout_s=5)
+
+
+async def test_a_call_whose_send_fails_fails_its_ref(tmp_path):
+    """A call submitted from another thread whose send raises (a full send queue) fails
+    its ref instead of leaving it pending forever, and leaves no reply slot behind."""
+    import threading
+
+    import zmq
+
+    from actorrl.runtime.actor import ActorHandle
+
+    async with Driver.start(str(tmp_path / "s")) as driver:
+        handle = ActorHandle("x" * 32, "ipc://" + str(tmp_path / "nobody.sock"))
+        client = driver.runtime.client(handle.endpoint)
+
+        def full(frames):
+            raise zmq.Again("send queue full")
+
+        client._async.send = full
+        refs = []
+        thread = threading.Thread(
+            target=lambda: refs.append(driver.runtime.submit(handle, "noop", [], {})))
+        thread.start()
+        thread.join()
+        with pytest.raises(zmq.Again):
+            await driver.get(refs[0], timeout_s=10)
+        assert client.in_flight == 0
+
+
+async def test_an_id_asked_for_early_waits_as_long_as_its_call_runs():
+    """A fetch that overtook the call producing the object starts the unknown-id timer;
+    once the call is announced the waiter waits for the value, however long it takes."""
+    from actorrl.runtime.refs import STATUS_OK, ObjectStore
+
+    store = ObjectStore(asyncio.get_running_loop(), unknown_wait_s=0.05)
+    got = []
+    store.when_ready(b"x" * 16, lambda status, value: got.append((status, value)))
+    store.add_pending(b"x" * 16)
+    await asyncio.sleep(0.15)  # past the unknown-id wait: the timer must not fire
+    assert got == []
+    store.set(b"x" * 16, STATUS_OK, 42)
+    assert got == [(STATUS_OK, 42)]
+
+
+async def test_puts_of_a_method_are_stored_before_its_reply(tmp_path):
+    """A sync method that puts and returns the ref just as the loop delivers an earlier
+    result: its put is stored before its reply leaves (else a fetch would find nothing).
+    The second method's finish is injected exactly as the executor thread would do it,
+    inside the delivery of the first."""
+    from actorrl.runtime.core import STATUS_OK, Runtime, _Call
+    from actorrl.runtime.refs import new_object_id
+
+    class Request:
+        def __init__(self) -> None:
+            self.replies: list = []
+
+        def reply(self, value) -> None:
+            self.replies.append(value)
+
+    class Maker:
+        def make(self) -> int:
+            return 0
+
+    runtime = Runtime.start(str(tmp_path), "t")
+    try:
+        runtime.host_actor(Maker())
+        executor = runtime._executor
+        flush = executor.flush_puts
+        late = Request()
+        late_put = new_object_id()
+        stored_at_reply = []
+        injected: list = []
+        replied = asyncio.Event()
+
+        def flush_while_another_method_finishes() -> None:
+            flush()
+            if stored_at_reply or late_put in dict(executor.pending_puts) or injected:
+                return
+            injected.append(True)
+            executor.pending_puts.append((late_put, "value"))
+            ref = rt.ObjectRef(late_put, runtime.address)
+            call = _Call(late, new_object_id(), "make", [], {})
+            with executor._lock:
+                executor._done.append((call, STATUS_OK, [ref]))
+                wake = not executor._wake_scheduled
+                executor._wake_scheduled = True
+            if wake:
+                runtime.loop.call_soon_threadsafe(executor._deliver)
+
+        executor.flush_puts = flush_while_another_method_finishes
+        original_finish = runtime._finish
+
+        def finish(call, status, value):
+            if call.request is late:
+                stored_at_reply.append(runtime.store.lookup(late_put) is not None)
+                replied.set()
+            original_finish(call, status, value)
+
+        runtime._finish = finish
+        first = Request()
+        executor.submit(_Call(first, new_object_id(), "make", [], {}), runtime.actor.make)
+        await asyncio.wait_for(replied.wait(), 10)
+        assert first.replies and late.replies
+        assert stored_at_reply == [True]
+    finally:
+        runtime.close()

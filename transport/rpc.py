@@ -335,7 +335,14 @@ class RpcClient:
             fut.set_exception(self.lost)
             return fut
         self._pending[request_id] = fut
-        self._send([_PREFIX.pack(KIND_REQUEST, request_id), *frames])
+        try:
+            self._send([_PREFIX.pack(KIND_REQUEST, request_id), *frames])
+        except BaseException:
+            del self._pending[request_id]
+            raise
+        # A caller that gives up (cancels) leaves no entry behind.
+        fut.add_done_callback(
+            lambda f, rid=request_id: f.cancelled() and self._pending.pop(rid, None))
         if timeout_s is not None:
             handle = self.loop.call_later(timeout_s, self._expire, request_id, timeout_s)
             fut.add_done_callback(lambda _f: handle.cancel())

@@ -309,7 +309,11 @@ class Runtime:
         if self.closed:
             fut.set_exception(ActorDiedError("the runtime is shut down"))
             return
-        reply = self.client(handle.endpoint).call_encoded(frames)
+        try:
+            reply = self.client(handle.endpoint).call_encoded(frames)
+        except Exception as exc:  # a full send queue, a bad endpoint: the call failed
+            fut.set_exception(exc)
+            return
 
         def relay(r: asyncio.Future) -> None:
             if fut.done():
@@ -370,9 +374,14 @@ class Runtime:
             await asyncio.shield(fut)
             if ref._has_value:
                 return _raise_for(*ref._value, ref)
-        status, value = await self._fetch(ref, free=False)
+        # One fetch per ref however many gets wait on it, shielded so a get that times out
+        # leaves it running for the others (and the owner sends the value once).
+        if ref._fetching is None:
+            ref._fetching = self.loop.create_task(self._fetch(ref, free=False))
+        status, value = await asyncio.shield(ref._fetching)
         ref._value = (status, value)
         ref._has_value = True
+        ref._fetching = None
         return _raise_for(status, value, ref)
 
     async def _fetch(self, ref: ObjectRef, free: bool) -> tuple[int, Any]:
@@ -426,6 +435,8 @@ class Runtime:
         return fut, watch(ref._wait)
 
     async def _remote_ready(self, ref: ObjectRef) -> None:
+        if ref.owner in self._dead:
+            return  # ready: a get raises ObjectLostError at once
         if isinstance(ref._future, _PendingFuture):
             inner = await ref._future.wait()
             await asyncio.wait([inner])
@@ -464,16 +475,18 @@ class Runtime:
         if num_returns == 0:
             enough.set_result(None)
         # Callbacks of futures that were already done run on the next loop iteration.
-        await asyncio.sleep(0)
-        if not enough.done():
-            try:
-                await wait_for(asyncio.shield(enough), timeout_s)
-            except TimeoutError:
-                pass
-        for rf, cleanup in zip(futures, cleanups):
-            if not rf.done():
-                cleanup()
-                rf.cancel()
+        try:
+            await asyncio.sleep(0)
+            if not enough.done():
+                try:
+                    await wait_for(asyncio.shield(enough), timeout_s)
+                except TimeoutError:
+                    pass
+        finally:  # also when the waiter is cancelled: no hooks left behind
+            for rf, cleanup in zip(futures, cleanups):
+                if not rf.done():
+                    cleanup()
+                    rf.cancel()
         # Refs that were already complete before the wait sort by completion order.
         ready = sorted(order, key=lambda r: (r._ready_seq < 0, r._ready_seq))
         ready = ready[: max(num_returns, 0)] if len(ready) > num_returns else ready
@@ -607,14 +620,16 @@ class Runtime:
         """Start calls in arrival order; a call waiting for its ref arguments holds back
         the calls behind it (submission order is kept)."""
         self._pumping = True
-        while self._calls:
-            call = self._calls[0]
-            if call.resolution is not None and not call.resolution.done():
-                call.resolution.add_done_callback(lambda _f: self._pump())
-                return
-            self._calls.popleft()
-            self._start(call)
-        self._pumping = False
+        try:
+            while self._calls:
+                call = self._calls[0]
+                if call.resolution is not None and not call.resolution.done():
+                    call.resolution.add_done_callback(lambda _f: self._pump())
+                    return
+                self._calls.popleft()
+                self._start(call)
+        finally:
+            self._pumping = False
 
     def _start(self, call: _Call) -> None:
         if call.resolution is not None and call.resolution.exception() is not None:
@@ -628,7 +643,12 @@ class Runtime:
                 f"{type(self.actor).__qualname__} has no public method {call.method!r}"))
             return
         if inspect.iscoroutinefunction(fn):
-            task = self.loop.create_task(fn(*call.args, **call.kwargs))
+            try:  # bad arguments raise here, before a coroutine exists
+                coro = fn(*call.args, **call.kwargs)
+            except Exception as exc:
+                self._finish(call, STATUS_ERROR, RemoteError.from_exception(exc))
+                return
+            task = self.loop.create_task(coro)
             task.add_done_callback(lambda t, c=call: self._finish_task(c, t))
         else:
             assert self._executor is not None
@@ -722,10 +742,12 @@ class _ActorExecutor:
             self.runtime.store.set(object_id, STATUS_OK, value)
 
     def _deliver(self) -> None:
-        self.flush_puts()
         with self._lock:
             done, self._done = self._done, deque()
             self._wake_scheduled = False
+        # After taking the results: every put a taken method made is queued by now, so it
+        # is stored before that method's reply (which may carry its ref) goes out.
+        self.flush_puts()
         for call, status, value in done:
             self.runtime._finish(call, status, value)
 

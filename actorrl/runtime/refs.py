@@ -47,7 +47,8 @@ class ObjectRef:
     """
 
     __slots__ = ("id", "owner", "_runtime", "_future", "_value", "_has_value", "_tracked",
-                 "_escaped", "_freed", "_ready_seq", "_pinned", "_wait", "__weakref__")
+                 "_escaped", "_freed", "_ready_seq", "_pinned", "_wait", "_fetching",
+                 "__weakref__")
 
     def __init__(self, object_id: bytes, owner: str) -> None:
         self.id = object_id
@@ -62,6 +63,7 @@ class ObjectRef:
         self._ready_seq = -1
         self._pinned: Any = None
         self._wait: Any = None
+        self._fetching: Any = None  # the one fetch in flight for this ref, shared by gets
 
     def hex(self) -> str:
         """The id as hex, for logs."""
@@ -113,6 +115,8 @@ class ObjectStore:
         self._objects: dict[bytes, tuple[int, Any]] = {}
         self._pending: dict[bytes, list[Waiter]] = {}
         self._free_on_completion: set[bytes] = set()
+        # Expiry timers of ids asked for before anyone announced them.
+        self._unknown_timers: dict[bytes, asyncio.TimerHandle] = {}
         self._freed: OrderedDict[bytes, None] = OrderedDict()
         self._remember_freed = remember_freed
 
@@ -125,10 +129,12 @@ class ObjectStore:
     def add_pending(self, object_id: bytes) -> None:
         """Announce an object that will be produced later."""
         self._pending.setdefault(object_id, [])
+        self._cancel_unknown_timer(object_id)  # known now: waiters wait however long it takes
 
     def set(self, object_id: bytes, status: int, value: Any) -> None:
         """Store a produced value (or error record) and wake its waiters."""
         waiters = self._pending.pop(object_id, ())
+        self._cancel_unknown_timer(object_id)
         if object_id in self._free_on_completion:
             self._free_on_completion.discard(object_id)
             self._remember(object_id)
@@ -152,7 +158,8 @@ class ObjectStore:
             waiter(STATUS_MISSING, None)
         else:
             self._pending[object_id] = [waiter]
-            self._loop.call_later(self._unknown_wait_s, self._expire_unknown, object_id)
+            self._unknown_timers[object_id] = self._loop.call_later(
+                self._unknown_wait_s, self._expire_unknown, object_id)
 
     def remove_waiter(self, object_id: bytes, waiter: Waiter) -> None:
         """Forget a waiter that is no longer interested."""
@@ -160,7 +167,14 @@ class ObjectStore:
         if waiters and waiter in waiters:
             waiters.remove(waiter)
 
+    def _cancel_unknown_timer(self, object_id: bytes) -> None:
+        timer = self._unknown_timers.pop(object_id, None)
+        if timer is not None:
+            timer.cancel()
+
     def _expire_unknown(self, object_id: bytes) -> None:
+        self._unknown_timers.pop(object_id, None)
+        self._free_on_completion.discard(object_id)
         if object_id in self._pending and object_id not in self._objects:
             for waiter in self._pending.pop(object_id):
                 waiter(STATUS_MISSING, None)
