@@ -448,3 +448,37 @@ async def test_puts_of_a_method_are_stored_before_its_reply(tmp_path):
         assert stored_at_reply == [True]
     finally:
         runtime.close()
+
+
+async def test_an_actor_given_up_on_at_start_is_not_reported_dead(tmp_path):
+    """A creation that times out kills the process; that exit is no actor's death (nobody
+    ever got a handle), and the node forgets it."""
+    async with Driver.start(str(tmp_path / "s")) as driver:
+        deaths = []
+        driver.node.on_death.append(lambda actor_id, reason: deaths.append(actor_id))
+        with pytest.raises(rt.ActorCreationError, match="did not start"):
+            await driver.create_actor("tests.actors.basic:Counter", timeout_s=0.05)
+        given_up = [r.process for r in driver.node.actors.values()]
+        assert len(given_up) == 1
+        assert await given_up[0].wait(30) is not None
+        assert deaths == []
+        assert driver.node.actors == {}
+        counter = await driver.create_actor("tests.actors.basic:Counter")
+        assert await driver.get(counter.add.remote(2), timeout_s=30) == 2
+
+
+async def test_one_failing_waiter_does_not_starve_the_others():
+    from actorrl.runtime.refs import STATUS_OK, ObjectStore
+
+    store = ObjectStore(asyncio.get_running_loop())
+    store.add_pending(b"y" * 16)
+    got = []
+
+    def broken(status, value):
+        raise RecursionError("a reply that cannot be encoded")
+
+    store.when_ready(b"y" * 16, broken)
+    store.when_ready(b"y" * 16, lambda status, value: got.append(value))
+    store.set(b"y" * 16, STATUS_OK, 9)
+    assert got == [9]
+    assert store.lookup(b"y" * 16) == (STATUS_OK, 9)

@@ -92,16 +92,18 @@ class LocalNode:
              self.session_dir, str(self.lifeline.read_fd)],
             log_path, self.lifeline, env=env,
             on_exit=lambda p, a=actor_id: self._on_exit(a, p))
-        self.actors[actor_id] = _Running(spec, process, ready)
+        running = self.actors[actor_id] = _Running(spec, process, ready)
         try:
             endpoint = await wait_for(asyncio.shield(ready), timeout_s)
-        except TimeoutError:
+        except BaseException as exc:
+            # Given up: a late "ready" is ignored and the exit is no actor's death.
+            running.stopping = True
+            ready.cancel()
             process.kill()
-            raise ActorCreationError(
-                f"actor {spec.class_path} did not start within {timeout_s:g} s; its log "
-                f"({log_path}) ends with:\n{process.log_tail()}") from None
-        except BaseException:
-            process.kill()
+            if isinstance(exc, TimeoutError):
+                raise ActorCreationError(
+                    f"actor {spec.class_path} did not start within {timeout_s:g} s; its log "
+                    f"({log_path}) ends with:\n{process.log_tail()}") from None
             raise
         self.runtime.forget_dead(endpoint)
         return ActorHandle(actor_id, endpoint, spec.class_path, spec.name, spec)

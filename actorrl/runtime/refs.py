@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 from collections import OrderedDict
 from collections.abc import Callable
@@ -21,6 +22,8 @@ from typing import Any
 
 from transport.codec import register_type
 from transport.endpoint import short
+
+log = logging.getLogger(__name__)
 
 STATUS_OK = 0
 STATUS_ERROR = 1
@@ -141,7 +144,10 @@ class ObjectStore:
         else:
             self._objects[object_id] = (status, value)
         for waiter in waiters:
-            waiter(status, value)
+            try:
+                waiter(status, value)
+            except Exception:  # one broken waiter must not starve the others
+                log.exception("a waiter of object %s failed", object_id.hex())
 
     def lookup(self, object_id: bytes) -> tuple[int, Any] | None:
         """The stored (status, value), or None when pending or unknown."""
