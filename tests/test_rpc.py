@@ -541,3 +541,30 @@ async def test_unreachable_server_fails_calls_after_connect_timeout(tmp_path) ->
             late.result()
     finally:
         c.close()
+
+
+async def test_a_reply_received_before_the_disconnect_is_not_failed(tmp_path) -> None:
+    """When the peer replies and then goes away, the loop may see the disconnect event
+    before it reads the reply: the reply must still win over PeerLostError."""
+    endpoint = f"ipc://{tmp_path}/replier.sock"
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind(endpoint)
+    client = RpcClient(endpoint, connect_timeout_s=WAIT_S)
+    try:
+        fut = client.call("echo", ["hi"])
+        await asyncio.sleep(0)  # the send happens on the loop
+        assert router.poll(WAIT_S * 1000), "the request never arrived"
+        identity, prefix, *_ = router.recv_multipart()
+        _, request_id = PREFIX.unpack(prefix)
+        body = Codec().encode("hi")
+        router.send_multipart([identity, PREFIX.pack(KIND_OK, request_id), *body])
+        # Block the loop until the reply sits unread in the client's socket, then deliver
+        # the disconnect first, as a loop that wakes on the monitor socket first would.
+        assert client._async.sock.poll(WAIT_S * 1000), "the reply never arrived"
+        client.connected = True
+        client._on_monitor_event([zmq.Frame(struct.pack("=hi", zmq.EVENT_DISCONNECTED, 0))])
+        assert await asyncio.wait_for(fut, WAIT_S) == "hi"
+    finally:
+        client.close()
+        router.close(0)

@@ -273,6 +273,7 @@ class RpcClient:
             self._connect_timer.cancel()
         elif event == zmq.EVENT_DISCONNECTED and self.connected:
             self.connected = False
+            self._async.drain()  # replies received before the disconnect still count
             self._fail_all(PeerLostError(f"connection to {self.endpoint} was lost"))
         elif event in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):
             self._fail_all(PeerLostError(

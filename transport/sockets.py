@@ -96,6 +96,11 @@ class AsyncSocket:
             self._drain_scheduled = True
             self.loop.call_soon(self._on_ready)
 
+    def drain(self) -> None:
+        """Handle every message already received, now (before a peer is declared lost, so
+        a reply that arrived first is not failed)."""
+        self._on_ready()
+
     def _on_ready(self) -> None:
         self._drain_scheduled = False
         if self._closed:
