@@ -18,6 +18,7 @@ from actorrl.config import ConfigError
 from actorrl.learner.actor import LearnerActor
 from actorrl.pipelines.a3c import AsyncGradientsOptimizer
 from actorrl.pipelines.apex import AsyncReplayOptimizer
+from actorrl.pipelines.impala import AsyncSamplesOptimizer
 from actorrl.pipelines.microbatch import MicrobatchOptimizer
 from actorrl.rollout import RolloutWorker
 from actorrl.runtime import Driver
@@ -255,3 +256,76 @@ async def test_apex_paced_sampling_refills_a_replaced_shard(tmp_path):
         assert stats["num_added"] >= 256
         assert pipeline.num_shard_failures == 1
         await pipeline.stop()
+
+
+async def test_a3c_worker_gets_weights_that_include_its_own_gradient(tmp_path):
+    """RLlib's order: a worker's gradient is applied, then that worker gets the weights.
+    With one worker, the k-th weights it receives carry version k (k gradients applied)."""
+    async with Driver.start(str(tmp_path / "s")) as driver:
+        config = {**A3CConfig().to_dict(), "num_envs_per_worker": 2,
+                  "rollout_fragment_length": 10}
+        worker = await driver.create_actor("tests.actors.scripted:VersionRecordingWorker",
+                                           args=("CartPole-v1", AC, config),
+                                           kwargs={"worker_index": 1})
+        learner = await driver.create_actor(
+            "actorrl.learner.actor:LearnerActor",
+            args=("CartPole-v1", AC, config, {"train_batch_size": 20}),
+            kwargs={"start_thread": False})
+        pipeline = AsyncGradientsOptimizer([worker], learner, grads_per_step=12)
+        await pipeline.step()
+        assert await driver.get(worker.versions_seen.remote(), timeout_s=30) == list(range(12))
+        assert pipeline.num_steps_trained == pipeline.num_steps_sampled > 0
+
+
+async def test_impala_drops_the_samples_of_a_dead_worker_and_goes_on(tmp_path):
+    """Samples wait in their worker until a train batch is full; when the worker dies
+    they are gone: the pipeline forgets them, replaces the worker and keeps training."""
+    async with Driver.start(str(tmp_path / "s")) as driver:
+        worker = await driver.create_actor("tests.actors.scripted:ScriptedWorker", args=(64,))
+        learner = await _learner(driver)
+
+        async def replace(old):
+            return await driver.create_actor("tests.actors.scripted:ScriptedWorker",
+                                             args=(64, 1))
+
+        pipeline = AsyncSamplesOptimizer([worker], learner, train_batch_size=256,
+                                         replace_worker=replace)
+        await _until(lambda: 64 <= pipeline.pending_rows < 256, pipeline)
+        os.kill(driver.node.process_of(worker).pid, signal.SIGKILL)
+        await _until(lambda: pipeline.num_worker_failures == 1, pipeline)
+        assert all(ref.owner != worker.endpoint for ref, _ in pipeline.pending)
+        sampled = pipeline.num_steps_sampled
+        await _until(lambda: pipeline.num_steps_trained >= 256 * 4
+                     and pipeline.num_steps_sampled >= sampled + 1024, pipeline)
+        assert (await pipeline.stats())["num_worker_failures"] == 1
+        await pipeline.stop()
+
+
+async def test_apex_priorities_never_reach_a_replacement_shard_it_did_not_replay(tmp_path):
+    """Replays still in the learner when their shard dies must not send priorities to the
+    empty shard that took its place (they would land on unrelated rows)."""
+    async with Driver.start(str(tmp_path / "s")) as driver:
+        workers = [await driver.create_actor("tests.actors.scripted:ScriptedWorker",
+                                             args=(64, i)) for i in range(2)]
+        shards = [await _shard(driver, starts=128, seed=i) for i in range(2)]
+        learner = await _learner(driver)
+        replacements = []
+
+        async def replace_shard(old):
+            new = await _shard(driver, starts=128, seed=7)
+            replacements.append(new)
+            return new
+
+        pipeline = AsyncReplayOptimizer(workers, shards, learner, seed=0,
+                                        replace_shard=replace_shard)
+        await _until(lambda: pipeline.num_steps_trained >= 32 * 30, pipeline, timeout_s=120)
+        os.kill(driver.node.process_of(shards[0]).pid, signal.SIGKILL)
+        await _until(lambda: replacements, pipeline)
+        trained = pipeline.num_steps_trained
+        await _until(lambda: pipeline.num_steps_trained >= trained + 32 * 30, pipeline,
+                     timeout_s=120)
+        await pipeline.stop()
+        record = await driver.get(replacements[0].record.remote(), timeout_s=30)
+        served = set(record["served"])
+        assert record["updates"], "the replacement shard got no priority update"
+        assert [u for u in record["updates"] if u not in served] == []

@@ -10,6 +10,7 @@ loop stays free while the thread learns, so ``get_weights`` and ``stats`` answer
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 from collections.abc import Mapping
 from typing import Any
@@ -172,6 +173,15 @@ class LearnerActor:
         there) and apply them; returns the new weights version."""
         grads = await Runtime.current().get_and_free_async(refs[0])
         return await asyncio.to_thread(self.apply_gradients, grads)
+
+    async def get_weights_after(self, applies: list[ObjectRef]) -> dict[str, Any]:
+        """The weights once the gradient apply ``applies[0]`` (a call on this learner) has
+        finished, whether it succeeded or not: what A3C sends back to the worker whose
+        gradient it was. A plain ``get_weights`` could run before that apply, which is
+        async (it first fetches the gradient)."""
+        with contextlib.suppress(Exception):
+            await Runtime.current().get_async(applies[0])
+        return await asyncio.to_thread(self.get_weights)
 
     async def accumulate_gradients_refs(self, refs: list[ObjectRef]) -> dict[str, Any]:
         """Microbatch step: fetch sample batches from their owners, compute gradients per

@@ -17,7 +17,7 @@ from typing import Any
 from actorrl.metrics import TimerStat
 from actorrl.pipelines.impala import ReplaceWorker
 from actorrl.pipelines.pieces import StepCounters, StepCountersMixin, TaskPool
-from actorrl.runtime import ActorDiedError, ActorHandle, ObjectRef, Runtime
+from actorrl.runtime import ActorDiedError, ActorHandle, ObjectRef, RemoteError, Runtime
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,7 @@ class AsyncGradientsOptimizer(StepCountersMixin):
         self.dispatch_timer = TimerStat()
         self.learner_stats: dict[str, Any] = {}
         self.num_worker_failures = 0
+        self.num_gradients_lost = 0
         self.weights_version = 0
 
     def _dispatch(self, pool: TaskPool, worker: ActorHandle, weights: ObjectRef) -> None:
@@ -59,7 +60,7 @@ class AsyncGradientsOptimizer(StepCountersMixin):
         for worker in self.workers:
             self._dispatch(pool, worker, weights)
             dispatched += 1
-        applied: list[ObjectRef] = []
+        applied: list[tuple[ObjectRef, int]] = []  # (apply call, its env steps)
         while pool.count:
             with self.wait_timer:
                 completed = await pool.completed(timeout_s=None)
@@ -75,18 +76,32 @@ class AsyncGradientsOptimizer(StepCountersMixin):
                 info = reply["info"]
                 self.learner_stats = info.get("learner_stats", info)
                 with self.apply_timer:
-                    applied.append(self.learner.apply_gradients_refs.remote([reply["grads"]]))
+                    apply = self.learner.apply_gradients_refs.remote([reply["grads"]])
+                applied.append((apply, info["batch_count"]))
                 self.counters.num_steps_sampled += info["batch_count"]
-                self.counters.num_steps_trained += info["batch_count"]
                 if dispatched < self.grads_per_step:
                     with self.dispatch_timer:
-                        # Ordered after the apply above on the learner: the fresh weights.
-                        self._dispatch(pool, worker, self.learner.get_weights.remote())
+                        # The weights once this worker's gradient is applied (RLlib's order).
+                        self._dispatch(pool, worker,
+                                       self.learner.get_weights_after.remote([apply]))
                     dispatched += 1
-        if applied:
-            versions = await self.runtime.get_async(applied, timeout_s=300)
-            self.weights_version = max(versions)
+        await self._count_applied(applied)
         return self.learner_stats
+
+    async def _count_applied(self, applied: list[tuple[ObjectRef, int]]) -> None:
+        """Wait for this step's applies; count the env steps of those that took effect (a
+        worker that died before the learner fetched its gradient lost it)."""
+        for ref, count in applied:
+            try:
+                version = await self.runtime.get_async(ref, timeout_s=300)
+            except RemoteError as exc:
+                if "ObjectLostError" not in exc.type_name:
+                    raise
+                self.num_gradients_lost += 1
+                log.warning("a gradient was lost with its worker: %s", exc.message)
+                continue
+            self.weights_version = max(self.weights_version, version)
+            self.counters.num_steps_trained += count
 
     async def _worker_failed(self, worker: ActorHandle, exc: BaseException
                              ) -> ActorHandle | None:
@@ -115,6 +130,7 @@ class AsyncGradientsOptimizer(StepCountersMixin):
             "apply_time_ms": round(1000 * self.apply_timer.mean, 3),
             "dispatch_time_ms": round(1000 * self.dispatch_timer.mean, 3),
             "num_worker_failures": self.num_worker_failures,
+            "num_gradients_lost": self.num_gradients_lost,
             "learner": self.learner_stats,
         }
 

@@ -87,6 +87,11 @@ class AsyncReplayOptimizer(StepCountersMixin):
         self.replace_worker = replace_worker
         self.replace_shard = replace_shard
         self.num_shard_failures = 0
+        # Replays are tagged with an id their shard keeps for life (a replacement gets a new
+        # one), so priorities computed after a shard died never reach another shard.
+        self._shard_ids = {shard: i for i, shard in enumerate(self.replay_actors)}
+        self._shards_by_id = dict(enumerate(self.replay_actors))
+        self._next_shard_id = len(self.replay_actors)
         self._random = random.Random(seed)
         self.counters = StepCounters()
         self.timers = {k: TimerStat() for k in (
@@ -126,6 +131,9 @@ class AsyncReplayOptimizer(StepCountersMixin):
         await self._wakeup.wait(timeout_s)
         start = time.perf_counter()
         sample_steps = await self._process_samples()
+        # Counted before replays are handled: a shard replaced there starts its pacing
+        # after this step's samples (which went to the dead shard).
+        self.counters.num_steps_sampled += sample_steps
         await self._process_replays()
         train_steps = await self._process_learner_results()
         elapsed = time.perf_counter() - start
@@ -136,7 +144,6 @@ class AsyncReplayOptimizer(StepCountersMixin):
         if self.learning_started:
             self.timers["train"].push(elapsed)
             self.timers["train"].push_units_processed(train_steps)
-        self.counters.num_steps_sampled += sample_steps
         self.counters.num_steps_trained += train_steps
         self._resume_parked()
 
@@ -208,7 +215,7 @@ class AsyncReplayOptimizer(StepCountersMixin):
                     self.deferred_replays.append(shard)
                     continue
                 self.replay_tasks.add(shard, shard.replay.remote())
-                tag = self.replay_actors.index(shard) if shard in self.replay_actors else -1
+                tag = self._shard_ids.get(shard, -1)
                 self.learner_backlog += 1
                 self.learner_tasks.add(
                     self.learner, self.learner.enqueue_refs.remote(tag, [ref], False))
@@ -238,14 +245,14 @@ class AsyncReplayOptimizer(StepCountersMixin):
                 for result in reply["results"]:
                     self.learner_backlog -= 1
                     train_steps += result["env_steps"]
-                    shard_index = result["tag"]
+                    shard = self._shards_by_id.get(result["tag"])
                     prio_dict = {
                         pid: (rows["batch_indexes"], rows["td_error"])
                         for pid, rows in result["per_sample"].items()
                         if "batch_indexes" in rows and "td_error" in rows
                     }
-                    if prio_dict and 0 <= shard_index < len(self.replay_actors):
-                        self.replay_actors[shard_index].update_priorities.remote(prio_dict)
+                    if prio_dict and shard is not None:
+                        shard.update_priorities.remote(prio_dict)
                 self._poll_learner()
         return train_steps
 
@@ -256,6 +263,7 @@ class AsyncReplayOptimizer(StepCountersMixin):
             return  # already handled (it had several replays in flight)
         index = self.replay_actors.index(shard)
         self.num_shard_failures += 1
+        del self._shards_by_id[self._shard_ids.pop(shard)]
         self.replay_tasks.remove_actor(shard)
         self.deferred_replays = [s for s in self.deferred_replays if s != shard]
         log.warning("replay shard %d (%r) died: its replay data is lost; it refills from "
@@ -267,6 +275,10 @@ class AsyncReplayOptimizer(StepCountersMixin):
                 raise RuntimeError("every replay shard died and none could be replaced")
             return
         self.replay_actors[index] = new
+        new_id = self._next_shard_id
+        self._next_shard_id += 1
+        self._shard_ids[new] = new_id
+        self._shards_by_id[new_id] = new
         self._pacing_sampled = self.counters.num_steps_sampled
         self._pacing_trained = self.counters.num_steps_trained
         for _ in range(REPLAY_QUEUE_DEPTH):

@@ -20,7 +20,7 @@ from typing import Any
 
 from actorrl.metrics import TimerStat
 from actorrl.pipelines.pieces import StepCounters, StepCountersMixin, TaskPool
-from actorrl.runtime import ActorDiedError, ActorHandle, ObjectRef, Runtime
+from actorrl.runtime import ActorDiedError, ActorHandle, ObjectRef, RemoteError, Runtime
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,7 @@ class AsyncSamplesOptimizer(StepCountersMixin):
         self.batches_since_broadcast = 0
         self.num_weight_broadcasts = 0
         self.num_worker_failures = 0
+        self.num_batches_lost = 0
         self.enqueues_in_flight = 0
         self.results_in_flight = False
         self.timers = {k: TimerStat() for k in ("sample_processing", "put_weights", "enqueue")}
@@ -106,12 +107,21 @@ class AsyncSamplesOptimizer(StepCountersMixin):
     async def step(self, timeout_s: float = 1.0) -> None:
         """Handle everything that finished (waiting up to ``timeout_s`` for the first)."""
         for actor, ref in await self.tasks.completed(timeout_s):
-            kind = self._kind.pop(ref)
+            kind = self._kind.pop(ref, None)
+            if kind is None:
+                continue  # a call to a worker that failed earlier in this loop
             if kind == "sample":
                 await self._on_sample(actor, ref)
             elif kind == "enqueue":
                 self.enqueues_in_flight -= 1
-                await self.runtime.get_async(ref)  # surfaces learner errors
+                try:
+                    await self.runtime.get_async(ref)  # surfaces learner errors
+                except RemoteError as exc:
+                    if "ObjectLostError" not in exc.type_name:
+                        raise
+                    # A worker died holding part of this train batch: the batch is lost.
+                    self.num_batches_lost += 1
+                    log.warning("a train batch was lost with a dead worker: %s", exc.message)
             else:
                 self.results_in_flight = False
                 self._on_learner_results(await self.runtime.get_async(ref))
@@ -149,6 +159,16 @@ class AsyncSamplesOptimizer(StepCountersMixin):
         self.num_worker_failures += 1
         log.warning("rollout worker %r failed: %s", worker, exc)
         self.tasks.remove_actor(worker)
+        # Its samples not yet sent to the learner died with it (they live in the worker).
+        lost = [(ref, count) for ref, count in self.pending if ref.owner == worker.endpoint]
+        if lost:
+            self.pending = [entry for entry in self.pending if entry not in lost]
+            self.pending_rows -= sum(count for _, count in lost)
+        self._kind = {ref: kind for ref, kind in self._kind.items()
+                      if ref.owner != worker.endpoint}
+        if worker in self.parked:
+            self.parked.remove(worker)
+        self.worker_versions.pop(worker, None)
         if worker in self.workers:
             self.workers.remove(worker)
         if self.replace_worker is None:
@@ -179,6 +199,7 @@ class AsyncSamplesOptimizer(StepCountersMixin):
             **self.counters.stats(),
             "num_weight_broadcasts": self.num_weight_broadcasts,
             "num_worker_failures": self.num_worker_failures,
+            "num_batches_lost": self.num_batches_lost,
             "learner_queue": learner["learner_queue"],
             "learner": learner["learner"],
             "timing_breakdown": timing,

@@ -10,6 +10,7 @@ import actorrl.runtime as rt
 from actorrl.batch import SampleBatch
 from actorrl.envs import EpisodeMetrics
 from actorrl.replay.actor import ReplayActor
+from actorrl.rollout_actor import RolloutWorkerActor
 
 
 def cartpole_like_batch(count: int, rng: np.random.Generator) -> SampleBatch:
@@ -79,3 +80,19 @@ class RecordingReplayActor(ReplayActor):
 
     async def record(self) -> dict[str, Any]:
         return {"served": self.served, "updates": self.updates}
+
+
+class VersionRecordingWorker(RolloutWorkerActor):
+    """A real rollout worker that records the version of every weights payload it gets."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.versions: list[int] = []
+
+    def set_weights(self, payload: Any, global_timestep: int | None = None) -> int:
+        version = super().set_weights(payload, global_timestep)
+        self.versions.append(version)
+        return version
+
+    def versions_seen(self) -> list[int]:
+        return self.versions
