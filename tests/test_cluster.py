@@ -25,6 +25,7 @@ import zmq
 
 from actorrl.client import Client, ClusterConnectionError, Job
 from actorrl.runtime.network import Network
+from tests.procs import pids_alive
 from transport.auth import (
     InsecureBindError,
     KeyFileError,
@@ -51,38 +52,6 @@ APEX_TINY = {"algorithm": "apex", "num_workers": 2, "num_envs_per_worker": 1,
 
 
 # ---------------------------------------------------------------------------- helpers
-def pids_alive(pids: list[int], timeout_s: float) -> list[int]:
-    """Wait (pidfds, no polling) until every pid exited or ``timeout_s`` passed; returns
-    the pids still alive."""
-    fds = {}
-    for pid in set(pids):
-        try:
-            fds[os.pidfd_open(pid)] = pid
-        except ProcessLookupError:
-            continue
-    alive = set(fds)
-    deadline = time.monotonic() + timeout_s
-    try:
-        while alive:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            ready, _, _ = select.select(list(alive), [], [], remaining)
-            alive -= set(ready)
-    finally:
-        for fd in fds:
-            os.close(fd)
-    return [fds[fd] for fd in alive if _running(fds[fd])]
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def read(path: str) -> str:
     """A text file's contents."""
     with open(path) as f:

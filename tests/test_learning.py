@@ -5,7 +5,6 @@ Plus: an Ape-X run keeps training when a rollout worker is SIGKILLed."""
 from __future__ import annotations
 
 import os
-import select
 import signal
 import time
 
@@ -14,31 +13,12 @@ import pytest
 from actorrl.algorithms import Trainer, get_algorithm
 from actorrl.config import load_config
 from actorrl.runtime import Driver
+from tests.procs import pids_alive
 
 pytestmark = pytest.mark.slow
 
 THRESHOLD = 150.0
 BUDGET_S = {"apex": 180.0, "a3c": 150.0, "a2c": 150.0, "impala": 150.0}
-
-
-def _pids_alive(pids: list[int], timeout_s: float) -> list[int]:
-    """Wait (pidfds, bounded) for the processes to exit; return those still alive."""
-    fds = {}
-    for pid in pids:
-        try:
-            fds[os.pidfd_open(pid)] = pid
-        except ProcessLookupError:
-            pass
-    alive = set(fds)
-    deadline = time.monotonic() + timeout_s
-    try:
-        while alive and (left := deadline - time.monotonic()) > 0:
-            ready, _, _ = select.select(list(alive), [], [], left)
-            alive -= set(ready)
-    finally:
-        for fd in fds:
-            os.close(fd)
-    return [fds[fd] for fd in alive]
 
 
 def _actor_pids(driver: Driver) -> list[int]:
@@ -69,7 +49,7 @@ async def test_algorithm_learns_cartpole(algorithm, tmp_path):
         assert result["timesteps_total"] > 0 and result["num_steps_trained"] > 0
         await trainer.stop()
     assert best >= THRESHOLD, f"{algorithm} reached only {best}: {history}"
-    assert _pids_alive(pids, timeout_s=15) == []
+    assert pids_alive(pids, timeout_s=15) == []
 
 
 async def test_apex_keeps_training_when_a_worker_and_the_shard_are_killed(tmp_path):
@@ -105,4 +85,4 @@ async def test_apex_keeps_training_when_a_worker_and_the_shard_are_killed(tmp_pa
         assert "policy_default_policy" in after[-1]["info"]["replay_shard_0"]
         pids = _actor_pids(driver)
         await trainer.stop()
-    assert _pids_alive(pids, timeout_s=15) == []
+    assert pids_alive(pids, timeout_s=15) == []

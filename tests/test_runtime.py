@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import pytest
 
 import actorrl.runtime as rt
 from actorrl.runtime import Driver
+from tests.procs import pids_alive
 from transport.codec import EncodeError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -28,27 +28,7 @@ def runtime():
     rt.shutdown()
 
 
-def _wait_pids_gone(pids: list[int], timeout_s: float) -> list[int]:
-    """Block until every pid has exited (via pidfds) or the timeout passes; returns the
-    pids still alive."""
-    fds = {}
-    for pid in pids:
-        try:
-            fds[os.pidfd_open(pid)] = pid
-        except ProcessLookupError:
-            continue
-    alive = set(fds)
-    deadline_s = timeout_s
-    try:
-        while alive and deadline_s > 0:
-            ready, _, _ = select.select(list(alive), [], [], deadline_s)
-            if not ready:
-                break
-            alive -= set(ready)
-    finally:
-        for fd in fds:
-            os.close(fd)
-    return [fds[fd] for fd in alive]
+
 
 
 def test_calls_run_in_submission_order(runtime):
@@ -186,7 +166,7 @@ def test_shutdown_leaves_no_process():
     actors = [rt.create_actor("tests.actors.basic:Counter") for _ in range(3)]
     pids = rt.get([a.pid.remote() for a in actors], timeout=30)
     rt.shutdown()
-    assert _wait_pids_gone(pids, timeout_s=10) == []
+    assert pids_alive(pids, timeout_s=10) == []
 
 
 def test_children_exit_when_parent_is_sigkilled(tmp_path):
@@ -206,7 +186,7 @@ def test_children_exit_when_parent_is_sigkilled(tmp_path):
         assert len(pids) == 2
         parent.kill()
         parent.wait(timeout=10)
-        assert _wait_pids_gone(pids, timeout_s=10) == []
+        assert pids_alive(pids, timeout_s=10) == []
     finally:
         parent.kill()
         parent.wait(timeout=10)
