@@ -29,7 +29,7 @@ async def _cancel_while_event_fires(waiter) -> str:
         return "ran on after cancel"
 
     task = asyncio.ensure_future(loop())
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0)  # one loop pass: the task runs up to its first wait
     event.set()
     task.cancel()
     try:

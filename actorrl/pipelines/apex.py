@@ -89,7 +89,6 @@ class AsyncReplayOptimizer(StepCountersMixin):
         self.num_shard_failures = 0
         # Replays are tagged with an id their shard keeps for life (a replacement gets a new
         # one), so priorities computed after a shard died never reach another shard.
-        self._shard_ids = {shard: i for i, shard in enumerate(self.replay_actors)}
         self._shards_by_id = dict(enumerate(self.replay_actors))
         self._next_shard_id = len(self.replay_actors)
         self._random = random.Random(seed)
@@ -215,7 +214,7 @@ class AsyncReplayOptimizer(StepCountersMixin):
                     self.deferred_replays.append(shard)
                     continue
                 self.replay_tasks.add(shard, shard.replay.remote())
-                tag = self._shard_ids.get(shard, -1)
+                tag = self._shard_id(shard)
                 self.learner_backlog += 1
                 self.learner_tasks.add(
                     self.learner, self.learner.enqueue_refs.remote(tag, [ref], False))
@@ -256,6 +255,9 @@ class AsyncReplayOptimizer(StepCountersMixin):
                 self._poll_learner()
         return train_steps
 
+    def _shard_id(self, shard: ActorHandle) -> int:
+        return next((i for i, s in self._shards_by_id.items() if s == shard), -1)
+
     async def _shard_failed(self, shard: ActorHandle) -> None:
         """A replay shard died: its replay data is lost (reported); a fresh, empty shard
         takes its index and sampling and training go on."""
@@ -263,7 +265,7 @@ class AsyncReplayOptimizer(StepCountersMixin):
             return  # already handled (it had several replays in flight)
         index = self.replay_actors.index(shard)
         self.num_shard_failures += 1
-        del self._shards_by_id[self._shard_ids.pop(shard)]
+        del self._shards_by_id[self._shard_id(shard)]
         self.replay_tasks.remove_actor(shard)
         self.deferred_replays = [s for s in self.deferred_replays if s != shard]
         log.warning("replay shard %d (%r) died: its replay data is lost; it refills from "
@@ -277,7 +279,6 @@ class AsyncReplayOptimizer(StepCountersMixin):
         self.replay_actors[index] = new
         new_id = self._next_shard_id
         self._next_shard_id += 1
-        self._shard_ids[new] = new_id
         self._shards_by_id[new_id] = new
         self._pacing_sampled = self.counters.num_steps_sampled
         self._pacing_trained = self.counters.num_steps_trained

@@ -160,10 +160,8 @@ class AsyncSamplesOptimizer(StepCountersMixin):
         log.warning("rollout worker %r failed: %s", worker, exc)
         self.tasks.remove_actor(worker)
         # Its samples not yet sent to the learner died with it (they live in the worker).
-        lost = [(ref, count) for ref, count in self.pending if ref.owner == worker.endpoint]
-        if lost:
-            self.pending = [entry for entry in self.pending if entry not in lost]
-            self.pending_rows -= sum(count for _, count in lost)
+        self.pending = [(ref, n) for ref, n in self.pending if ref.owner != worker.endpoint]
+        self.pending_rows = sum(n for _, n in self.pending)
         self._kind = {ref: kind for ref, kind in self._kind.items()
                       if ref.owner != worker.endpoint}
         if worker in self.parked:

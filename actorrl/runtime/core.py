@@ -371,7 +371,10 @@ class Runtime:
                 fut = await fut.wait()
             # Shielded: a caller's timeout or cancel must not cancel the call itself, which
             # later gets of this ref still need. Raises ActorDiedError / transport errors.
-            await asyncio.shield(fut)
+            if fut.done():
+                fut.result()
+            else:
+                await asyncio.shield(fut)
             if ref._has_value:
                 return _raise_for(*ref._value, ref)
         # One fetch per ref however many gets wait on it, shielded so a get that times out
