@@ -659,3 +659,23 @@ def test_what_encodes_also_decodes_tuple_keys() -> None:
     except EncodeError:
         return
     assert decode(frames) == value
+
+
+def test_registered_dataclass_round_trips_with_arrays_inside():
+    import dataclasses as dc
+
+    from transport.codec import register_dataclass
+
+    @register_dataclass
+    @dc.dataclass(frozen=True)
+    class Reply:
+        count: int
+        data: np.ndarray
+        note: str | None = None
+
+    frames = encode({"r": Reply(3, np.arange(100_000, dtype=np.int64))})
+    out = decode(frames)["r"]
+    assert type(out) is Reply and out.count == 3 and out.note is None
+    assert np.array_equal(out.data, np.arange(100_000, dtype=np.int64))
+    with pytest.raises(TypeError):
+        register_dataclass(int)

@@ -15,13 +15,14 @@ tensors, and types registered with :func:`register_type`. Anything else raises
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import struct
 import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import msgpack
 import numpy as np
@@ -32,6 +33,7 @@ __all__ = [
     "EncodeError",
     "decode",
     "encode",
+    "register_dataclass",
     "register_type",
 ]
 
@@ -61,6 +63,8 @@ class _Registered:
     from_wire: Callable[[Any], Any]
 
 
+T = TypeVar("T")
+
 _by_class: dict[type, _Registered] = {}
 _by_tag: dict[str, _Registered] = {}
 
@@ -84,6 +88,27 @@ def register_type(
     entry = _Registered(cls, tag, to_wire, from_wire)
     _by_class[cls] = entry
     _by_tag[tag] = entry
+
+
+def register_dataclass(cls: type[T], tag: str | None = None) -> type[T]:
+    """Let a dataclass cross the wire as a map of its fields (usable as a decorator).
+
+    Fields travel through the codec themselves (arrays zero-copy, registered types by tag);
+    tuples come back as lists unless the class converts them in ``__post_init__``. The tag
+    defaults to ``module.QualName``.
+    """
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"register_dataclass needs a dataclass, got {cls!r}")
+    names = tuple(f.name for f in dataclasses.fields(cls) if f.init)
+
+    def to_wire(obj: Any) -> dict[str, Any]:
+        return {name: getattr(obj, name) for name in names}
+
+    def from_wire(state: dict[str, Any]) -> Any:
+        return cls(**state)
+
+    register_type(cls, tag or f"{cls.__module__}.{cls.__qualname__}", to_wire, from_wire)
+    return cls
 
 
 def _array_ext(arr: np.ndarray, frames: list, inline_threshold: int, allow_large: bool,
