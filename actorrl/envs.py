@@ -48,6 +48,14 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from actorrl.atari import (
+    GAME_OVER,
+    GAME_REWARD,
+    INSTALL_HINT,
+    is_atari_id,
+    make_atari,
+    register_ale,
+)
 from actorrl.classpath import resolve_callable
 from transport.codec import register_type
 
@@ -125,6 +133,11 @@ def make_env(spec: EnvSpec, env_config: Mapping[str, Any] | None = None, *,
             return gym.make(name, **dict(env_config or {}))  # gymnasium's "module:EnvId"
         factory = resolve_callable(spec, "env factory")
         return _check_env(factory(context), spec)
+    if spec not in gym.envs.registry and spec.startswith("ALE/") and not register_ale():
+        raise ValueError(f"env {spec!r} is an Atari game and needs ale-py, which is not "
+                         f"installed: {INSTALL_HINT}")
+    if is_atari_id(spec):
+        return make_atari(spec, dict(env_config or {}))
     if spec not in gym.envs.registry:
         close = difflib.get_close_matches(spec, list(gym.envs.registry), n=3, cutoff=0.6)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
@@ -292,19 +305,21 @@ class VectorEnv:
         next_obs, rewards, terms, truncs = [], [], [], []
         obs = None
         for i, env in enumerate(self.envs):
-            o, r, term, trunc, _ = env.step(acts[i])
+            o, r, term, trunc, info = env.step(acts[i])
             next_obs.append(o)
             rewards.append(r)
             terms.append(term)
             truncs.append(trunc)
-            self._episode_rewards[i] += float(r)
+            # Atari wrappers report game scores and real game ends beside what learning sees
+            self._episode_rewards[i] += float(info.get(GAME_REWARD, r))
             self._episode_lengths[i] += 1
             if term or trunc:
                 if obs is None:
                     obs = list(next_obs[:i])
-                self.metrics.record(self._episode_rewards[i], self._episode_lengths[i])
-                self._episode_rewards[i] = 0.0
-                self._episode_lengths[i] = 0
+                if info.get(GAME_OVER, True):
+                    self.metrics.record(self._episode_rewards[i], self._episode_lengths[i])
+                    self._episode_rewards[i] = 0.0
+                    self._episode_lengths[i] = 0
                 o = env.reset()[0]
             if obs is not None:
                 obs.append(o)

@@ -1,0 +1,188 @@
+"""Atari preprocessing: each DeepMind wrapper against a scripted fake ALE env, and the whole
+stack on real ale-py games (ROMs ship with ale-py: no download)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from actorrl.atari import (
+    GAME_OVER,
+    GAME_REWARD,
+    AtariOptions,
+    ClipReward,
+    EpisodicLife,
+    FireReset,
+    FrameStack,
+    MaxAndSkip,
+    NoopReset,
+    WarpFrame,
+    is_atari_id,
+)
+from actorrl.envs import VectorEnv, make_env
+
+
+class FakeAle(gym.Env):
+    """Frames numbered by step (every pixel = frame index % 256), scripted rewards and
+    lives: a life is lost every ``life_every`` frames, the game ends with the last life."""
+
+    def __init__(self, lives: int = 3, life_every: int = 10, shape=(6, 5)) -> None:
+        self.observation_space = gym.spaces.Box(0, 255, shape, np.uint8)
+        self.action_space = gym.spaces.Discrete(4)
+        self.start_lives = lives
+        self.life_every = life_every
+        self.ale = SimpleNamespace(lives=lambda: self._lives)
+        self.actions: list[int] = []
+        self.resets = 0
+
+    def get_action_meanings(self) -> list[str]:
+        return ["NOOP", "FIRE", "RIGHT", "LEFT"]
+
+    def _frame(self) -> np.ndarray:
+        return np.full(self.observation_space.shape, self.t % 256, np.uint8)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        self._lives = self.start_lives
+        self.resets += 1
+        return self._frame(), {}
+
+    def step(self, action):
+        self.actions.append(int(action))
+        self.t += 1
+        if self.t % self.life_every == 0:
+            self._lives -= 1
+        reward = 3.0 if self.t % 7 == 0 else 0.0
+        return self._frame(), reward, self._lives == 0, False, {}
+
+
+def test_max_and_skip_repeats_the_action_pools_the_last_two_frames_and_sums_rewards():
+    env = MaxAndSkip(FakeAle(lives=100, life_every=1000), skip=4)
+    env.reset(seed=0)
+    total = 0.0
+    for step in range(1, 4):
+        obs, reward, *_ = env.step(2)
+        assert np.all(obs == 4 * step)  # max(frame 4s-1, frame 4s)
+        total += reward
+    assert env.unwrapped.actions == [2] * 12
+    assert total == 3.0  # frame 7 only (frame 14 not reached)
+
+
+def test_episodic_life_ends_learning_episodes_per_life_but_resets_the_game_only_at_its_end():
+    base = FakeAle(lives=3, life_every=5)
+    env = EpisodicLife(base)
+    env.reset(seed=0)
+    ends = []
+    for _ in range(40):
+        _, _, terminated, _, info = env.step(0)
+        if terminated:
+            ends.append((base.t, info[GAME_OVER]))
+            env.reset()
+            if info[GAME_OVER]:
+                break
+    # lives lost at frames 5 and 10 (each reset steps one no-op, shifting later losses)
+    assert [over for _, over in ends] == [False, False, True]
+    assert base.resets == 2  # the first reset and the one after the game ended
+    disabled = EpisodicLife(FakeAle(lives=3, life_every=5), enabled=False)
+    disabled.reset(seed=0)
+    terminations = [disabled.step(0)[2] for _ in range(14)]
+    assert not any(terminations)
+
+
+def test_clip_reward_learns_signs_and_reports_game_scores():
+    env = ClipReward(FakeAle(lives=100, life_every=1000))
+    env.reset(seed=0)
+    seen = [env.step(0) for _ in range(7)]
+    assert seen[6][1] == 1.0 and seen[6][4][GAME_REWARD] == 3.0
+    raw = ClipReward(FakeAle(lives=100, life_every=1000), enabled=False)
+    raw.reset(seed=0)
+    assert [raw.step(0)[1] for _ in range(7)][-1] == 3.0
+
+
+def test_noop_and_fire_reset_take_their_actions():
+    base = FakeAle(lives=100, life_every=1000)
+    env = NoopReset(base, noop_max=5)
+    env.reset(seed=3)
+    assert 1 <= len(base.actions) <= 5 and set(base.actions) == {0}
+    fire_base = FakeAle(lives=100, life_every=1000)
+    FireReset(fire_base).reset(seed=0)
+    assert fire_base.actions == [1, 2]
+
+
+def test_frame_stack_fills_with_the_first_frame_and_keeps_channel_order():
+    env = FrameStack(WarpFrame(FakeAle(lives=100, life_every=1000, shape=(12, 10)), 8), 3)
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (8, 8, 3) and obs.dtype == np.uint8 and np.all(obs == 0)
+    obs, *_ = env.step(0)
+    assert [int(obs[0, 0, c]) for c in range(3)] == [0, 0, 1]
+    chw = FrameStack(WarpFrame(FakeAle(lives=100, life_every=1000, shape=(12, 10)), 8), 3,
+                     channels_first=True)
+    chw.reset(seed=0)
+    obs, *_ = chw.step(0)
+    assert obs.shape == (3, 8, 8) and [int(obs[c, 0, 0]) for c in range(3)] == [0, 0, 1]
+    assert env.observation_space.shape == (8, 8, 3)
+    assert chw.observation_space.shape == (3, 8, 8)
+
+
+def test_options_refuse_unknown_keys_and_bad_values():
+    with pytest.raises(ValueError, match="did you mean 'frame_skip'"):
+        AtariOptions.from_env_config({"frame_skp": 2})
+    with pytest.raises(ValueError, match="frame_stack must be >= 1"):
+        AtariOptions.from_env_config({"frame_stack": 0})
+    with pytest.raises(ValueError, match="preprocessing must be"):
+        AtariOptions.from_env_config({"preprocessing": "rllib"})
+
+
+def test_atari_ids_are_recognised():
+    assert is_atari_id("ALE/Pong-v5")
+    assert not is_atari_id("CartPole-v1")
+    assert not is_atari_id("mypkg.mod:factory")
+
+
+ale_py = pytest.importorskip("ale_py", reason="the atari extra is not installed")
+
+
+@pytest.mark.parametrize("env_id", ["ALE/Pong-v5", "PongNoFrameskip-v4"])
+def test_real_games_get_deepmind_frames(env_id):
+    env = make_env(env_id)
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (84, 84, 4) and obs.dtype == np.uint8
+    assert env.observation_space.shape == (84, 84, 4)
+    obs, reward, *_ = env.step(0)
+    assert obs.shape == (84, 84, 4) and obs.max() > 0
+    chw = make_env(env_id, {"channels_first": True})
+    assert chw.reset(seed=0)[0].shape == (4, 84, 84)
+    raw = make_env(env_id, {"preprocessing": "none"})
+    assert raw.reset(seed=0)[0].shape == (210, 160, 3)
+
+
+def test_breakout_metrics_count_whole_games_in_game_score():
+    """Breakout has 5 lives: learning sees 5 episodes, metrics one game with its score."""
+    env = VectorEnv([make_env("ALE/Breakout-v5", {"noop_max": 0})], seed=0)
+    env.reset()
+    rng = np.random.default_rng(0)
+    learning_episodes = 0
+    clipped_total = 0.0
+    for _ in range(5000):
+        step = env.step(rng.integers(4, size=1))
+        clipped_total += float(step.rewards[0])
+        learning_episodes += int(step.terminateds[0] or step.truncateds[0])
+        metrics = env.pop_metrics()
+        if metrics.num_episodes:
+            break
+    assert metrics.num_episodes == 1, "a random Breakout game ends within 5000 steps"
+    assert learning_episodes == 5
+    # Breakout bricks score 1 to 7 points: the game score is >= the clipped sum
+    assert metrics.summary()["episode_reward_max"] >= clipped_total >= 0
+
+
+def test_missing_ale_names_the_extra(monkeypatch):
+    import actorrl.atari as atari
+
+    monkeypatch.setattr(atari, "register_ale", lambda: False)
+    with pytest.raises(ValueError, match=r"\[atari\]"):
+        atari.make_atari("ALE/Pong-v5")
