@@ -34,10 +34,12 @@ import uuid
 from collections.abc import Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
-from actorrl.cluster import TERMINAL_STATES
+from actorrl.cluster import TERMINAL_STATES, JobError
+from actorrl.config import ConfigError
 from actorrl.runtime.actor import ActorHandle, ActorSpec
 from actorrl.runtime.coordinator import Coordinator, spec_to_wire
 from actorrl.runtime.core import Runtime
+from actorrl.runtime.errors import ActorCreationError
 from actorrl.runtime.network import Network
 from actorrl.runtime.node import LocalNode
 from actorrl.runtime.node_agent import coordinator_endpoint, route_host
@@ -395,12 +397,14 @@ class Client:
         self.close()
 
 
-def _local_error(exc: RemoteError) -> Exception:
-    """Coordinator-side validation errors come back as ValueError (ConfigError included)."""
-    if exc.type_name.endswith(("ConfigError", "JobError", "ValueError")):
-        return ValueError(exc.message)
-    if exc.type_name.endswith("ActorCreationError"):
-        from actorrl.runtime.errors import ActorCreationError
+_REFUSALS = (ConfigError, JobError, ValueError, ActorCreationError)
+"""Remote errors that mean the coordinator refused bad input (importing the classes here
+also registers them, so they arrive typed)."""
 
-        return ActorCreationError(exc.message)
+
+def _local_error(exc: RemoteError) -> Exception:
+    """A coordinator's refusal of bad input keeps its type but drops the coordinator's
+    traceback, which only shows where it checked; other failures keep it."""
+    if isinstance(exc, _REFUSALS):
+        return RemoteError(exc.type_name, exc.message).typed()
     return exc

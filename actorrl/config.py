@@ -17,9 +17,12 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from transport.error_types import register_error
+
 C = TypeVar("C", bound="AlgorithmConfig")
 
 
+@register_error  # a coordinator's ConfigError reaches a client as ConfigError
 class ConfigError(ValueError):
     """A config has unknown keys or invalid values; the message lists them all."""
 

@@ -679,3 +679,96 @@ def test_registered_dataclass_round_trips_with_arrays_inside():
     assert np.array_equal(out.data, np.arange(100_000, dtype=np.int64))
     with pytest.raises(TypeError):
         register_dataclass(int)
+
+
+# ------------------------------------------------------------------ remote errors by type
+def _over_the_wire(exc: BaseException):
+    """``exc`` as the caller raises it: captured, encoded, decoded, typed."""
+    from transport.errors import RemoteError
+
+    record = decode(encode(RemoteError.from_exception(exc)))
+    assert type(record) is RemoteError  # the wire (and object stores) hold plain records
+    return record.typed()
+
+
+def _raise_here() -> None:
+    raise KeyError("missing")
+
+
+def test_remote_errors_are_instances_of_their_registered_class():
+    """Builtins and the project's registered errors arrive as RemoteError and their class,
+    with type name, message and remote traceback; `except` of the class catches them."""
+    from actorrl.cluster import JobError
+    from actorrl.config import ConfigError
+    from actorrl.runtime.errors import (
+        ActorCreationError,
+        ActorDiedError,
+        GetTimeoutError,
+        ObjectLostError,
+    )
+    from transport.errors import RemoteError
+
+    try:
+        _raise_here()
+    except KeyError as exc:
+        err = _over_the_wire(exc)
+    assert isinstance(err, KeyError) and isinstance(err, RemoteError)
+    assert err.type_name == "KeyError" and err.message == "'missing'"
+    assert "in _raise_here" in err.remote_traceback
+    assert str(err).startswith("KeyError: 'missing'\n\nRemote traceback:")
+    for cls in (ValueError, RuntimeError, TimeoutError, FileNotFoundError, ObjectLostError,
+                ActorDiedError, ActorCreationError, GetTimeoutError, ConfigError, JobError):
+        err = _over_the_wire(cls("it failed"))
+        assert isinstance(err, cls) and isinstance(err, RemoteError), cls
+        assert err.message == "it failed" and err.type_name.endswith(cls.__qualname__)
+        with pytest.raises(cls):
+            raise err
+    assert isinstance(_over_the_wire(ObjectLostError("x")), ActorDiedError)  # its base too
+    assert not isinstance(_over_the_wire(ActorDiedError("x")), ObjectLostError)
+    assert type(_over_the_wire(ValueError("a"))) is type(_over_the_wire(ValueError("b")))
+
+
+def test_unknown_remote_error_stays_a_plain_remote_error():
+    """A class nobody registered (or a made-up name) gives a plain RemoteError; a typed
+    error sent on becomes a plain record again with its first type name, message and
+    traceback, so forwarding keeps the type."""
+    from transport.errors import RemoteError
+
+    class UnknownError(Exception):
+        pass
+
+    err = _over_the_wire(UnknownError("odd"))
+    assert type(err) is RemoteError and err.type_name.endswith("UnknownError")
+    assert type(RemoteError("os.system", "x").typed()) is RemoteError
+    first = _over_the_wire(ValueError("first"))
+    again = _over_the_wire(first)
+    assert isinstance(again, ValueError) and again.message == "first"
+    assert again.remote_traceback == first.remote_traceback
+
+
+def test_typing_a_remote_error_never_runs_the_class_constructor():
+    """A registered class whose constructor needs other arguments (or always fails) still
+    types the error without running it; one whose __new__ fails leaves it plain."""
+    from transport.error_types import register_error
+    from transport.errors import RemoteError
+
+    @register_error
+    class Strict(Exception):
+        def __init__(self, code: int, detail: str) -> None:
+            raise AssertionError("constructor ran")
+
+    @register_error
+    class NoNew(Exception):
+        def __new__(cls, *args: object) -> NoNew:
+            raise AssertionError("__new__ ran")
+
+    name = f"{__name__}.{Strict.__qualname__}"
+    err = RemoteError(name, "m", "tb").typed()
+    assert isinstance(err, Strict) and isinstance(err, RemoteError)
+    assert (err.type_name, err.message, err.remote_traceback) == (name, "m", "tb")
+    plain = RemoteError(f"{__name__}.{NoNew.__qualname__}", "m").typed()
+    assert type(plain) is RemoteError
+    with pytest.raises(TypeError):
+        register_error(int)
+    with pytest.raises(TypeError):
+        register_error(KeyboardInterrupt)  # a remote one must not stop the caller

@@ -276,6 +276,19 @@ async def test_unencodable_reply_becomes_an_error_reply(client) -> None:
     assert "builtins.object" in info.value.message
 
 
+async def test_error_replies_are_raised_as_their_registered_class(client) -> None:
+    """An error reply of a registered class (builtins here) is caught by that class and is
+    still a RemoteError; an unregistered one (the codec's EncodeError) stays plain."""
+    with pytest.raises(ValueError) as info:
+        await _bounded(client.call("fail", ["typed"]))
+    assert isinstance(info.value, RemoteError) and info.value.message == "typed"
+    with pytest.raises(LookupError):
+        await _bounded(client.call("no_such_method", []))
+    with pytest.raises(RemoteError) as plain:
+        await _bounded(client.call("unencodable"))
+    assert type(plain.value) is RemoteError
+
+
 async def test_notify_is_delivered_in_order_and_never_answered(client) -> None:
     """A notification runs on the server (before later calls on the same connection) and
     produces no reply; the client keeps nothing pending for it."""

@@ -121,6 +121,46 @@ def test_remote_exception_carries_type_message_and_traceback(runtime):
     assert rt.get(counter.add.remote(1), timeout=30) == 1
 
 
+def test_remote_errors_are_caught_by_their_original_class(runtime):
+    """A remote failure is a RemoteError (type name, message, remote traceback) and also
+    an instance of its class: ValueError from a method; ObjectLostError and ActorDiedError
+    raised in one actor and forwarded through another keep their first type and traceback,
+    and differ from a local ActorDiedError (the callee itself died) by being RemoteErrors."""
+    counter = rt.create_actor("tests.actors.basic:Counter")
+    with pytest.raises(ValueError) as value_error:
+        rt.get(counter.fail.remote("it broke"), timeout=30)
+    assert isinstance(value_error.value, rt.RemoteError)
+    assert value_error.value.type_name == "ValueError"
+    assert "in fail" in value_error.value.remote_traceback
+
+    store = rt.create_actor("tests.actors.basic:Store")
+    relay = rt.create_actor("tests.actors.basic:Relay")
+    lost = rt.put({"a": np.ones(4)})
+    rt.free(lost)
+    with pytest.raises(rt.ObjectLostError) as lost_error:
+        rt.get(relay.forward.remote(store, [lost]), timeout=60)
+    err = lost_error.value
+    assert isinstance(err, rt.RemoteError) and isinstance(err, rt.ActorDiedError)
+    assert err.type_name == "actorrl.runtime.errors.ObjectLostError"
+    assert "does not exist at its owner" in err.message
+    assert "ObjectLostError" in err.remote_traceback  # the store's, where it was raised
+
+    gate = rt.create_actor("tests.actors.basic:Gate")
+    waiting = relay.call.remote(gate, "wait_for", ["never", 1])  # the relay waits on gate
+    ready, _ = rt.wait([waiting], timeout=0.5)
+    assert ready == []
+    gate_process = rt.driver().node.process_of(gate)
+    assert gate_process is not None
+    os.kill(gate_process.pid, signal.SIGKILL)
+    with pytest.raises(rt.ActorDiedError) as died_error:
+        rt.get(waiting, timeout=60)
+    err = died_error.value
+    assert isinstance(err, rt.RemoteError) and not isinstance(err, rt.ObjectLostError)
+    assert err.type_name == "actorrl.runtime.errors.ActorDiedError"
+    assert "in call" in err.remote_traceback  # raised in the relay, at its get
+    assert rt.get(counter.add.remote(1), timeout=30) == 1  # the callers still serve
+
+
 def test_unencodable_argument_fails_at_the_sender(runtime):
     """An argument the codec cannot carry raises at .remote(), naming its type."""
     counter = rt.create_actor("tests.actors.basic:Counter")

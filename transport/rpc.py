@@ -314,7 +314,7 @@ class RpcClient:
         if kind == KIND_OK:
             fut.set_result(value)
         elif kind == KIND_ERROR and isinstance(value, RemoteError):
-            fut.set_exception(value)
+            fut.set_exception(value.typed())
         else:
             fut.set_exception(DecodeError(f"reply of unknown kind {kind}"))
 

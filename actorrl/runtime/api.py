@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from actorrl.runtime.actor import ActorHandle
 from actorrl.runtime.core import Runtime
 from actorrl.runtime.driver import Driver
-from actorrl.runtime.errors import GetTimeoutError, RuntimeNotStartedError
+from actorrl.runtime.errors import GetTimeoutError, RemoteError, RuntimeNotStartedError
 from actorrl.runtime.refs import ObjectRef
 from transport.sockets import new_event_loop
 
@@ -45,7 +45,9 @@ def _run(coro: Coroutine[Any, Any, T], runtime: Runtime | None = None,
     future = asyncio.run_coroutine_threadsafe(coro, runtime.loop)
     try:
         return future.result(None if timeout_s is None else timeout_s + 5.0)
-    except TimeoutError:
+    except TimeoutError as exc:
+        if isinstance(exc, RemoteError):  # a remote method timed out, not this call
+            raise
         future.cancel()
         raise GetTimeoutError(f"timed out after {timeout_s:g} s") from None
 

@@ -131,12 +131,6 @@ class NodeConnection(Protocol):
         ...
 
 
-def _creation_error(exc: RemoteError) -> Exception:
-    if exc.type_name.endswith("ActorCreationError"):
-        return ActorCreationError(exc.message)
-    return exc
-
-
 class RemoteNode:
     """A node agent in another process, reached over its control connection."""
 
@@ -147,8 +141,10 @@ class RemoteNode:
         try:
             actor_id, endpoint, pid = await self.client.call(
                 "node.start_actor", [spec_to_wire(spec), timeout_s], timeout_s=timeout_s + 5)
-        except RemoteError as exc:
-            raise _creation_error(exc) from None
+        except ActorCreationError as exc:  # the node refused: its message says why
+            if isinstance(exc, RemoteError):  # (the node's own traceback is noise)
+                raise ActorCreationError(exc.message) from None
+            raise
         return actor_id, endpoint, pid
 
     async def stop_actor(self, actor_id: str, timeout_s: float) -> None:

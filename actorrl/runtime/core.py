@@ -108,6 +108,8 @@ def _raise_for(status: int, value: Any, ref: ObjectRef) -> Any:
     if status == STATUS_OK:
         return value
     if status == STATUS_ERROR:
+        if isinstance(value, RemoteError):
+            raise value.typed()  # `except ValueError` / `except ActorDiedError` match it
         if isinstance(value, BaseException):
             raise value
         raise RemoteError("Error", str(value))
@@ -352,7 +354,9 @@ class Runtime:
             return await coro
         try:
             return await wait_for(coro, timeout_s)
-        except TimeoutError:
+        except TimeoutError as exc:
+            if isinstance(exc, RemoteError):  # the method itself timed out: not this get
+                raise
             raise GetTimeoutError(f"get timed out after {timeout_s:g} s") from None
 
     async def _get_one(self, ref: ObjectRef) -> Any:

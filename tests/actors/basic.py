@@ -95,6 +95,11 @@ class Relay:
     def forward(self, target: rt.ActorHandle, refs: list[rt.ObjectRef]) -> float:
         return rt.get(target.consume.remote(refs[0]), timeout=60)
 
+    def call(self, target: rt.ActorHandle, method: str, args: list[Any]) -> Any:
+        """Call ``target.method(*args)`` from this actor and return its result (a failure
+        there is raised here, so it reaches our caller forwarded)."""
+        return rt.get(getattr(target, method).remote(*args), timeout=60)
+
     def bytes_received(self) -> int:
         runtime = rt.Runtime.current()
         return runtime.server.bytes_received + sum(
