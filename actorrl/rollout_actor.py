@@ -13,6 +13,7 @@ from typing import Any
 
 from actorrl.batch import MultiAgentBatch, SampleBatch
 from actorrl.envs import EpisodeMetrics
+from actorrl.messages import GradientsReply, SampleReply
 from actorrl.rollout import RolloutWorker
 from actorrl.runtime import Runtime
 
@@ -39,13 +40,12 @@ class RolloutWorkerActor:
         """One sample batch (returned by value, or kept here when passed on as a ref)."""
         return self.worker.sample()
 
-    def sample_ref(self) -> dict[str, Any]:
-        """Sample and keep the batch here: ``{"batch": ref, "count": env_steps,
-        "agent_steps": n, "worker_index": i}``."""
+    def sample_ref(self) -> SampleReply:
+        """Sample and keep the batch here; the reply carries its ref and counts."""
         batch = self.worker.sample()
         agent_steps = batch.agent_steps() if isinstance(batch, MultiAgentBatch) else batch.count
-        return {"batch": Runtime.current().put(batch), "count": batch.count,
-                "agent_steps": agent_steps, "worker_index": self.worker_index}
+        return SampleReply(batch=Runtime.current().put(batch), count=batch.count,
+                           agent_steps=agent_steps, worker_index=self.worker_index)
 
     def sample_with_count(self) -> tuple[SampleBatch | MultiAgentBatch, int]:
         """``(batch, env_steps)``."""
@@ -55,11 +55,11 @@ class RolloutWorkerActor:
         """Gradients of the loss on ``batch`` and info with ``batch_count``."""
         return self.worker.compute_gradients(batch)
 
-    def compute_gradients_ref(self, batch: SampleBatch | MultiAgentBatch) -> dict[str, Any]:
-        """Gradients on ``batch`` kept here: ``{"grads": ref, "info": info}`` (info has
+    def compute_gradients_ref(self, batch: SampleBatch | MultiAgentBatch) -> GradientsReply:
+        """Gradients on ``batch`` kept here (the reply carries their ref and the info, with
         ``batch_count``), so whoever applies them fetches them from this worker."""
         grads, info = self.worker.compute_gradients(batch)
-        return {"grads": Runtime.current().put(grads), "info": info}
+        return GradientsReply(grads=Runtime.current().put(grads), info=info)
 
     def sample_and_compute_gradients(self) -> tuple[Any, dict]:
         """``compute_gradients(sample())`` in one call; the sample never leaves."""

@@ -197,9 +197,9 @@ async def test_learner_actor_stats_and_weights_versions():
                            {"train_batch_size": 64, "learner_queue_timeout": 30})
     before = learner.get_weights()
     assert learner.enqueue("t0", _batch(64)) is True
-    payload = await learner.take_results(wait_s=30)
-    assert [r["tag"] for r in payload["results"]] == ["t0"]
-    assert payload["num_steps_trained"] == 64
+    notice = await learner.wait_trained(timeout_s=30)
+    assert [r.tag for r in notice.results] == ["t0"]
+    assert notice.num_steps_trained == 64
     after = learner.get_weights()
     assert after["version"] > before["version"]
     stats = learner.stats()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -58,7 +59,8 @@ async def test_apex_syncs_weights_exactly_when_the_delay_is_crossed(tmp_path):
                                              args=(100, i)) for i in range(2)]
         shard = await _shard(driver, starts=10**9)  # never replays: weights only
         learner = await _learner(driver)
-        pipeline = AsyncReplayOptimizer(workers, [shard], learner, max_weight_sync_delay=250)
+        pipeline = AsyncReplayOptimizer(driver.runtime, workers, [shard], learner,
+                                        max_weight_sync_delay=250)
         await _until(lambda: pipeline.num_steps_sampled >= 3000, pipeline)
         processed = pipeline.num_steps_sampled // 100
         assert pipeline.num_weight_syncs >= 2
@@ -74,16 +76,18 @@ async def test_apex_syncs_weights_exactly_when_the_delay_is_crossed(tmp_path):
         await pipeline.stop()
 
 
-async def test_apex_counts_drops_when_the_learner_queue_is_full(tmp_path):
-    """A learner that never dequeues (no learner thread) holds exactly learner_queue_size
-    replays; the replays that come back while it is full are dropped and counted, and the
-    shard is not asked for more while the learner has no room."""
+async def test_apex_replays_only_what_the_learner_has_room_for(tmp_path):
+    """A learner that never dequeues (no learner thread) fills its in-queue to exactly
+    learner_queue_size; the credit window (queue + the batch in training) lets at most one
+    more replay be requested, so at most one is dropped, no replay stays in flight, and
+    the learner-stall gauge keeps growing with the wall clock while nothing is dropped."""
     async with Driver.start(str(tmp_path / "s")) as driver:
         worker = await driver.create_actor("tests.actors.scripted:ScriptedWorker", args=(64,))
         shard = await _shard(driver, starts=64)
         learner = await _learner(driver, queue_size=2, start_thread=False)
-        pipeline = AsyncReplayOptimizer([worker], [shard], learner, learner_queue_size=2)
-        await _until(lambda: pipeline.num_samples_dropped >= 3, pipeline)
+        started = time.perf_counter()
+        pipeline = AsyncReplayOptimizer(driver.runtime, [worker], [shard], learner,
+                                        learner_queue_size=2)
         sizes = []
 
         async def fill() -> None:
@@ -92,17 +96,25 @@ async def test_apex_counts_drops_when_the_learner_queue_is_full(tmp_path):
                 sizes.append(await driver.get(learner.queue_size.remote(), timeout_s=30))
 
         await asyncio.wait_for(fill(), 60)
-        assert max(sizes) == 2, "the learner's in-queue must hold exactly its bound"
-        assert pipeline.num_steps_trained == 0
 
         async def quiet() -> None:  # the replays in flight come back and are not renewed
-            while pipeline.replay_tasks.count:
+            while pipeline.replay_tasks.count or pipeline.learner_tasks.count > 1:
                 await pipeline.step(timeout_s=0.2)
 
         await asyncio.wait_for(quiet(), 30)
+        stalled_from = time.perf_counter()
         for _ in range(5):
             await pipeline.step(timeout_s=0.2)
+        waited_s = time.perf_counter() - stalled_from
+        assert max(sizes) == 2, "the learner's in-queue must hold exactly its bound"
+        assert pipeline.num_steps_trained == 0
         assert pipeline.replay_tasks.count == 0, "replays kept coming for a full learner"
+        assert pipeline.num_samples_dropped <= 1
+        assert pipeline.credits.in_use == pipeline.credits.size == 3
+        stats = await pipeline.stats()
+        assert stats["learner_stall_s"] >= waited_s
+        assert stats["learner_stall_s"] <= time.perf_counter() - started
+        assert stats["num_samples_dropped"] == pipeline.num_samples_dropped
         stats = await driver.get(shard.stats.remote(), timeout_s=30)
         assert stats["num_added"] > 0
 
@@ -114,7 +126,7 @@ async def test_apex_sends_priorities_back_to_the_shard_that_replayed(tmp_path):
                                              args=(64, i)) for i in range(2)]
         shards = [await _shard(driver, starts=128, seed=i) for i in range(2)]
         learner = await _learner(driver)
-        pipeline = AsyncReplayOptimizer(workers, shards, learner, seed=0)
+        pipeline = AsyncReplayOptimizer(driver.runtime, workers, shards, learner, seed=0)
         await _until(lambda: pipeline.num_steps_trained >= 32 * 30, pipeline, timeout_s=120)
         await pipeline.stop()
         records = await driver.get([s.record.remote() for s in shards], timeout_s=30)
@@ -136,7 +148,7 @@ async def test_apex_debug_stats(tmp_path):
         worker = await driver.create_actor("tests.actors.scripted:ScriptedWorker", args=(64,))
         shard = await _shard(driver, starts=10**9)
         learner = await _learner(driver)
-        pipeline = AsyncReplayOptimizer([worker], [shard], learner, debug=True)
+        pipeline = AsyncReplayOptimizer(driver.runtime, [worker], [shard], learner, debug=True)
         await pipeline.step(timeout_s=0.5)
         stats = await pipeline.stats()
         assert stats["pending_sample_tasks"] == 2
@@ -173,7 +185,7 @@ async def test_microbatch_pipeline_step_counts(tmp_path):
     """One step samples until train_batch_size in microbatches and trains on all of it;
     train_batch_size <= microbatch_size is refused."""
     with pytest.raises(ValueError, match="must be smaller than the train batch size"):
-        MicrobatchOptimizer(["w"], "l", train_batch_size=100, microbatch_size=100)
+        MicrobatchOptimizer(None, ["w"], "l", train_batch_size=100, microbatch_size=100)
     with pytest.raises(ConfigError, match="microbatch_size"):
         A2CConfig(train_batch_size=64, microbatch_size=64)
     async with Driver.start(str(tmp_path / "s")) as driver:
@@ -186,7 +198,7 @@ async def test_microbatch_pipeline_step_counts(tmp_path):
             "actorrl.learner.actor:LearnerActor", args=("CartPole-v1", AC, config,
                                                         {"train_batch_size": 300}),
             kwargs={"start_thread": False})
-        pipeline = MicrobatchOptimizer(workers, learner, train_batch_size=300,
+        pipeline = MicrobatchOptimizer(driver.runtime, workers, learner, train_batch_size=300,
                                        microbatch_size=100)
         before = (await driver.get(learner.get_weights.remote()))["version"]
         await pipeline.step()
@@ -201,7 +213,7 @@ async def test_microbatch_pipeline_step_counts(tmp_path):
 def test_a3c_needs_a_remote_worker():
     """A3C with zero remote workers is a clear error (config and optimizer)."""
     with pytest.raises(ValueError, match="at least 1 remote worker"):
-        AsyncGradientsOptimizer([], "learner")
+        AsyncGradientsOptimizer(None, [], "learner")
     with pytest.raises(ConfigError, match="num_workers >= 1"):
         A3CConfig(num_workers=0)
 
@@ -218,7 +230,7 @@ async def test_a3c_applies_grads_per_step_gradients(tmp_path):
             "actorrl.learner.actor:LearnerActor", args=("CartPole-v1", AC, config,
                                                         {"train_batch_size": 20}),
             kwargs={"start_thread": False})
-        pipeline = AsyncGradientsOptimizer(workers, learner, grads_per_step=7)
+        pipeline = AsyncGradientsOptimizer(driver.runtime, workers, learner, grads_per_step=7)
         before = (await driver.get(learner.get_weights.remote()))["version"]
         await pipeline.step()
         after = (await driver.get(learner.get_weights.remote()))["version"]
@@ -243,10 +255,11 @@ async def test_apex_paced_sampling_refills_a_replaced_shard(tmp_path):
             replacements.append(new)
             return new
 
-        pipeline = AsyncReplayOptimizer([worker], [shard], learner, learning_starts=256,
-                                        training_intensity=8.0, replace_shard=replace_shard)
+        pipeline = AsyncReplayOptimizer(driver.runtime, [worker], [shard], learner,
+                                        learning_starts=256, training_intensity=8.0,
+                                        replace_shard=replace_shard)
         await _until(lambda: pipeline.num_steps_trained >= 32 * 20, pipeline, timeout_s=120)
-        assert pipeline.parked, "pacing should hold the sampler back at this intensity"
+        assert pipeline.pacer.parked, "pacing should hold the sampler back at this intensity"
         os.kill(driver.node.process_of(shard).pid, signal.SIGKILL)
         await _until(lambda: replacements, pipeline)
         trained_at_replacement = pipeline.num_steps_trained
@@ -271,7 +284,7 @@ async def test_a3c_worker_gets_weights_that_include_its_own_gradient(tmp_path):
             "actorrl.learner.actor:LearnerActor",
             args=("CartPole-v1", AC, config, {"train_batch_size": 20}),
             kwargs={"start_thread": False})
-        pipeline = AsyncGradientsOptimizer([worker], learner, grads_per_step=12)
+        pipeline = AsyncGradientsOptimizer(driver.runtime, [worker], learner, grads_per_step=12)
         await pipeline.step()
         assert await driver.get(worker.versions_seen.remote(), timeout_s=30) == list(range(12))
         assert pipeline.num_steps_trained == pipeline.num_steps_sampled > 0
@@ -288,8 +301,8 @@ async def test_impala_drops_the_samples_of_a_dead_worker_and_goes_on(tmp_path):
             return await driver.create_actor("tests.actors.scripted:ScriptedWorker",
                                              args=(64, 1))
 
-        pipeline = AsyncSamplesOptimizer([worker], learner, train_batch_size=256,
-                                         replace_worker=replace)
+        pipeline = AsyncSamplesOptimizer(driver.runtime, [worker], learner,
+                                         train_batch_size=256, replace_worker=replace)
         await _until(lambda: 64 <= pipeline.pending_rows < 256, pipeline)
         os.kill(driver.node.process_of(worker).pid, signal.SIGKILL)
         await _until(lambda: pipeline.num_worker_failures == 1, pipeline)
@@ -316,7 +329,7 @@ async def test_apex_priorities_never_reach_a_replacement_shard_it_did_not_replay
             replacements.append(new)
             return new
 
-        pipeline = AsyncReplayOptimizer(workers, shards, learner, seed=0,
+        pipeline = AsyncReplayOptimizer(driver.runtime, workers, shards, learner, seed=0,
                                         replace_shard=replace_shard)
         await _until(lambda: pipeline.num_steps_trained >= 32 * 30, pipeline, timeout_s=120)
         os.kill(driver.node.process_of(shards[0]).pid, signal.SIGKILL)

@@ -33,7 +33,7 @@ async def build_pipeline(trainer: Trainer) -> MicrobatchOptimizer:
     """The microbatch pipeline."""
     config = trainer.config
     assert isinstance(config, A2CConfig) and trainer.learner is not None
-    return MicrobatchOptimizer(trainer.workers, trainer.learner,
+    return MicrobatchOptimizer(trainer.runtime, trainer.workers, trainer.learner,
                                train_batch_size=config.train_batch_size,
                                microbatch_size=config.microbatch_size)
 

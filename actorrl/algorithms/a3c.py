@@ -75,7 +75,7 @@ async def build_pipeline(trainer: Trainer) -> AsyncGradientsOptimizer:
     """The A3C gradients pipeline."""
     config = trainer.config
     assert isinstance(config, A3CConfig) and trainer.learner is not None
-    return AsyncGradientsOptimizer(trainer.workers, trainer.learner,
+    return AsyncGradientsOptimizer(trainer.runtime, trainer.workers, trainer.learner,
                                    grads_per_step=config.grads_per_step,
                                    replace_worker=trainer.replace_worker)
 

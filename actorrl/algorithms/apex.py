@@ -130,7 +130,7 @@ async def build_pipeline(trainer: Trainer) -> AsyncReplayOptimizer:
         config.num_replay_buffer_shards, "replay",
         kwargs={"worker_side_prioritization": config.worker_side_prioritization})
     return AsyncReplayOptimizer(
-        trainer.workers, shards, trainer.learner,
+        trainer.runtime, trainer.workers, shards, trainer.learner,
         learner_queue_size=config.learner_queue_size,
         training_intensity=config.training_intensity,
         learning_starts=config.learning_starts,

@@ -114,7 +114,7 @@ async def build_pipeline(trainer: Trainer) -> AsyncSamplesOptimizer:
     config = trainer.config
     assert isinstance(config, ImpalaConfig) and trainer.learner is not None
     return AsyncSamplesOptimizer(
-        trainer.workers, trainer.learner,
+        trainer.runtime, trainer.workers, trainer.learner,
         train_batch_size=config.train_batch_size,
         broadcast_interval=config.broadcast_interval,
         max_sample_requests_in_flight_per_worker=config.max_sample_requests_in_flight_per_worker,

@@ -3,8 +3,9 @@
 It holds a local :class:`RolloutWorker` (RLlib's "local worker") whose policies it trains.
 Batches arrive as refs resolved straight from their owners (workers or replay shards), go
 into the learner thread's bounded in-queue, and results (counts, stats, per-sample outputs
-such as ``td_error``) are drained by the coordinator with :meth:`take_results`. The event
-loop stays free while the thread learns, so ``get_weights`` and ``stats`` answer at once.
+such as ``td_error``) are pushed to the coordinator: it keeps one :meth:`wait_trained` call
+outstanding, which answers as soon as the thread has trained a batch. The event loop stays
+free while the thread learns, so ``get_weights`` and ``stats`` answer at once.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import queue
-from collections.abc import Mapping
+import threading
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -21,12 +24,29 @@ from actorrl.batch import SampleBatch, as_multi_agent
 from actorrl.learner.config import LearnerConfig
 from actorrl.learner.thread import LearnerResult, make_learner_thread
 from actorrl.learner.towers import move_policy_to
+from actorrl.messages import EnqueueReply, GradientsApplied, TrainedBatch, TrainedNotice
 from actorrl.rollout import RolloutWorker
 from actorrl.runtime import ObjectRef, Runtime
+from transport.timeouts import wait_for
 
 
 class LearnerError(RuntimeError):
     """The learner thread stopped with an error; the message carries its traceback."""
+
+
+class _NotifyingQueue(queue.Queue):
+    """The learner thread's out-queue: each put also calls ``on_put`` (from the thread), so
+    the event loop learns of a trained batch when it happens instead of polling."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.on_put: Callable[[], None] | None = None
+
+    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+        """Queue ``item`` and notify."""
+        super().put(item, block, timeout)
+        if self.on_put is not None:
+            self.on_put()
 
 
 class LearnerActor:
@@ -44,6 +64,9 @@ class LearnerActor:
             # A learner only sees CUDA when its node gave it a GPU: learn there.
             self.worker.foreach_policy(lambda p, _pid: move_policy_to(p, torch.device("cuda")))
         self.thread = make_learner_thread(self.worker, self.config)
+        self.thread.outqueue = _NotifyingQueue()
+        self._trained = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.device = str(getattr(self.thread, "devices", ["cpu"])[0])
         self.weights_version = 0
         self.num_steps_trained = 0
@@ -77,29 +100,31 @@ class LearnerActor:
         return self.thread.inqueue.qsize()
 
     async def enqueue_refs(self, tag: Any, refs: list[ObjectRef], block: bool = True,
-                           timeout_s: float = 600.0) -> dict[str, Any]:
+                           timeout_s: float = 600.0) -> EnqueueReply:
         """Fetch sample batches straight from their owners (and free them there), join them
         into one train batch, and enqueue it (waiting for room when ``block``, else dropping
-        it unfetched when the queue is full). Returns ``{"queued", "dropped", "count",
-        "queue_size"}``; ``None`` batches (a shard not replaying yet) are skipped."""
+        it unfetched when the queue is full). ``None`` batches (a shard not replaying yet)
+        are skipped. Raises ``ObjectLostError`` when a batch's owner died."""
         self._check()
         runtime = Runtime.current()
         if not block and self.thread.inqueue.full():
             runtime.free(refs)  # dropped before fetching: no bandwidth spent on it
-            return {"queued": False, "dropped": True, "count": 0,
-                    "queue_size": self.queue_size()}
+            return EnqueueReply(queued=False, dropped=True, count=0,
+                                queue_size=self.queue_size())
+        started = time.perf_counter()
         batches = [b for b in await runtime.get_and_free_async(refs) if b is not None]
+        fetch_time_s = time.perf_counter() - started
         if not batches:  # e.g. a replay shard before learning_starts
-            return {"queued": False, "dropped": False, "count": 0,
-                    "queue_size": self.queue_size()}
+            return EnqueueReply(queued=False, dropped=False, count=0,
+                                queue_size=self.queue_size(), fetch_time_s=fetch_time_s)
         batch = await asyncio.to_thread(self._join, batches)
         if block:
             await asyncio.to_thread(self.thread.inqueue.put, (tag, batch), True, timeout_s)
             queued = True
         else:
             queued = self.enqueue(tag, batch)
-        return {"queued": queued, "dropped": not queued, "count": batch.count,
-                "queue_size": self.queue_size()}
+        return EnqueueReply(queued=queued, dropped=not queued, count=batch.count,
+                            queue_size=self.queue_size(), fetch_time_s=fetch_time_s)
 
     def _join(self, batches: list[Any]) -> Any:
         batch = SampleBatch.concat_samples(batches)
@@ -118,30 +143,63 @@ class LearnerActor:
         return self.thread.inqueue.full()
 
     # ---- results ----------------------------------------------------------------------
-    async def take_results(self, wait_s: float = 0.0) -> dict[str, Any]:
-        """Drain finished learning steps: ``results`` (tag, env_steps, agent_steps,
-        per_sample) plus the current weights version and counters. With ``wait_s`` > 0,
-        wait (off the loop) up to that long for at least one result."""
+    async def wait_trained(self, timeout_s: float = 30.0) -> TrainedNotice:
+        """Answer as soon as the learner thread has trained at least one batch since the
+        last call: a :class:`TrainedNotice` with those batches (tag, env_steps, agent_steps,
+        per_sample). The coordinator keeps one call outstanding, so results arrive when
+        they happen. Answers with no results after ``timeout_s``, or when the thread
+        stopped; raises :class:`LearnerError` when it failed."""
         self._check()
-        finished: list[LearnerResult] = []
-        if wait_s > 0 and self.thread.outqueue.empty():
-            try:
-                finished.append(
-                    await asyncio.to_thread(self.thread.outqueue.get, True, wait_s))
-            except queue.Empty:
-                self._check()
+        self._hook_loop()
+        finished = self._drain_results()
+        if not finished and not self._thread_ended():
+            with contextlib.suppress(TimeoutError):
+                finished = await wait_for(self._next_results(), timeout_s)
+            self._check()
+        return TrainedNotice(results=tuple(finished), weights_version=self.current_version(),
+                             num_steps_trained=self.num_steps_trained)
+
+    async def _next_results(self) -> list[TrainedBatch]:
+        while True:
+            await self._trained.wait()
+            self._trained.clear()
+            finished = self._drain_results()
+            if finished or self._thread_ended():
+                return finished
+
+    def _drain_results(self) -> list[TrainedBatch]:
+        out = []
         while True:
             try:
-                finished.append(self.thread.outqueue.get_nowait())
+                result: LearnerResult = self.thread.outqueue.get_nowait()
             except queue.Empty:
-                break
-        out = []
-        for result in finished:
+                return out
             self.num_steps_trained += result.env_steps
-            out.append({"tag": result.tag, "env_steps": result.env_steps,
-                        "agent_steps": result.agent_steps, "per_sample": result.per_sample})
-        return {"results": out, "weights_version": self.current_version(),
-                "num_steps_trained": self.num_steps_trained}
+            out.append(TrainedBatch(tag=result.tag, env_steps=result.env_steps,
+                                    agent_steps=result.agent_steps,
+                                    per_sample=result.per_sample))
+
+    def _thread_ended(self) -> bool:
+        return self.thread.ident is not None and not self.thread.is_alive()
+
+    def _hook_loop(self) -> None:
+        """On the first wait: the thread's puts (and its end) wake this loop's waiters."""
+        if self._loop is not None:
+            return
+        self._loop = loop = asyncio.get_running_loop()
+
+        def wake() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(self._trained.set)
+
+        self.thread.outqueue.on_put = wake
+
+        def watch() -> None:
+            if self.thread.ident is not None:
+                self.thread.join()
+            wake()
+
+        threading.Thread(target=watch, name="learner-watch", daemon=True).start()
 
     def current_version(self) -> int:
         """Increases with every update applied to the weights."""
@@ -168,11 +226,16 @@ class LearnerActor:
             self.weights_version += 1
         return self.current_version()
 
-    async def apply_gradients_refs(self, refs: list[ObjectRef]) -> int:
+    async def apply_gradients_refs(self, refs: list[ObjectRef]) -> GradientsApplied:
         """Fetch gradients straight from the worker that computed them (freeing them
-        there) and apply them; returns the new weights version."""
+        there) and apply them; returns the new weights version and the apply's duration."""
         grads = await Runtime.current().get_and_free_async(refs[0])
-        return await asyncio.to_thread(self.apply_gradients, grads)
+        return await asyncio.to_thread(self._apply_timed, grads)
+
+    def _apply_timed(self, grads: Any) -> GradientsApplied:
+        started = time.perf_counter()
+        version = self.apply_gradients(grads)
+        return GradientsApplied(version=version, apply_time_s=time.perf_counter() - started)
 
     async def get_weights_after(self, applies: list[ObjectRef]) -> dict[str, Any]:
         """The weights once the gradient apply ``applies[0]`` (a call on this learner) has

@@ -14,10 +14,16 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from actorrl.messages import GradientsApplied, GradientsReply
 from actorrl.metrics import TimerStat
-from actorrl.pipelines.impala import ReplaceWorker
-from actorrl.pipelines.pieces import StepCounters, StepCountersMixin, TaskPool
-from actorrl.runtime import ActorDiedError, ActorHandle, ObjectRef, RemoteError, Runtime
+from actorrl.pipelines.pieces import (
+    Fleet,
+    ReplaceWorker,
+    StepCounters,
+    StepCountersMixin,
+    TaskPool,
+)
+from actorrl.runtime import ActorDiedError, ActorHandle, ObjectLostError, ObjectRef, Runtime
 
 log = logging.getLogger(__name__)
 
@@ -25,27 +31,35 @@ log = logging.getLogger(__name__)
 class AsyncGradientsOptimizer(StepCountersMixin):
     """The A3C pipeline over remote workers and a learner actor that applies gradients."""
 
-    def __init__(self, workers: list[ActorHandle], learner: ActorHandle, *,
-                 grads_per_step: int = 100, replace_worker: ReplaceWorker | None = None
+    def __init__(self, runtime: Runtime, workers: list[ActorHandle], learner: ActorHandle,
+                 *, grads_per_step: int = 100, replace_worker: ReplaceWorker | None = None
                  ) -> None:
         if not workers:
             raise ValueError("the async gradients optimizer (A3C) requires at least 1 remote "
                              "worker: set num_workers >= 1")
         if grads_per_step < 1:
             raise ValueError(f"grads_per_step must be >= 1, got {grads_per_step}")
-        self.runtime = Runtime.current()
-        self.workers = list(workers)
+        self.runtime = runtime
+        self.worker_fleet = Fleet(workers, replace_worker, "rollout worker")
         self.learner = learner
         self.grads_per_step = grads_per_step
-        self.replace_worker = replace_worker
         self.counters = StepCounters()
         self.apply_timer = TimerStat()
         self.wait_timer = TimerStat()
         self.dispatch_timer = TimerStat()
         self.learner_stats: dict[str, Any] = {}
-        self.num_worker_failures = 0
         self.num_gradients_lost = 0
         self.weights_version = 0
+
+    @property
+    def workers(self) -> list[ActorHandle]:
+        """The live rollout workers."""
+        return self.worker_fleet.actors
+
+    @property
+    def num_worker_failures(self) -> int:
+        """Rollout workers that died."""
+        return self.worker_fleet.num_failures
 
     def _dispatch(self, pool: TaskPool, worker: ActorHandle, weights: ObjectRef) -> None:
         worker.set_weights.remote(weights)
@@ -54,7 +68,7 @@ class AsyncGradientsOptimizer(StepCountersMixin):
 
     async def step(self) -> dict[str, Any]:
         """Apply ``grads_per_step`` gradients; returns the last learner stats."""
-        pool = TaskPool()
+        pool = TaskPool(self.runtime)
         weights = self.learner.get_weights.remote()
         dispatched = 0
         for worker in self.workers:
@@ -66,19 +80,17 @@ class AsyncGradientsOptimizer(StepCountersMixin):
                 completed = await pool.completed(timeout_s=None)
             for worker, ref in completed:
                 try:
-                    reply = await self.runtime.get_async(ref)
+                    reply: GradientsReply = await self.runtime.get_async(ref)
                 except ActorDiedError as exc:
-                    worker = await self._worker_failed(worker, exc)
-                    if worker is not None and dispatched < self.grads_per_step:
-                        self._dispatch(pool, worker, self.learner.get_weights.remote())
+                    new = await self.worker_fleet.failed(worker, exc, lambda _w: None)
+                    if new is not None and dispatched < self.grads_per_step:
+                        self._dispatch(pool, new, self.learner.get_weights.remote())
                         dispatched += 1
                     continue
-                info = reply["info"]
-                self.learner_stats = info.get("learner_stats", info)
-                with self.apply_timer:
-                    apply = self.learner.apply_gradients_refs.remote([reply["grads"]])
-                applied.append((apply, info["batch_count"]))
-                self.counters.num_steps_sampled += info["batch_count"]
+                self.learner_stats = reply.info.get("learner_stats", reply.info)
+                apply = self.learner.apply_gradients_refs.remote([reply.grads])
+                applied.append((apply, reply.batch_count))
+                self.counters.num_steps_sampled += reply.batch_count
                 if dispatched < self.grads_per_step:
                     with self.dispatch_timer:
                         # The weights once this worker's gradient is applied (RLlib's order).
@@ -93,34 +105,18 @@ class AsyncGradientsOptimizer(StepCountersMixin):
         worker that died before the learner fetched its gradient lost it)."""
         for ref, count in applied:
             try:
-                version = await self.runtime.get_async(ref, timeout_s=300)
-            except RemoteError as exc:
-                if "ObjectLostError" not in exc.type_name:
-                    raise
+                done: GradientsApplied = await self.runtime.get_async(ref, timeout_s=300)
+            except ObjectLostError as exc:
                 self.num_gradients_lost += 1
-                log.warning("a gradient was lost with its worker: %s", exc.message)
+                log.warning("a gradient was lost with its worker: %s", exc)
                 continue
-            self.weights_version = max(self.weights_version, version)
+            self.apply_timer.push(done.apply_time_s)
+            self.weights_version = max(self.weights_version, done.version)
             self.counters.num_steps_trained += count
-
-    async def _worker_failed(self, worker: ActorHandle, exc: BaseException
-                             ) -> ActorHandle | None:
-        if worker not in self.workers:
-            return None  # already handled (it had several calls in flight)
-        self.num_worker_failures += 1
-        log.warning("rollout worker %r failed: %s", worker, exc)
-        if worker in self.workers:
-            self.workers.remove(worker)
-        if self.replace_worker is None:
-            return None
-        new = await self.replace_worker(worker)
-        if new is not None:
-            self.workers.append(new)
-        return new
 
     def reset(self, workers: list[ActorHandle]) -> None:
         """Swap the worker set (takes effect at the next step)."""
-        self.workers = list(workers)
+        self.worker_fleet.actors = list(workers)
 
     async def stats(self) -> dict[str, Any]:
         """RLlib's AsyncGradientsOptimizer stats."""

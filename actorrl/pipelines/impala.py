@@ -2,36 +2,46 @@
 
 Every worker keeps ``max_sample_requests_in_flight_per_worker`` samples in flight. A
 finished sample stays in its worker; the coordinator keeps only its ref and row count.
-Once the refs add up to ``train_batch_size`` rows they go to the learner in one call; the
-learner fetches the batches straight from the workers, joins them and queues them for its
-learner thread (waiting while its bounded in-queue is full, which is the back-pressure:
-while a batch waits, workers that finish are parked instead of sampling on).
+Once the refs add up to ``train_batch_size`` rows they go to the learner in one call (at
+most ``max_learner_requests_in_flight`` such calls: a credit window); the learner fetches
+the batches straight from the workers, joins them and queues them for its learner thread
+(waiting while its bounded in-queue is full). That is the back-pressure: while rows for
+two train batches wait, the pacer parks workers whose samples come back.
 
-The learner's results are long-polled. Weights go back to the workers after every
-``broadcast_interval`` train batches, and only when the learner's weights changed: one
-``get_weights`` ref at the learner, fetched by each worker before its next sample.
+The learner pushes a notice each time it trained (one ``wait_trained`` call kept
+outstanding). Weights go back to the workers after every ``broadcast_interval`` train
+batches, and only when the learner's weights changed: one ``get_weights`` ref at the
+learner, fetched by each worker before its next sample.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Any
 
+from actorrl.messages import SampleReply, TrainedNotice
 from actorrl.metrics import TimerStat
-from actorrl.pipelines.pieces import StepCounters, StepCountersMixin, TaskPool
-from actorrl.runtime import ActorDiedError, ActorHandle, ObjectRef, RemoteError, Runtime
+from actorrl.pipelines.pieces import (
+    CreditWindow,
+    Fleet,
+    ReplaceWorker,
+    SamplingPacer,
+    StepCounters,
+    StepCountersMixin,
+    TaskPool,
+)
+from actorrl.runtime import ActorDiedError, ActorHandle, ObjectLostError, ObjectRef, Runtime
 
 log = logging.getLogger(__name__)
 
-ReplaceWorker = Callable[[ActorHandle], Awaitable[ActorHandle | None]]
+TRAINED_WAIT_S = 30.0
 
 
 class AsyncSamplesOptimizer(StepCountersMixin):
     """The IMPALA pipeline over remote rollout workers and a learner actor."""
 
-    def __init__(self, workers: list[ActorHandle], learner: ActorHandle, *,
-                 train_batch_size: int, broadcast_interval: int = 1,
+    def __init__(self, runtime: Runtime, workers: list[ActorHandle], learner: ActorHandle,
+                 *, train_batch_size: int, broadcast_interval: int = 1,
                  max_sample_requests_in_flight_per_worker: int = 2,
                  max_learner_requests_in_flight: int = 2,
                  replace_worker: ReplaceWorker | None = None) -> None:
@@ -40,40 +50,40 @@ class AsyncSamplesOptimizer(StepCountersMixin):
                              ">= 1)")
         if broadcast_interval < 1:
             raise ValueError(f"broadcast_interval must be >= 1, got {broadcast_interval}")
-        self.runtime = Runtime.current()
-        self.workers = list(workers)
+        self.runtime = runtime
+        self.worker_fleet = Fleet(workers, replace_worker, "rollout worker")
         self.learner = learner
         self.train_batch_size = train_batch_size
         self.broadcast_interval = broadcast_interval
         self.samples_in_flight = max_sample_requests_in_flight_per_worker
-        self.max_learner_requests = max_learner_requests_in_flight
-        self.replace_worker = replace_worker
+        self.enqueue_credits = CreditWindow(max_learner_requests_in_flight)
         self.counters = StepCounters()
-        self.tasks = TaskPool()
-        self._kind: dict[ObjectRef, str] = {}
+        self.tasks = TaskPool(runtime)
         self.pending: list[tuple[ObjectRef, int]] = []
         self.pending_rows = 0
-        self.parked: list[ActorHandle] = []
+        self.pacer = SamplingPacer(
+            lambda extra: self.pending_rows + extra >= 2 * self.train_batch_size)
         self.weights: ObjectRef | None = None
         self.weights_version = -1
         self.worker_versions: dict[ActorHandle, int] = {}
         self.learner_version = 0
         self.batches_since_broadcast = 0
         self.num_weight_broadcasts = 0
-        self.num_worker_failures = 0
         self.num_batches_lost = 0
-        self.enqueues_in_flight = 0
-        self.results_in_flight = False
         self.timers = {k: TimerStat() for k in ("sample_processing", "put_weights", "enqueue")}
-        for worker in self.workers:
-            for _ in range(self.samples_in_flight):
-                self._request_sample(worker)
-        self._poll_learner()
+        self._start_sampling(workers)
+        self.tasks.add(learner, learner.wait_trained.remote(TRAINED_WAIT_S))
+
+    @property
+    def workers(self) -> list[ActorHandle]:
+        """The live rollout workers."""
+        return self.worker_fleet.actors
 
     # ---- dispatch ---------------------------------------------------------------------
-    def _track(self, actor: ActorHandle, ref: ObjectRef, kind: str) -> None:
-        self._kind[ref] = kind
-        self.tasks.add(actor, ref)
+    def _start_sampling(self, workers: list[ActorHandle]) -> None:
+        for worker in workers:
+            for _ in range(self.samples_in_flight):
+                self._request_sample(worker)
 
     def _request_sample(self, worker: ActorHandle) -> None:
         if self.weights is not None and self.worker_versions.get(worker, -1) < self.weights_version:
@@ -81,71 +91,65 @@ class AsyncSamplesOptimizer(StepCountersMixin):
                 # Runs on the worker before the sample below.
                 worker.set_weights.remote(self.weights, self.counters.num_steps_sampled)
                 self.worker_versions[worker] = self.weights_version
-        self._track(worker, worker.sample_ref.remote(), "sample")
-
-    def _poll_learner(self) -> None:
-        self._track(self.learner, self.learner.take_results.remote(0.5), "results")
-        self.results_in_flight = True
+        self.tasks.add(worker, worker.sample_ref.remote())
 
     def _send_train_batches(self) -> None:
-        while (self.pending_rows >= self.train_batch_size
-               and self.enqueues_in_flight < self.max_learner_requests):
+        while self.pending_rows >= self.train_batch_size and self.enqueue_credits.take():
             refs, rows = [], 0
             while rows < self.train_batch_size:
                 ref, count = self.pending.pop(0)
                 refs.append(ref)
                 rows += count
             self.pending_rows -= rows
-            self._track(self.learner, self.learner.enqueue_refs.remote(None, refs), "enqueue")
-            self.enqueues_in_flight += 1
+            self.tasks.add(self.learner, self.learner.enqueue_refs.remote(None, refs))
             self.batches_since_broadcast += 1
         # Room again: parked workers resume sampling.
-        while self.parked and self.pending_rows < 2 * self.train_batch_size:
-            self._request_sample(self.parked.pop())
+        for worker in self.pacer.release():
+            self._request_sample(worker)
 
     # ---- the step ---------------------------------------------------------------------
     async def step(self, timeout_s: float = 1.0) -> None:
         """Handle everything that finished (waiting up to ``timeout_s`` for the first)."""
         for actor, ref in await self.tasks.completed(timeout_s):
-            kind = self._kind.pop(ref, None)
-            if kind is None:
-                continue  # a call to a worker that failed earlier in this loop
-            if kind == "sample":
+            if actor == self.learner:
+                await self._on_learner_reply(ref)
+            elif actor in self.worker_fleet:  # else it failed earlier in this loop
                 await self._on_sample(actor, ref)
-            elif kind == "enqueue":
-                self.enqueues_in_flight -= 1
-                try:
-                    await self.runtime.get_async(ref)  # surfaces learner errors
-                except RemoteError as exc:
-                    if "ObjectLostError" not in exc.type_name:
-                        raise
-                    # A worker died holding part of this train batch: the batch is lost.
-                    self.num_batches_lost += 1
-                    log.warning("a train batch was lost with a dead worker: %s", exc.message)
-            else:
-                self.results_in_flight = False
-                self._on_learner_results(await self.runtime.get_async(ref))
-                self._poll_learner()
         self._send_train_batches()
 
     async def _on_sample(self, worker: ActorHandle, ref: ObjectRef) -> None:
         try:
-            info = await self.runtime.get_async(ref)
+            reply: SampleReply = await self.runtime.get_async(ref)
         except ActorDiedError as exc:
-            await self._worker_failed(worker, exc)
+            new = await self.worker_fleet.failed(worker, exc, self._forget_worker)
+            if new is not None:
+                self._start_sampling([new])
             return
         with self.timers["sample_processing"]:
-            self.pending.append((info["batch"], info["count"]))
-            self.pending_rows += info["count"]
-            self.counters.num_steps_sampled += info["count"]
-        if self.pending_rows >= 2 * self.train_batch_size:
-            self.parked.append(worker)
-        else:
+            self.pending.append((reply.batch, reply.count))
+            self.pending_rows += reply.count
+            self.counters.num_steps_sampled += reply.count
+        if self.pacer.admit(worker):
             self._request_sample(worker)
 
-    def _on_learner_results(self, payload: dict[str, Any]) -> None:
-        self.counters.num_steps_trained = payload["num_steps_trained"]
-        self.learner_version = payload["weights_version"]
+    async def _on_learner_reply(self, ref: ObjectRef) -> None:
+        try:
+            reply = await self.runtime.get_async(ref)  # surfaces learner errors
+        except ObjectLostError as exc:
+            # A worker died holding part of this train batch: the batch is lost.
+            self.enqueue_credits.give_back()
+            self.num_batches_lost += 1
+            log.warning("a train batch was lost with a dead worker: %s", exc)
+            return
+        if isinstance(reply, TrainedNotice):
+            self._on_trained(reply)
+            self.tasks.add(self.learner, self.learner.wait_trained.remote(TRAINED_WAIT_S))
+        else:  # an EnqueueReply: the learner queued the batch
+            self.enqueue_credits.give_back()
+
+    def _on_trained(self, notice: TrainedNotice) -> None:
+        self.counters.num_steps_trained = notice.num_steps_trained
+        self.learner_version = notice.weights_version
         if (self.learner_version > self.weights_version
                 and self.batches_since_broadcast >= self.broadcast_interval):
             self.weights = self.learner.get_weights.remote()
@@ -153,40 +157,32 @@ class AsyncSamplesOptimizer(StepCountersMixin):
             self.batches_since_broadcast = 0
             self.num_weight_broadcasts += 1
 
-    async def _worker_failed(self, worker: ActorHandle, exc: BaseException) -> None:
-        if worker not in self.workers:
-            return  # already handled (it had several calls in flight)
-        self.num_worker_failures += 1
-        log.warning("rollout worker %r failed: %s", worker, exc)
+    def _forget_worker(self, worker: ActorHandle) -> None:
         self.tasks.remove_actor(worker)
         # Its samples not yet sent to the learner died with it (they live in the worker).
         self.pending = [(ref, n) for ref, n in self.pending if ref.owner != worker.endpoint]
         self.pending_rows = sum(n for _, n in self.pending)
-        self._kind = {ref: kind for ref, kind in self._kind.items()
-                      if ref.owner != worker.endpoint}
-        if worker in self.parked:
-            self.parked.remove(worker)
+        self.pacer.keep(w for w in self.workers if w != worker)
         self.worker_versions.pop(worker, None)
-        if worker in self.workers:
-            self.workers.remove(worker)
-        if self.replace_worker is None:
-            return
-        new = await self.replace_worker(worker)
-        if new is not None:
-            self.workers.append(new)
-            for _ in range(self.samples_in_flight):
-                self._request_sample(new)
 
     # ---- the PolicyOptimizer surface --------------------------------------------------
+    @property
+    def num_worker_failures(self) -> int:
+        """Rollout workers that died."""
+        return self.worker_fleet.num_failures
+
+    @property
+    def parked(self) -> list[ActorHandle]:
+        """Workers waiting for the learner to take the pending rows."""
+        return self.pacer.parked
+
     def reset(self, workers: list[ActorHandle]) -> None:
         """Swap the worker set: tasks of removed workers are forgotten, new ones start."""
         self.tasks.reset_workers([*workers, self.learner])
-        self.parked = [w for w in self.parked if w in workers]
+        self.pacer.keep(workers)
         added = [w for w in workers if w not in self.workers]
-        self.workers = list(workers)
-        for worker in added:
-            for _ in range(self.samples_in_flight):
-                self._request_sample(worker)
+        self.worker_fleet.actors = list(workers)
+        self._start_sampling(added)
 
     async def stats(self) -> dict[str, Any]:
         """RLlib's AsyncSamplesOptimizer stats plus the learner's."""
@@ -202,7 +198,7 @@ class AsyncSamplesOptimizer(StepCountersMixin):
             "learner": learner["learner"],
             "timing_breakdown": timing,
             "pending_sample_rows": self.pending_rows,
-            "parked_workers": len(self.parked),
+            "parked_workers": len(self.pacer.parked),
             "learner_device": learner["device"],
             "num_towers": learner["num_towers"],
         }

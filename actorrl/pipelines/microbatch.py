@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from actorrl.messages import SampleReply
 from actorrl.metrics import TimerStat
 from actorrl.pipelines.pieces import StepCounters, StepCountersMixin
 from actorrl.runtime import ActorHandle, Runtime
@@ -21,8 +22,8 @@ from actorrl.runtime import ActorHandle, Runtime
 class MicrobatchOptimizer(StepCountersMixin):
     """The microbatch pipeline over remote workers and a learner actor."""
 
-    def __init__(self, workers: list[ActorHandle], learner: ActorHandle, *,
-                 train_batch_size: int = 10000, microbatch_size: int = 1000) -> None:
+    def __init__(self, runtime: Runtime, workers: list[ActorHandle], learner: ActorHandle,
+                 *, train_batch_size: int = 10000, microbatch_size: int = 1000) -> None:
         if train_batch_size <= microbatch_size:
             raise ValueError(f"The microbatch size must be smaller than the train batch "
                              f"size, got microbatch_size={microbatch_size} vs "
@@ -30,7 +31,7 @@ class MicrobatchOptimizer(StepCountersMixin):
         if not workers:
             raise ValueError("the microbatch optimizer needs at least 1 remote worker: set "
                              "num_workers >= 1")
-        self.runtime = Runtime.current()
+        self.runtime = runtime
         self.workers = list(workers)
         self.learner = learner
         self.train_batch_size = train_batch_size
@@ -52,10 +53,10 @@ class MicrobatchOptimizer(StepCountersMixin):
             with self.sample_timer:
                 refs, rows = [], 0
                 while rows < self.microbatch_size:
-                    replies = await self.runtime.get_async(
+                    replies: list[SampleReply] = await self.runtime.get_async(
                         [w.sample_ref.remote() for w in self.workers], timeout_s=600)
-                    refs += [r["batch"] for r in replies]
-                    rows += sum(r["count"] for r in replies)
+                    refs += [r.batch for r in replies]
+                    rows += sum(r.count for r in replies)
                 self.sample_timer.push_units_processed(rows)
             with self.grad_timer:
                 result = await self.runtime.get_async(

@@ -1,17 +1,24 @@
-"""Small pieces the pipelines share: in-flight task pools and step counters."""
+"""Small pieces the pipelines share: in-flight task pools, step counters, and flow control
+(a learner credit window, a sampling pacer, the replacement of failed actors)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from actorrl.runtime import ActorHandle, ObjectRef, Runtime
 from transport.timeouts import wait_for
+
+log = logging.getLogger(__name__)
+
+ReplaceWorker = Callable[[ActorHandle], Awaitable[ActorHandle | None]]
+"""Starts a replacement for a failed actor (None: it could not be replaced)."""
 
 
 class Wakeup:
@@ -36,8 +43,8 @@ class TaskPool:
     ``(actor, ref)`` pairs in the order they finished.
     """
 
-    def __init__(self, wakeup: Wakeup | None = None) -> None:
-        self._runtime = Runtime.current()
+    def __init__(self, runtime: Runtime, wakeup: Wakeup | None = None) -> None:
+        self._runtime = runtime
         self._wakeup = wakeup
         self._tasks: dict[ObjectRef, ActorHandle] = {}
         self._ready: deque[ObjectRef] = deque()
@@ -111,6 +118,34 @@ class StepCounters:
                 "num_steps_trained": self.num_steps_trained}
 
 
+class RateWindow:
+    """Units per second of wall-clock time over the last ``window_s`` seconds, idle time
+    included: the rate an outside observer measures (a step timer that starts after the
+    wait for work overstates it)."""
+
+    def __init__(self, window_s: float = 10.0,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.window_s = window_s
+        self._clock = clock
+        self._total = 0.0
+        self._points: deque[tuple[float, float]] = deque([(clock(), 0.0)])
+
+    def add(self, units: float) -> None:
+        """Record ``units`` done since the previous call."""
+        now = self._clock()
+        self._total += units
+        self._points.append((now, self._total))
+        # Keep one point at or before the window's start, as the base of the rate.
+        while len(self._points) > 2 and self._points[1][0] <= now - self.window_s:
+            self._points.popleft()
+
+    @property
+    def rate(self) -> float:
+        """Units per second from the window's first point to the latest one."""
+        (t0, u0), (t1, u1) = self._points[0], self._points[-1]
+        return (u1 - u0) / (t1 - t0) if t1 > t0 else 0.0
+
+
 class StepCountersMixin:
     """The PolicyOptimizer step-count surface, read from a pipeline's ``counters``."""
 
@@ -125,3 +160,149 @@ class StepCountersMixin:
     def num_steps_trained(self) -> int:
         """Env steps trained on so far (for A3C: whose gradients were applied)."""
         return self.counters.num_steps_trained
+
+
+class CreditWindow:
+    """How many batches may be on their way to (or waiting in) the learner.
+
+    A credit is taken before a batch is requested (a replay from a shard) and given back
+    when the learner reports it trained, refuses it, or it is lost: so no more is produced
+    than the learner has room for, and a full learner costs no replay work at all.
+    """
+
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError(f"a credit window needs at least 1 credit, got {size}")
+        self.size = size
+        self.in_use = 0
+        self.held = 0
+        """Credits of batches the learner refused: kept until it trains again."""
+
+    @property
+    def available(self) -> int:
+        """Credits free now."""
+        return self.size - self.in_use
+
+    def take(self) -> bool:
+        """Take one credit; False (and nothing taken) when none is free."""
+        if self.in_use >= self.size:
+            return False
+        self.in_use += 1
+        return True
+
+    def give_back(self, n: int = 1) -> None:
+        """Return ``n`` credits (never more than were taken: a learner that reports one
+        batch several times, as with ``num_sgd_iter`` > 1, cannot inflate the window)."""
+        self.in_use = max(0, self.in_use - n)
+
+    def refused(self) -> None:
+        """The learner refused a batch (its queue was fuller than the window assumed): the
+        credit stays in use until the learner trains again, so nothing is re-requested
+        just to be refused."""
+        self.held += 1
+
+    def trained(self, n: int) -> None:
+        """The learner trained ``n`` batches: their credits and any held ones come back."""
+        if n > 0:
+            self.give_back(n + self.held)
+            self.held = 0
+
+
+class SamplingPacer:
+    """Parks samplers while sampling runs ahead of what consumes it.
+
+    ``ahead(extra_env_steps)`` says whether sampling is ahead once ``extra_env_steps``
+    more (sampled but not yet counted) are added. A worker whose sample came back is
+    :meth:`admit`-ted to sample again, or parked until :meth:`release` frees it.
+    """
+
+    def __init__(self, ahead: Callable[[int], bool]) -> None:
+        self._ahead = ahead
+        self.parked: list[ActorHandle] = []
+
+    def admit(self, worker: ActorHandle, extra_env_steps: int = 0) -> bool:
+        """True when ``worker`` may sample again now; else it is parked."""
+        if self._ahead(extra_env_steps):
+            self.parked.append(worker)
+            return False
+        return True
+
+    def release(self) -> list[ActorHandle]:
+        """The parked workers that may sample again (in the order they were parked)."""
+        out = []
+        while self.parked and not self._ahead(0):
+            out.append(self.parked.pop(0))
+        return out
+
+    def keep(self, workers: Iterable[ActorHandle]) -> None:
+        """Forget parked workers not in ``workers``."""
+        live = set(workers)
+        self.parked = [w for w in self.parked if w in live]
+
+
+class TrainingIntensity:
+    """RLlib's ``training_intensity``: sampling is ahead while the learner has trained on
+    fewer than ``intensity`` rows per env step sampled beyond ``learning_starts``, counted
+    from the last :meth:`restart` (None: never ahead)."""
+
+    def __init__(self, counters: StepCounters, intensity: float | None,
+                 learning_starts: int = 0) -> None:
+        self.counters = counters
+        self.intensity = intensity
+        self.learning_starts = learning_starts
+        self._sampled0 = 0
+        self._trained0 = 0
+
+    def restart(self) -> None:
+        """Count from now: sampling runs unpaced for another ``learning_starts`` steps
+        (after a replay shard was replaced, so the empty one refills)."""
+        self._sampled0 = self.counters.num_steps_sampled
+        self._trained0 = self.counters.num_steps_trained
+
+    def ahead(self, extra_env_steps: int = 0) -> bool:
+        """Whether sampling ``extra_env_steps`` more would run ahead of the learner."""
+        if self.intensity is None:
+            return False
+        sampled = (self.counters.num_steps_sampled + extra_env_steps - self._sampled0
+                   - self.learning_starts)
+        trained = self.counters.num_steps_trained - self._trained0
+        return trained < self.intensity * sampled
+
+
+class Fleet:
+    """The live actors of one role (rollout workers, replay shards). A failed actor is
+    counted, logged and replaced in its slot (or its slot removed)."""
+
+    def __init__(self, actors: Iterable[ActorHandle], replace: ReplaceWorker | None,
+                 role: str) -> None:
+        self.actors = list(actors)
+        self.replace = replace
+        self.role = role
+        self.num_failures = 0
+
+    def __iter__(self) -> Iterator[ActorHandle]:
+        return iter(self.actors)
+
+    def __len__(self) -> int:
+        return len(self.actors)
+
+    def __contains__(self, actor: object) -> bool:
+        return actor in self.actors
+
+    async def failed(self, actor: ActorHandle, exc: BaseException,
+                     forget: Callable[[ActorHandle], None]) -> ActorHandle | None:
+        """Handle ``actor``'s failure once: ``forget(actor)`` drops the caller's state for
+        it, then a replacement takes its slot. Returns the replacement (None: already
+        handled, or none could be started)."""
+        if actor not in self.actors:
+            return None  # already handled (it had several calls in flight)
+        self.num_failures += 1
+        log.warning("%s %r failed: %s", self.role, actor, exc)
+        forget(actor)
+        new = await self.replace(actor) if self.replace is not None else None
+        index = self.actors.index(actor)
+        if new is None:
+            self.actors.pop(index)
+        else:
+            self.actors[index] = new
+        return new

@@ -9,6 +9,7 @@ import numpy as np
 import actorrl.runtime as rt
 from actorrl.batch import SampleBatch
 from actorrl.envs import EpisodeMetrics
+from actorrl.messages import SampleReply
 from actorrl.replay.actor import ReplayActor
 from actorrl.rollout_actor import RolloutWorkerActor
 
@@ -36,11 +37,11 @@ class ScriptedWorker:
         self.samples = 0
         self.weight_syncs: list[int] = []  # samples taken before each sync
 
-    def sample_ref(self) -> dict[str, Any]:
+    def sample_ref(self) -> SampleReply:
         self.samples += 1
         batch = cartpole_like_batch(self.count, self.rng)
-        return {"batch": rt.put(batch), "count": self.count, "agent_steps": self.count,
-                "worker_index": 1}
+        return SampleReply(batch=rt.put(batch), count=self.count, agent_steps=self.count,
+                           worker_index=1)
 
     def sample(self) -> SampleBatch:
         self.samples += 1
