@@ -5,7 +5,8 @@
     actorrl train ALGO [--env ENV] [--num-workers N] [--config FILE] [--set KEY=VALUE ...]
                        [--seed N] [--output DIR] [--checkpoint-every N] [--restore PATH]
                        [--stop-reward R|none] [--stop-timesteps N] [--stop-time S|none]
-                       [--address ADDR [--keys DIR]] [--progress auto|rich|plain] [--debug]
+                       [--address ADDR [--keys DIR] | --serial] [--progress auto|rich|plain]
+                       [--debug]
     actorrl evaluate CHECKPOINT [--episodes N] [--render no|human] [--env ENV] [--seed N]
                                 [--json] [--debug]
     actorrl plot RESULTS_DIR [RESULTS_DIR ...] [-o OUT.png] [--title TEXT]
@@ -19,8 +20,8 @@ value type, malformed ``--set``, missing file), reported before anything starts;
 130 interrupted by SIGINT; 143 interrupted by SIGTERM.
 
 Heavy modules (numpy, torch, the runtime) are imported inside the commands: ``train``
-blocks SIGINT/SIGTERM (:class:`~actorrl.experiment.signals.SignalWatcher`) before anything
-can start a thread.
+(local or ``--address``) blocks SIGINT/SIGTERM
+(:class:`~actorrl.experiment.signals.SignalWatcher`) before anything can start a thread.
 """
 
 from __future__ import annotations
@@ -38,11 +39,12 @@ from typing import TYPE_CHECKING
 import actorrl
 from actorrl.experiment.errors import UsageError, error_summary
 from actorrl.experiment.signals import SignalExit, SignalWatcher, exit_code_for
-from actorrl.experiment.stop import DEFAULT_STOP_TIME_S
+from actorrl.stop import DEFAULT_STOP_TIME_S
 
 if TYPE_CHECKING:
+    from actorrl.experiment.progress import ProgressDisplay
     from actorrl.experiment.results import RunDirectory
-    from actorrl.experiment.train import RunSummary, TrainPlan
+    from actorrl.experiment.train import RunSummary, TrainingRun, TrainPlan
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -144,6 +146,10 @@ def _add_train(subparsers: argparse._SubParsersAction) -> None:
                                      "instead of a local embedded cluster")
     p.add_argument("--keys", metavar="DIR",
                    help="with --address: CURVE key folder (default: $ACTORRL_KEYS_DIR)")
+    p.add_argument("--serial", action="store_true",
+                   help="run every actor (workers, learner, replay shards) in this process "
+                        "and event loop, with the same pipelines: breakpoints and stack "
+                        "traces span the whole step; no child process is started")
     p.add_argument("--progress", choices=("auto", "rich", "plain"), default="auto",
                    help="live display: rich on a terminal, one line per iteration "
                         "otherwise (default: auto)")
@@ -205,11 +211,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
         output_dir=args.output, checkpoint_every=args.checkpoint_every, restore=args.restore,
         stop_reward=None if args.stop_reward == "auto" else args.stop_reward,
         stop_reward_given=args.stop_reward != "auto", stop_timesteps=args.stop_timesteps,
-        stop_time_s=args.stop_time, debug=args.debug, command=["actorrl", *args.argv])
+        stop_time_s=args.stop_time, debug=args.debug, command=["actorrl", *args.argv],
+        serial=args.serial)
     if args.address:
         if args.restore:
             raise UsageError("--restore works with local training only; on a cluster, "
                              "jobs resume from their own checkpoints")
+        if args.serial:
+            raise UsageError("--serial runs locally; it cannot be combined with --address")
         return _train_remote(plan, args)
     return _train_local(plan, args)
 
@@ -227,14 +236,37 @@ def _create_run_dir(plan: TrainPlan) -> RunDirectory:
 
 
 def _train_local(plan: TrainPlan, args: argparse.Namespace) -> int:
-    from actorrl.experiment.progress import make_progress
-    from actorrl.experiment.train import TrainingRun, configure_logging
-    from transport.sockets import new_event_loop
+    from actorrl.experiment.train import LocalRun
 
     run_dir = _create_run_dir(plan)
+    return _run(LocalRun(plan, run_dir, _start_display(plan, args, run_dir)), args)
+
+
+def _train_remote(plan: TrainPlan, args: argparse.Namespace) -> int:
+    from actorrl.experiment.remote import RemoteRun, load_client_class
+
+    client_class = load_client_class()
+    run_dir = _create_run_dir(plan)
+    keys = args.keys or os.environ.get("ACTORRL_KEYS_DIR")
+    run = RemoteRun(plan, run_dir, _start_display(plan, args, run_dir), address=args.address,
+                    keys_dir=os.path.expanduser(keys) if keys else None,
+                    client_class=client_class)
+    return _run(run, args)
+
+
+def _start_display(plan: TrainPlan, args: argparse.Namespace, run_dir: RunDirectory
+                   ) -> ProgressDisplay:
+    from actorrl.experiment.progress import make_progress
+    from actorrl.experiment.train import configure_logging
+
     configure_logging(run_dir.logs_dir / "driver.log", plan.debug)
-    display = make_progress(args.progress)
-    run = TrainingRun(plan, run_dir, display)
+    return make_progress(args.progress)
+
+
+def _run(run: TrainingRun, args: argparse.Namespace) -> int:
+    """Run ``run`` on a new event loop, signals delivered to it; print its report."""
+    from transport.sockets import new_event_loop
+
     loop = new_event_loop()
     watcher: SignalWatcher | None = args.signal_watcher
     if watcher is not None:
@@ -246,23 +278,7 @@ def _train_local(plan: TrainPlan, args: argparse.Namespace) -> int:
             watcher.detach()
         loop.run_until_complete(loop.shutdown_default_executor())
         loop.close()
-    return _report(plan, summary, run_dir)
-
-
-def _train_remote(plan: TrainPlan, args: argparse.Namespace) -> int:
-    from actorrl.experiment.progress import make_progress
-    from actorrl.experiment.remote import load_client_class, run_remote
-    from actorrl.experiment.signals import raise_signal_exit
-    from actorrl.experiment.train import configure_logging
-
-    client_class = load_client_class()
-    run_dir = _create_run_dir(plan)
-    configure_logging(run_dir.logs_dir / "driver.log", plan.debug)
-    signal.signal(signal.SIGTERM, raise_signal_exit)
-    keys = args.keys or os.environ.get("ACTORRL_KEYS_DIR")
-    summary = run_remote(plan, args.address, os.path.expanduser(keys) if keys else None,
-                         run_dir, make_progress(args.progress), client_class)
-    return _report(plan, summary, run_dir)
+    return _report(run.plan, summary, run.run_dir)
 
 
 def _report(plan: TrainPlan, summary: RunSummary, run_dir: RunDirectory) -> int:
@@ -302,16 +318,15 @@ def _first_command(argv: Sequence[str]) -> str | None:
     return next((a for a in argv if not a.startswith("-")), None)
 
 
-def _runs_local_cluster(argv: Sequence[str]) -> bool:
-    return (_first_command(argv) == "train"
-            and not any(a == "--address" or a.startswith("--address=") for a in argv))
+def _trains(argv: Sequence[str]) -> bool:
+    return _first_command(argv) == "train"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     watcher = None
-    if _runs_local_cluster(argv):
+    if _trains(argv):
         watcher = SignalWatcher()  # before any import that could start a thread
         watcher.install()
     try:

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from actorrl.experiment.checkpoint import read_checkpoint
+from actorrl.checkpoints import read_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "actorrl.cli"]
@@ -477,7 +477,7 @@ def test_debug_flag_shows_the_traceback(trained: dict, tmp_path: Path) -> None:
     folder, _ = read_checkpoint(trained["run"])
     broken = tmp_path / "checkpoint_000001"
     shutil.copytree(folder, broken)
-    from actorrl.experiment.checkpoint import (
+    from actorrl.checkpoints import (
         decode_state_file,
         encode_state_file,
     )

@@ -565,3 +565,27 @@ def test_local_client_runs_actors_in_process():
         pid = client.get(ready[0])
         assert client.nodes()[0]["num_actors"] == 1
     assert pids_alive([pid], 15) == []
+
+
+@pytest.mark.timeout(120)
+def test_client_errors_arrive_typed():
+    """Through the cluster client, a coordinator's refusals keep their type (and are
+    RemoteErrors without the coordinator's traceback): a failed actor creation is an
+    ActorCreationError, an unknown job a JobError, a bad submission a ConfigError."""
+    from actorrl.cluster import JobError
+    from actorrl.config import ConfigError
+    from actorrl.runtime.errors import ActorCreationError
+    from transport.errors import RemoteError
+
+    with Client.local(num_cpus=1) as client:
+        with pytest.raises(ActorCreationError, match="constructor exploded") as created:
+            client.create_actor("tests.actors.basic:Broken", num_cpus=0)
+        assert isinstance(created.value, RemoteError)
+        assert created.value.remote_traceback == ""
+        with pytest.raises(ActorCreationError, match="no node named 'nowhere'"):
+            client.create_actor("tests.actors.basic:Counter", num_cpus=0, node="nowhere")
+        with pytest.raises(JobError, match="no job 'nope'"):
+            client.job("nope")
+        with pytest.raises(ConfigError, match="num_workerz") as refused:
+            client.submit({"algorithm": "a2c", "num_workerz": 2})
+        assert isinstance(refused.value, ValueError) and isinstance(refused.value, RemoteError)

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from actorrl.experiment import checkpoint as ckpt
-from actorrl.experiment.errors import UsageError, error_summary
+from actorrl import checkpoints as ckpt
+from actorrl.experiment.errors import error_summary
 from actorrl.experiment.results import (
     ResultWriter,
     RunDirectory,
@@ -21,8 +21,8 @@ from actorrl.experiment.results import (
     flatten_result,
     read_results,
 )
-from actorrl.experiment.stop import StopCriteria, default_stop_reward
 from actorrl.runtime.errors import ActorCreationError
+from actorrl.stop import StopCriteria, default_stop_reward
 from transport.errors import RemoteError
 
 
@@ -95,19 +95,19 @@ def test_failed_write_leaves_no_checkpoint_behind(tmp_path: Path, monkeypatch) -
     (lambda data: data[:5], "too short"),
 ])
 def test_corrupt_state_files_are_refused(tmp_path: Path, mutate, message: str) -> None:
-    """Truncated or foreign files raise UsageError naming the problem, never garbage."""
+    """Truncated or foreign files raise CheckpointError naming the problem, never garbage."""
     folder = ckpt.write_checkpoint(tmp_path, _state(), {})
     path = folder / ckpt.STATE_FILE
     path.write_bytes(mutate(path.read_bytes()))
-    with pytest.raises(UsageError, match=message):
+    with pytest.raises(ckpt.CheckpointError, match=message):
         ckpt.read_checkpoint(folder)
 
 
-def test_missing_checkpoint_is_a_usage_error(tmp_path: Path) -> None:
+def test_missing_checkpoint_is_a_checkpoint_error(tmp_path: Path) -> None:
     """Nonexistent paths and folders without checkpoints are named in the error."""
-    with pytest.raises(UsageError, match="does not exist"):
+    with pytest.raises(ckpt.CheckpointError, match="does not exist"):
         ckpt.find_checkpoint(tmp_path / "nope")
-    with pytest.raises(UsageError, match="no checkpoint in"):
+    with pytest.raises(ckpt.CheckpointError, match="no checkpoint in"):
         ckpt.find_checkpoint(tmp_path)
 
 
@@ -173,7 +173,7 @@ def test_flatten_and_derived_metrics() -> None:
 
 def test_stop_criteria() -> None:
     """Each criterion stops with a reason; a NaN reward (no episode yet) never does."""
-    stop = StopCriteria(reward=450.0, timesteps=1000, time_s=60.0)
+    stop = StopCriteria.of(reward=450.0, timesteps=1000, time_s=60.0)
     assert stop.reached({"episode_reward_mean": math.nan, "timesteps_total": 10}, 1.0) is None
     assert "episode_reward_mean" in stop.reached({"episode_reward_mean": 451.0,
                                                   "timesteps_total": 10}, 1.0)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -189,15 +189,11 @@ class Trainer:
         self.time_total_s += time_this_iter
         info = await self.pipeline.stats()
         info["num_worker_restarts"] = self.num_worker_restarts
-        sampled_total = self.pipeline.num_steps_sampled + self.timesteps_offset
         return {
             **self.episodes.update(episodes),
-            "timesteps_total": sampled_total,
+            **self.counters(),
             "timesteps_this_iter": self.pipeline.num_steps_sampled - sampled_before,
-            "num_steps_trained": self.pipeline.num_steps_trained + self.trained_offset,
-            "training_iteration": self.iteration,
             "time_this_iter_s": time_this_iter,
-            "time_total_s": self.time_total_s,
             "num_healthy_workers": len(self.pipeline.workers),
             "timestamp": time.time(),
             "info": info,
@@ -225,14 +221,15 @@ class Trainer:
         policies = await self.runtime.get_async(source.get_state.remote(), timeout_s=120)
         if self.learner is not None:
             policies = policies["policies"]
+        counters = self.counters()
         return {
             "algorithm": self.spec.name,
             "config": self.config.to_dict(),
             "policies": policies,
             "iteration": self.iteration,
             "time_total_s": self.time_total_s,
-            "timesteps_total": self.pipeline.num_steps_sampled + self.timesteps_offset,
-            "num_steps_trained": self.pipeline.num_steps_trained + self.trained_offset,
+            "timesteps_total": counters["timesteps_total"],
+            "num_steps_trained": counters["num_steps_trained"],
         }
 
     async def set_state(self, state: dict[str, Any]) -> None:
@@ -247,11 +244,42 @@ class Trainer:
                                      timeout_s=120)
         if self.learner is not None:
             await self.broadcast_learner_weights()
-        self.iteration = int(state["iteration"])
-        self.time_total_s = float(state["time_total_s"])
+        self._set_counters(iteration=int(state["iteration"]),
+                           time_total_s=float(state["time_total_s"]),
+                           timesteps_total=int(state["timesteps_total"]),
+                           num_steps_trained=int(state["num_steps_trained"]))
+
+    # ---- counters -----------------------------------------------------------------------
+    def counters(self) -> dict[str, Any]:
+        """The run's counters as result keys: ``training_iteration``, ``timesteps_total``,
+        ``num_steps_trained`` and ``time_total_s`` (including what a restored checkpoint or
+        an earlier attempt had done)."""
         assert self.pipeline is not None
-        self.timesteps_offset = int(state["timesteps_total"]) - self.pipeline.num_steps_sampled
-        self.trained_offset = int(state["num_steps_trained"]) - self.pipeline.num_steps_trained
+        return {"training_iteration": self.iteration,
+                "timesteps_total": self.pipeline.num_steps_sampled + self.timesteps_offset,
+                "num_steps_trained": self.pipeline.num_steps_trained + self.trained_offset,
+                "time_total_s": self.time_total_s}
+
+    def continue_counters(self, reported: Mapping[str, Any]) -> None:
+        """Counters continue from ``reported`` (result keys, as :meth:`counters`), never
+        going backwards: each becomes the larger of its current and its reported value.
+        For a run restarted after a failure, with or without restoring a checkpoint
+        first, so that no counter repeats what was already reported."""
+        current = self.counters()
+        merged = {key: max(current[key], reported.get(key, current[key]))
+                  for key in current}
+        self._set_counters(iteration=int(merged["training_iteration"]),
+                           time_total_s=float(merged["time_total_s"]),
+                           timesteps_total=int(merged["timesteps_total"]),
+                           num_steps_trained=int(merged["num_steps_trained"]))
+
+    def _set_counters(self, *, iteration: int, time_total_s: float, timesteps_total: int,
+                      num_steps_trained: int) -> None:
+        assert self.pipeline is not None
+        self.iteration = iteration
+        self.time_total_s = time_total_s
+        self.timesteps_offset = timesteps_total - self.pipeline.num_steps_sampled
+        self.trained_offset = num_steps_trained - self.pipeline.num_steps_trained
 
     async def stop(self) -> None:
         """Stop the pipeline and every actor of this job."""

@@ -12,7 +12,7 @@ A submission is a mapping::
 Each job has a directory ``STATE_DIR/jobs/JOB_ID`` with ``job.json`` (its record),
 ``result.jsonl`` (every result), ``job.log`` (coordinator-side events: placement, deaths,
 replacements, restarts) and ``checkpoints/checkpoint_NNNNNN/`` folders in the format of
-:mod:`actorrl.experiment.checkpoint` (wire codec, no pickle), so ``actorrl evaluate`` reads
+:mod:`actorrl.checkpoints` (wire codec, no pickle), so ``actorrl evaluate`` reads
 them.
 
 Recovery, in the order it is tried:
@@ -35,7 +35,6 @@ import contextlib
 import contextvars
 import json
 import logging
-import math
 import os
 import shutil
 import time
@@ -44,14 +43,15 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
-
 from actorrl.algorithms import Trainer, get_algorithm
-from actorrl.cluster import RUNNING_STATES, TERMINAL_STATES
+from actorrl.algorithms.run_loop import CheckpointPolicy, run_trainer
+from actorrl.checkpoints import list_checkpoints, read_checkpoint, write_checkpoint
+from actorrl.cluster import RUNNING_STATES, TERMINAL_STATES, JobError
 from actorrl.config import ConfigError, load_config
-from actorrl.experiment.checkpoint import list_checkpoints, read_checkpoint, write_checkpoint
 from actorrl.runtime.coordinator import ActorRecord, ClusterDriver, Coordinator, serve_async
 from actorrl.runtime.errors import GetTimeoutError
+from actorrl.stop import StopCriteria
+from actorrl.storage import atomic_write_json, jsonable
 from transport.timeouts import wait_for
 
 log = logging.getLogger(__name__)
@@ -63,10 +63,6 @@ MAX_WAIT_S = 30.0
 
 _current_job: contextvars.ContextVar[Job | None] = contextvars.ContextVar(
     "actorrl_job", default=None)
-
-
-class JobError(RuntimeError):
-    """A job request could not be served (unknown job, bad submission)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,12 +119,10 @@ class Submission:
             spec = get_algorithm(algorithm)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        stop = values.pop("stop", None) or {}
-        if not isinstance(stop, dict) or not all(
-                isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
-                for k, v in stop.items()):
-            raise ConfigError("'stop' must map result keys (e.g. 'training_iteration') to "
-                              "numbers")
+        try:
+            stop = StopCriteria.from_mapping(values.pop("stop", None) or {})
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         job_values = values.pop("job", None) or {}
         if not isinstance(job_values, dict):
             raise ConfigError("'job' must be a mapping of job options")
@@ -142,7 +136,7 @@ class Submission:
             raise ConfigError(f"invalid job options: {exc}") from None
         config = load_config(spec.config_cls, values)  # raises ConfigError with all problems
         del config
-        return cls(spec.name, values, {k: float(v) for k, v in stop.items()}, options)
+        return cls(spec.name, values, stop.to_mapping(), options)
 
     def to_dict(self) -> dict[str, Any]:
         """The submission as given (normalized)."""
@@ -150,42 +144,8 @@ class Submission:
                 "job": asdict(self.options)}
 
 
-def _plain(value: Any) -> Any:
-    """JSON-safe copy of a result (numpy scalars/arrays, NaN kept as null)."""
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return _plain(value.tolist())
-    if isinstance(value, np.generic):
-        return _plain(value.item())
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
-def lookup(result: dict[str, Any], key: str) -> Any:
-    """``result[key]`` where ``key`` may be dotted (``info.num_steps_trained``)."""
-    value: Any = result
-    for part in key.split("."):
-        if not isinstance(value, dict) or part not in value:
-            return None
-        value = value[part]
-    return value
-
-
 STOP_WAIT_S = 30.0
 """How long ``job.stop`` waits for a cancelled job to stop its actors before replying."""
-
-
-def stop_reached(result: dict[str, Any], stop: dict[str, float]) -> str | None:
-    """The first stop criterion ``result`` meets (value >= threshold), or None."""
-    for key, threshold in stop.items():
-        value = lookup(result, key)
-        if isinstance(value, (int, float)) and math.isfinite(value) and value >= threshold:
-            return key
-    return None
 
 
 COUNTERS = ("training_iteration", "timesteps_total", "num_steps_trained", "time_total_s")
@@ -227,15 +187,12 @@ class Job:
                 "num_results": self.num_results, "num_failures": self.num_failures,
                 "checkpoint": self.checkpoint, "stop_reason": self.stop_reason,
                 "last_counters": self.last_counters,
-                "episode_reward_mean": _plain(last.get("episode_reward_mean")),
+                "episode_reward_mean": jsonable(last.get("episode_reward_mean")),
                 "submission": self.submission.to_dict()}
 
     def save(self) -> None:
         """Write ``job.json`` atomically."""
-        path = os.path.join(self.dir, "job.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump(_plain(self.record()), f, indent=1)
-        os.replace(path + ".tmp", path)
+        atomic_write_json(os.path.join(self.dir, "job.json"), self.record(), indent=1)
 
     @classmethod
     def load(cls, directory: str) -> Job:
@@ -283,7 +240,7 @@ class Job:
             if isinstance(result.get(key), (int, float)):
                 self.last_counters[key] = result[key]
         result["job"] = {"job_id": self.id, "num_failures": self.num_failures}
-        plain = _plain(result)
+        plain = jsonable(result)
         self.results.append(plain)
         if len(self.results) > MAX_RESULTS_IN_MEMORY:
             drop = len(self.results) - MAX_RESULTS_IN_MEMORY
@@ -475,20 +432,19 @@ class JobManager:
             job.log(f"placed: {where}")
             if job.checkpoint is not None:
                 await self._restore(job, trainer)
-            elif job.last_counters:
-                _continue_counters(trainer, job.last_counters)
+            if job.last_counters:  # counters continue from the last reported result
+                trainer.continue_counters(job.last_counters)
             job.set_state("running")
-            last_checkpoint = -math.inf  # the first iteration is always checkpointed
-            while True:
-                result = job.publish(await trainer.train())
-                reached = stop_reached(result, job.submission.stop)
-                interval = job.submission.options.checkpoint_interval_s
-                if reached or time.monotonic() - last_checkpoint >= interval:
-                    await self._checkpoint(job, trainer)
-                    last_checkpoint = time.monotonic()
-                if reached:  # the job's actors stop before it is marked finished
-                    job.stop_reason = f"{reached} >= {job.submission.stop[reached]:g}"
-                    return
+
+            async def save(final: bool) -> None:
+                await self._checkpoint(job, trainer)
+
+            # The first iteration is always checkpointed, then every interval, and the last.
+            policy = CheckpointPolicy(save=save,
+                                      every_s=job.submission.options.checkpoint_interval_s)
+            outcome = await run_trainer(trainer, StopCriteria.from_mapping(job.submission.stop),
+                                        [job.publish], policy)
+            job.stop_reason = outcome.reason  # actors stop before the job is marked finished
         finally:
             job.trainer = None
             if trainer is not None:
@@ -499,16 +455,8 @@ class JobManager:
     async def _restore(self, job: Job, trainer: Trainer) -> None:
         assert job.checkpoint is not None
         folder, state = await asyncio.to_thread(read_checkpoint, job.checkpoint["path"])
-        # Counters continue from the last reported result, never going backwards.
-        for key, state_key in (("training_iteration", "iteration"),
-                               ("timesteps_total", "timesteps_total"),
-                               ("num_steps_trained", "num_steps_trained"),
-                               ("time_total_s", "time_total_s")):
-            if key in job.last_counters:
-                state[state_key] = max(state[state_key], job.last_counters[key])
         await trainer.set_state(state)
-        job.log(f"restored {folder.name} (iteration {job.checkpoint['iteration']}); "
-                f"counters continue from iteration {state['iteration']}")
+        job.log(f"restored {folder.name} (iteration {job.checkpoint['iteration']})")
 
     async def _checkpoint(self, job: Job, trainer: Trainer) -> dict[str, Any]:
         """Write ``checkpoints/checkpoint_<iteration>/`` (the format ``actorrl train``
@@ -590,15 +538,3 @@ class JobManager:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await job.task  # type: ignore[misc]
         logging.getLogger().removeHandler(self._router)
-
-
-def _continue_counters(trainer: Trainer, last: dict[str, float]) -> None:
-    """A job restarted without a checkpoint: fresh weights, counters continuing from the
-    last reported result (never going backwards)."""
-    assert trainer.pipeline is not None
-    trainer.iteration = int(last.get("training_iteration", 0))
-    trainer.time_total_s = float(last.get("time_total_s", 0.0))
-    trainer.timesteps_offset = int(last.get("timesteps_total", 0)) - \
-        trainer.pipeline.num_steps_sampled
-    trainer.trained_offset = int(last.get("num_steps_trained", 0)) - \
-        trainer.pipeline.num_steps_trained

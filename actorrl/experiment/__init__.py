@@ -7,8 +7,6 @@ library so the CLI can load it before anything starts a thread):
 - :mod:`~actorrl.experiment.train`: input validation and the training run itself
 - :mod:`~actorrl.experiment.remote`: the same run on an existing coordinator
 - :mod:`~actorrl.experiment.results`: the results folder and its writers
-- :mod:`~actorrl.experiment.checkpoint`: atomic checkpoint folders
-- :mod:`~actorrl.experiment.stop`: stop criteria
 - :mod:`~actorrl.experiment.progress`: live display (rich or plain lines)
 - :mod:`~actorrl.experiment.signals`: SIGINT/SIGTERM handling
 - :mod:`~actorrl.experiment.evaluate`: greedy rollouts of a checkpoint

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from actorrl.algorithms import get_algorithm
-from actorrl.experiment.checkpoint import read_checkpoint
+from actorrl.checkpoints import CheckpointError, read_checkpoint
 from actorrl.experiment.errors import UsageError, error_summary
 
 MAX_PARALLEL_ENVS = 16
@@ -70,7 +70,10 @@ def evaluate_checkpoint(path: str | os.PathLike[str], episodes: int, *,
         raise UsageError(f"--episodes must be >= 1, got {episodes}")
     if render not in RENDER_MODES:
         raise UsageError(f"--render must be one of {', '.join(RENDER_MODES)}, got {render!r}")
-    folder, state = read_checkpoint(path)
+    try:
+        folder, state = read_checkpoint(path)
+    except CheckpointError as exc:  # the user named it: bad input
+        raise UsageError(str(exc)) from None
     try:
         spec = get_algorithm(str(state["algorithm"]))
     except ValueError as exc:

@@ -2,32 +2,31 @@
 
 The job is submitted through :class:`actorrl.client.Client` with the resolved config, its
 ``"algorithm"`` key and the stop criteria as the job's ``"stop"`` mapping
-(``episode_reward_mean``, ``timesteps_total``, ``time_total_s``), so the job ends by itself
-even if this command goes away. Results stream back (``job.results()``) into the usual
-local results folder; the stop criteria are also checked here. When this command stops the
-job (a criterion met locally first, SIGINT, SIGTERM) it asks for a checkpoint
+(:meth:`~actorrl.stop.StopCriteria.to_mapping`: ``episode_reward_mean``,
+``timesteps_total``, ``time_total_s``), so the job ends by itself even if this command goes
+away. Results stream back (``job.results()``) through the same run loop as a local run
+(:func:`~actorrl.algorithms.run_loop.run_trainer`, with the job as its trainable) into the
+usual local results folder; the stop criteria are also checked here. When this command
+stops the job (a criterion met locally first, SIGINT, SIGTERM) it asks for a checkpoint
 (``job.checkpoint()``) and then calls ``job.stop()``. Checkpoints live on the
 coordinator's host; ``run.json`` records their path. No process is started on this machine.
+
+The client is synchronous; its calls run in worker threads so the event loop (and the
+signal handling on it) stays responsive.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import signal
-import time
+from collections.abc import Iterator
 from typing import Any
 
+from actorrl.algorithms.run_loop import ENDED, CheckpointPolicy
 from actorrl.experiment.errors import UsageError, error_summary
 from actorrl.experiment.progress import ProgressDisplay
-from actorrl.experiment.results import (
-    STATUS_FAILED,
-    STATUS_FINISHED,
-    STATUS_INTERRUPTED,
-    ResultWriter,
-    RunDirectory,
-)
-from actorrl.experiment.signals import SignalExit, exit_code_for
-from actorrl.experiment.train import EXIT_FAILED, FILE_ONLY, RunSummary, TrainPlan
+from actorrl.experiment.results import STATUS_FINISHED, RunDirectory
+from actorrl.experiment.train import TrainingRun, TrainPlan
 
 log = logging.getLogger(__name__)
 
@@ -48,95 +47,82 @@ def load_client_class() -> type:
 
 def job_submission(plan: TrainPlan) -> dict[str, Any]:
     """The submitted mapping: ``algorithm``, every config key and the ``stop`` criteria."""
-    stop: dict[str, float] = {}
-    if plan.stop.reward is not None:
-        stop["episode_reward_mean"] = plan.stop.reward
-    if plan.stop.timesteps is not None:
-        stop["timesteps_total"] = plan.stop.timesteps
-    if plan.stop.time_s is not None:
-        stop["time_total_s"] = plan.stop.time_s
-    return {"algorithm": plan.spec.name, **plan.config.to_dict(), "stop": stop}
+    return {"algorithm": plan.spec.name, **plan.config.to_dict(),
+            "stop": plan.stop.to_mapping()}
 
 
-def run_remote(plan: TrainPlan, address: str, keys_dir: str | None, run_dir: RunDirectory,
-               display: ProgressDisplay, client_class: type) -> RunSummary:
-    """Submit ``plan`` to the coordinator at ``address`` and follow it to a stop criterion,
-    a signal or a failure. Returns the summary (status and exit code set)."""
-    summary = RunSummary()
-    run_dir.update_status(**summary.as_status(), algorithm=plan.spec.name,
-                          env=plan.config.env, address=address, command=list(plan.command),
-                          started_at=summary.started_at, stop_criteria=plan.stop.describe())
-    writer = ResultWriter(run_dir.path)
-    client = job = None
-    try:
-        client = client_class(address, keys_dir=keys_dir, bind_host=None,
-                              connect_timeout_s=CONNECT_TIMEOUT_S)
-        job = client.submit(job_submission(plan))
-        job_id = str(getattr(job, "id", job))
-        run_dir.update_status(job_id=job_id)
-        display.note(f"submitted {plan.spec.name} on {plan.config.env} to {address} as job "
-                     f"{job_id}; results in {run_dir.path}")
-        _follow(job, plan, writer, summary, display)
-    except (KeyboardInterrupt, SignalExit) as exc:
-        signum = exc.signum if isinstance(exc, SignalExit) else signal.SIGINT
-        summary.status, summary.exit_code = STATUS_INTERRUPTED, exit_code_for(signum)
-        summary.stop_reason = signal.Signals(signum).name
-        if job is not None:
-            _checkpoint_and_stop(job, summary)
-    except Exception as exc:
-        log.error("remote training failed", exc_info=True, extra=FILE_ONLY)
-        summary.status, summary.exit_code = STATUS_FAILED, EXIT_FAILED
-        summary.error = error_summary(exc)
-    finally:
-        if client is not None:
+class FollowedJob:
+    """A submitted job as a :class:`~actorrl.algorithms.run_loop.Trainable`: each
+    :meth:`train` is the job's next streamed result."""
+
+    def __init__(self, job: Any) -> None:
+        self.job = job
+        self.iteration = 0
+        self._results: Iterator[dict[str, Any]] = iter(job.results())
+
+    async def train(self) -> dict[str, Any] | None:
+        """The next result (None once the job ended by itself)."""
+        result = await asyncio.to_thread(next, self._results, None)
+        if result is not None:
+            self.iteration = int(result.get("training_iteration", self.iteration + 1))
+        return result
+
+
+class RemoteRun(TrainingRun):
+    """A training run submitted to the coordinator at ``address`` and followed here."""
+
+    def __init__(self, plan: TrainPlan, run_dir: RunDirectory, display: ProgressDisplay,
+                 *, address: str, keys_dir: str | None, client_class: type) -> None:
+        super().__init__(plan, run_dir, display)
+        self.address = address
+        self.keys_dir = keys_dir
+        self.client_class = client_class
+
+    def status_fields(self) -> dict[str, Any]:
+        """The coordinator's address."""
+        return {"address": self.address}
+
+    async def _execute(self) -> None:
+        client = await asyncio.to_thread(self.client_class, self.address,
+                                         keys_dir=self.keys_dir, bind_host=None,
+                                         connect_timeout_s=CONNECT_TIMEOUT_S)
+        try:
+            await self._follow(client)
+        finally:
             try:
-                client.close()
+                await asyncio.to_thread(client.close)
             except Exception as exc:
                 log.warning("closing the client: %s", error_summary(exc))
-        writer.close()
-        summary.wall_time_s = time.time() - summary.started_at
-        run_dir.update_status(**summary.as_status(), ended_at=time.time())
-    return summary
 
+    async def _follow(self, client: Any) -> None:
+        plan = self.plan
+        job = await asyncio.to_thread(client.submit, job_submission(plan))
+        job_id = str(getattr(job, "id", job))
+        self.run_dir.update_status(job_id=job_id)
+        self.display.note(f"submitted {plan.spec.name} on {plan.config.env} to "
+                          f"{self.address} as job {job_id}; results in {self.run_dir.path}")
 
-def _follow(job: Any, plan: TrainPlan, writer: ResultWriter, summary: RunSummary,
-            display: ProgressDisplay) -> None:
-    started = time.monotonic()
-    summary.training_started_at = time.time()
-    display.start(f"{plan.spec.name} on {plan.config.env} (job {getattr(job, 'id', job)})",
-                  plan.stop)
-    try:
-        for result in job.results():
-            derived = writer.record(result)
-            summary.observe(result)
-            display.update(result, derived, summary.best_reward)
-            reason = plan.stop.reached(result, time.monotonic() - started)
-            if reason is not None:
-                summary.status, summary.exit_code, summary.stop_reason = (
-                    STATUS_FINISHED, 0, reason)
-                _checkpoint_and_stop(job, summary)
-                return
-    finally:
-        display.close()
-    # The job ended by itself (its own stop criteria): it wrote its final checkpoint.
-    record = job.status()
-    summary.status, summary.exit_code = STATUS_FINISHED, 0
-    summary.stop_reason = record.get("stop_reason") or f"job {record.get('state')}"
-    _note_checkpoint(record.get("checkpoint"), summary)
+        async def checkpoint(final: bool) -> None:
+            try:
+                self._note_remote_checkpoint(await asyncio.to_thread(job.checkpoint))
+            except Exception as exc:
+                log.warning("the job could not checkpoint: %s", error_summary(exc))
 
+        outcome = await self._train(FollowedJob(job), f"{plan.spec.name} on "
+                                    f"{plan.config.env} (job {job_id})",
+                                    CheckpointPolicy(save=checkpoint), grace_s=0.0)
+        if outcome.status == ENDED:
+            # The job ended by itself (its own stop criteria): it wrote its final checkpoint.
+            record = await asyncio.to_thread(job.status)
+            self._finish(STATUS_FINISHED, 0, record.get("stop_reason")
+                         or f"job {record.get('state')}")
+            self._note_remote_checkpoint(record.get("checkpoint"))
+            return
+        try:
+            await asyncio.to_thread(job.stop)
+        except Exception as exc:
+            log.warning("stopping the job: %s", error_summary(exc))
 
-def _checkpoint_and_stop(job: Any, summary: RunSummary) -> None:
-    """Checkpoint the job (its path is recorded), then stop it; failures are logged."""
-    try:
-        _note_checkpoint(job.checkpoint(), summary)
-    except Exception as exc:
-        log.warning("the job could not checkpoint: %s", error_summary(exc))
-    try:
-        job.stop()
-    except Exception as exc:
-        log.warning("stopping the job: %s", error_summary(exc))
-
-
-def _note_checkpoint(checkpoint: Any, summary: RunSummary) -> None:
-    if isinstance(checkpoint, dict) and checkpoint.get("path"):
-        summary.last_checkpoint = f"{checkpoint['path']} (on the coordinator's host)"
+    def _note_remote_checkpoint(self, checkpoint: Any) -> None:
+        if isinstance(checkpoint, dict) and checkpoint.get("path"):
+            self._note_checkpoint(f"{checkpoint['path']} (on the coordinator's host)")

@@ -9,17 +9,20 @@
         result.jsonl        one result dict per training iteration (RLlib keys, nested)
         progress.csv        the same, flattened with "/" ("info/learner_queue/size_mean")
         events.out.tfevents.*   TensorBoard scalars (x axis: timesteps_total)
-        checkpoints/checkpoint_<iteration>/   see :mod:`actorrl.experiment.checkpoint`
+        checkpoints/checkpoint_<iteration>/   see :mod:`actorrl.checkpoints`
         logs/               one log per actor process, plus driver.log
 
 The folder is created only after every input has been validated, so bad input never
-leaves a folder behind; a run that fails later says so in ``run.json``.
+leaves a folder behind; a run that fails later says so in ``run.json``. Whole-file
+rewrites (``run.json``, ``config.json``, a widened ``progress.csv``) go through
+:func:`actorrl.storage.atomic_write`.
 """
 
 from __future__ import annotations
 
 import csv
 import datetime
+import io
 import json
 import math
 import os
@@ -31,7 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from actorrl.experiment.checkpoint import CHECKPOINTS_DIR
+from actorrl.checkpoints import CHECKPOINTS_DIR
+from actorrl.storage import atomic_write, atomic_write_json, jsonable
 
 RUN_FILE = "run.json"
 CONFIG_FILE = "config.json"
@@ -52,26 +56,9 @@ TENSORBOARD_KEYS = (
 """Top-level result keys written as TensorBoard scalars (plus :func:`derived_metrics`)."""
 
 
-def _jsonable(value: Any) -> Any:
-    """``value`` as strict JSON: numpy scalars/arrays as Python values, NaN/inf as null."""
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return _jsonable(value.tolist())
-    if isinstance(value, np.generic):
-        return _jsonable(value.item())
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    return str(value)
-
-
 def to_json_line(result: dict[str, Any]) -> str:
     """One result dict as one line of strict JSON."""
-    return json.dumps(_jsonable(result), allow_nan=False, separators=(",", ":"))
+    return json.dumps(jsonable(result), allow_nan=False, separators=(",", ":"))
 
 
 def flatten_result(result: dict[str, Any], sep: str = "/") -> dict[str, Any]:
@@ -84,7 +71,7 @@ def flatten_result(result: dict[str, Any], sep: str = "/") -> dict[str, Any]:
             for k, v in value.items():
                 walk(f"{prefix}{sep}{k}" if prefix else str(k), v)
         elif isinstance(value, (list, tuple, np.ndarray)):
-            flat[prefix] = json.dumps(_jsonable(value))
+            flat[prefix] = json.dumps(jsonable(value))
         elif isinstance(value, np.generic):
             flat[prefix] = value.item()
         else:
@@ -111,15 +98,6 @@ def derived_metrics(result: dict[str, Any], previous: dict[str, Any] | None
     if isinstance(queue, dict) and isinstance(queue.get("size_mean"), (int, float)):
         out["learner_queue_size"] = float(queue["size_mean"])
     return out
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _safe_name(text: str) -> str:
@@ -165,15 +143,13 @@ class RunDirectory:
 
     def write_config(self, config: dict[str, Any]) -> None:
         """Write the resolved config as ``config.json``."""
-        _atomic_write_text(self.path / CONFIG_FILE,
-                           json.dumps(_jsonable(config), indent=2, sort_keys=True) + "\n")
+        atomic_write_json(self.path / CONFIG_FILE, config)
 
     def update_status(self, **fields: Any) -> None:
         """Merge ``fields`` into ``run.json`` and rewrite it atomically."""
         self._status.update(fields)
         self._status["updated_at"] = time.time()
-        _atomic_write_text(self.path / RUN_FILE,
-                           json.dumps(_jsonable(self._status), indent=2, sort_keys=True) + "\n")
+        atomic_write_json(self.path / RUN_FILE, self._status)
 
 
 def _summary_writer_class() -> type:
@@ -241,12 +217,11 @@ class ResultWriter:
         with the wider header, earlier rows left empty in the new columns."""
         with open(self._csv_path, newline="") as f:
             rows = list(csv.DictReader(f))
-        tmp = self._csv_path.with_name(f".{PROGRESS_FILE}.tmp-{os.getpid()}")
-        with open(tmp, "w", newline="") as f:
-            writer = csv.DictWriter(f, columns, restval="")
-            writer.writeheader()
-            writer.writerows(rows)
-        os.replace(tmp, self._csv_path)
+        text = io.StringIO(newline="")
+        writer = csv.DictWriter(text, columns, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+        atomic_write(self._csv_path, text.getvalue())
         self._csv_columns = columns
 
     def close(self) -> None:

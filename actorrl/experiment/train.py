@@ -2,9 +2,13 @@
 
 :func:`plan_training` checks the algorithm, config file, ``--set`` overrides, env id and
 checkpoint before anything starts (bad input raises :class:`UsageError`, exit code 2, and
-leaves no folder behind). :class:`TrainingRun` then starts an embedded local cluster (a
+leaves no folder behind). :class:`LocalRun` then starts an embedded local cluster (a
 :class:`~actorrl.runtime.Driver` in this process; workers, learner and replay shards as
-child processes), trains, records every result, checkpoints, and shuts everything down.
+child processes, or, with ``--serial``, every actor in this process and event loop),
+trains with :func:`~actorrl.algorithms.run_loop.run_trainer`, records every result,
+checkpoints, and shuts everything down. :class:`TrainingRun` is what a local run and an
+``--address`` run (:mod:`actorrl.experiment.remote`) share: the results folder, the
+summary, signals and exit codes.
 
 Exit codes: 0 a stop criterion was met; 1 training failed (one error line, details in the
 logs); 2 bad input; 130 interrupted by SIGINT; 143 interrupted by SIGTERM. On the first
@@ -24,12 +28,23 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from actorrl.algorithms import AlgorithmSpec, Trainer, get_algorithm
+from actorrl.algorithms.run_loop import (
+    FINISHED,
+    INTERRUPTED,
+    CheckpointPolicy,
+    Interrupted,
+    RunOutcome,
+    StopRequest,
+    Trainable,
+    run_trainer,
+)
+from actorrl.checkpoints import CheckpointError, read_checkpoint, write_checkpoint
 from actorrl.config import (
     AlgorithmConfig,
     ConfigError,
@@ -38,7 +53,6 @@ from actorrl.config import (
     read_config_file,
 )
 from actorrl.envs import make_env
-from actorrl.experiment.checkpoint import read_checkpoint, write_checkpoint
 from actorrl.experiment.errors import UsageError, error_summary
 from actorrl.experiment.progress import ProgressDisplay
 from actorrl.experiment.results import (
@@ -50,13 +64,11 @@ from actorrl.experiment.results import (
     RunDirectory,
 )
 from actorrl.experiment.signals import exit_code_for
-from actorrl.experiment.stop import StopCriteria, default_stop_reward
 from actorrl.runtime import Driver
+from actorrl.stop import StopCriteria, default_stop_reward
 from transport.timeouts import wait_for
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 ITERATION_GRACE_S = 5.0
 """After a stop signal, how long the running iteration may take before it is cancelled."""
@@ -84,6 +96,8 @@ class TrainPlan:
     restore_state: dict[str, Any] | None = field(default=None, repr=False)
     debug: bool = False
     command: tuple[str, ...] = ()
+    serial: bool = False
+    """Run every actor in this process and event loop (``--serial``)."""
 
 
 def resolve_config(spec: AlgorithmSpec, *, base: dict[str, Any] | None = None,
@@ -132,7 +146,8 @@ def plan_training(algorithm: str, *, env: str | None = None, num_workers: int | 
                   checkpoint_every: int = 10, restore: str | None = None,
                   stop_reward: float | None = None, stop_reward_given: bool = False,
                   stop_timesteps: int | None = None, stop_time_s: float | None = None,
-                  debug: bool = False, command: Sequence[str] = ()) -> TrainPlan:
+                  debug: bool = False, command: Sequence[str] = (), serial: bool = False
+                  ) -> TrainPlan:
     """Validate all inputs of ``actorrl train`` (see the module docstring).
 
     ``stop_reward_given`` false means "use the env's default" (450 for CartPole-v1);
@@ -144,7 +159,10 @@ def plan_training(algorithm: str, *, env: str | None = None, num_workers: int | 
         raise UsageError(str(exc)) from None
     restore_from, restore_state, base = None, None, None
     if restore is not None:
-        restore_from, restore_state = read_checkpoint(restore)
+        try:
+            restore_from, restore_state = read_checkpoint(restore)
+        except CheckpointError as exc:  # the user named it: bad input
+            raise UsageError(str(exc)) from None
         if restore_state["algorithm"] != spec.name:
             raise UsageError(f"checkpoint {str(restore_from)!r} is for algorithm "
                              f"{restore_state['algorithm']!r}, not {spec.name!r}")
@@ -155,11 +173,12 @@ def plan_training(algorithm: str, *, env: str | None = None, num_workers: int | 
     if checkpoint_every < 0:
         raise UsageError(f"--checkpoint-every must be >= 0, got {checkpoint_every}")
     reward = stop_reward if stop_reward_given else default_stop_reward(config.env)
-    stop = StopCriteria(reward=reward, timesteps=stop_timesteps,
-                        time_s=stop_time_s if stop_time_s else None)
+    stop = StopCriteria.of(reward=reward, timesteps=stop_timesteps,
+                           time_s=stop_time_s if stop_time_s else None)
     return TrainPlan(spec=spec, config=config, stop=stop, output_dir=output_dir,
                      checkpoint_every=checkpoint_every, restore_from=restore_from,
-                     restore_state=restore_state, debug=debug, command=tuple(command))
+                     restore_state=restore_state, debug=debug, command=tuple(command),
+                     serial=serial)
 
 
 @dataclass
@@ -200,12 +219,10 @@ class RunSummary:
                 "last_checkpoint": self.last_checkpoint, "wall_time_s": self.wall_time_s}
 
 
-class _Stopped(Exception):
-    """A stop signal arrived before the awaited step finished."""
-
-
 class TrainingRun:
-    """One training job in this process: see the module docstring."""
+    """One ``actorrl train`` invocation: the results folder, the summary, signals and exit
+    codes around :func:`~actorrl.algorithms.run_loop.run_trainer`. Subclasses say where
+    the trainer runs (:meth:`_execute`)."""
 
     def __init__(self, plan: TrainPlan, run_dir: RunDirectory, display: ProgressDisplay
                  ) -> None:
@@ -214,10 +231,10 @@ class TrainingRun:
         self.display = display
         self.summary = RunSummary()
         self.stop_signal: int | None = None
-        self._stop_requested = asyncio.Event()
+        self.stop_request = StopRequest()
         self._main: asyncio.Task | None = None
         self._aborted = False
-        self._last_checkpoint_iteration = -1
+        self._writer: ResultWriter | None = None
 
     # ---- signals ------------------------------------------------------------------------
     def on_signal(self, signum: int, count: int) -> None:
@@ -228,45 +245,29 @@ class TrainingRun:
             self.stop_signal = signum
             self.display.note(f"{name} received: stopping after this iteration and writing a "
                               "checkpoint (again: abort without one)")
-            self._stop_requested.set()
+            self.stop_request.set(name)
         elif count == 2 and self._main is not None and not self._aborted:
             self._aborted = True
             self.display.note(f"{name} received again: aborting; stopping all actors")
             self._main.cancel()
 
-    async def _unless_stopped(self, work: Awaitable[T], grace_s: float = 0.0) -> T:
-        """Await ``work``; if a stop is requested first, give it ``grace_s`` more, then
-        cancel it and raise :class:`_Stopped`."""
-        task = asyncio.ensure_future(work)
-        stop = asyncio.ensure_future(self._stop_requested.wait())
-        try:
-            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
-            if not task.done() and grace_s > 0:
-                await asyncio.wait({task}, timeout=grace_s)
-            if task.done():
-                return task.result()
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            raise _Stopped()
-        finally:
-            stop.cancel()
-            if not task.done():
-                task.cancel()
-
     # ---- the run --------------------------------------------------------------------------
+    def status_fields(self) -> dict[str, Any]:
+        """What ``run.json`` records about where and how this run trains."""
+        return {}
+
     async def run(self) -> RunSummary:
         """Train until a stop criterion, a signal or a failure; always leaves no actor
         running. Returns the summary (status and exit code set)."""
         self._main = asyncio.current_task()
         plan, run_dir = self.plan, self.run_dir
         run_dir.update_status(**self.summary.as_status(), algorithm=plan.spec.name,
-                              env=plan.config.env, pid=os.getpid(), command=list(plan.command),
+                              env=plan.config.env, command=list(plan.command),
                               started_at=self.summary.started_at,
-                              restored_from=str(plan.restore_from) if plan.restore_from
-                              else None, stop_criteria=plan.stop.describe())
-        writer = ResultWriter(run_dir.path)
+                              stop_criteria=plan.stop.describe(), **self.status_fields())
+        self._writer = ResultWriter(run_dir.path)
         try:
-            await self._run_cluster(writer)
+            await self._execute()
         except asyncio.CancelledError:
             if not self._aborted:
                 raise
@@ -279,54 +280,96 @@ class TrainingRun:
             if plan.debug:
                 traceback.print_exc()
         finally:
-            writer.close()
+            self._writer.close()
             self.summary.wall_time_s = time.time() - self.summary.started_at
             run_dir.update_status(**self.summary.as_status(), ended_at=time.time())
         return self.summary
 
+    async def _execute(self) -> None:
+        raise NotImplementedError
+
+    async def _train(self, trainer: Trainable, title: str, checkpoints: CheckpointPolicy,
+                     grace_s: float) -> RunOutcome:
+        """The run loop with this run's sinks and signals; sets the summary's status."""
+        self.summary.training_started_at = time.time()
+        self.display.start(title, self.plan.stop)
+        try:
+            outcome = await run_trainer(trainer, self.plan.stop, [self._record], checkpoints,
+                                        stop_request=self.stop_request, grace_s=grace_s)
+        finally:
+            self.display.close()
+        if outcome.status == FINISHED:
+            self._finish(STATUS_FINISHED, 0, outcome.reason)
+        elif outcome.status == INTERRUPTED:
+            self._finish(STATUS_INTERRUPTED, self._signal_exit_code(), outcome.reason)
+        return outcome
+
+    def _record(self, result: dict[str, Any]) -> None:
+        assert self._writer is not None
+        derived = self._writer.record(result)
+        self.summary.observe(result)
+        self.display.update(result, derived, self.summary.best_reward)
+
     def _signal_exit_code(self) -> int:
         return exit_code_for(self.stop_signal or signal.SIGINT)
-
-    def _signal_name(self) -> str:
-        return signal.Signals(self.stop_signal or signal.SIGINT).name
 
     def _finish(self, status: str, exit_code: int, reason: str) -> None:
         self.summary.status, self.summary.exit_code = status, exit_code
         if reason:
             self.summary.stop_reason = reason
 
-    async def _run_cluster(self, writer: ResultWriter) -> None:
+    def _note_checkpoint(self, path: str) -> None:
+        self.summary.last_checkpoint = path
+        self.run_dir.update_status(last_checkpoint=path)
+        self.display.note(f"checkpoint {path}")
+
+
+class LocalRun(TrainingRun):
+    """A training run on an embedded local cluster in this process."""
+
+    def status_fields(self) -> dict[str, Any]:
+        """The driver's pid and the restored checkpoint."""
+        restored = self.plan.restore_from
+        return {"pid": os.getpid(), "restored_from": str(restored) if restored else None,
+                "serial": self.plan.serial}
+
+    async def _execute(self) -> None:
         # Sockets live in a short temporary folder (ipc paths are limited to ~107 bytes);
         # actor logs go straight to the results folder through a symlink.
         session_dir = tempfile.mkdtemp(prefix="actorrl-")
         os.symlink(self.run_dir.logs_dir.resolve(), os.path.join(session_dir, "logs"))
+        serial: dict[str, Any] = {"serial": True} if self.plan.serial else {}
         try:
-            async with Driver.start(session_dir=session_dir) as driver:
-                await self._run_trainer(driver, writer)
+            async with Driver.start(session_dir=session_dir, **serial) as driver:
+                await self._run_trainer(driver)
         finally:
             shutil.rmtree(session_dir, ignore_errors=True)
 
-    async def _run_trainer(self, driver: Driver, writer: ResultWriter) -> None:
+    async def _run_trainer(self, driver: Driver) -> None:
         plan = self.plan
-        self.display.note(f"starting {plan.spec.name} on {plan.config.env} "
-                          f"(num_workers={plan.config.num_workers}); results in "
-                          f"{self.run_dir.path}")
+        mode = f"num_workers={plan.config.num_workers}" + (", serial" if plan.serial else "")
+        self.display.note(f"starting {plan.spec.name} on {plan.config.env} ({mode}); results "
+                          f"in {self.run_dir.path}")
         try:
-            trainer = await self._unless_stopped(Trainer.create(plan.spec, plan.config, driver))
-        except _Stopped:
+            trainer = await self.stop_request.guard(Trainer.create(plan.spec, plan.config,
+                                                                   driver))
+        except Interrupted:
             self._finish(STATUS_INTERRUPTED, self._signal_exit_code(),
                          "interrupted while starting")
             return
         try:
             if plan.restore_state is not None:
                 await trainer.set_state(plan.restore_state)
-                self._last_checkpoint_iteration = trainer.iteration
                 self.display.note(f"restored {plan.restore_from} (iteration "
                                   f"{trainer.iteration}, timesteps "
                                   f"{plan.restore_state['timesteps_total']:,})")
-            await self._train(trainer, writer)
-            if self.summary.status in (STATUS_FINISHED, STATUS_INTERRUPTED):
-                await self._checkpoint(trainer, final=True)
+
+            async def save(final: bool) -> None:
+                await self._checkpoint(trainer, final)
+
+            policy = CheckpointPolicy(save=save, every_iterations=plan.checkpoint_every)
+            await self._train(trainer, f"{plan.spec.name} on {plan.config.env}", policy,
+                              ITERATION_GRACE_S)
         finally:
             if not self._aborted:  # an abort leaves the actors to the driver's shutdown
                 try:
@@ -334,39 +377,7 @@ class TrainingRun:
                 except Exception as exc:  # the driver's shutdown kills whatever is left
                     log.warning("stopping the trainer: %s", error_summary(exc))
 
-    async def _train(self, trainer: Trainer, writer: ResultWriter) -> None:
-        plan = self.plan
-        started = time.monotonic()
-        self.summary.training_started_at = time.time()
-        self.display.start(f"{plan.spec.name} on {plan.config.env}", plan.stop)
-        try:
-            while True:
-                try:
-                    result = await self._unless_stopped(trainer.train(), ITERATION_GRACE_S)
-                except _Stopped:
-                    self._finish(STATUS_INTERRUPTED, self._signal_exit_code(),
-                                 f"{self._signal_name()} during iteration "
-                                 f"{trainer.iteration + 1}")
-                    return
-                derived = writer.record(result)
-                self.summary.observe(result)
-                self.display.update(result, derived, self.summary.best_reward)
-                reason = plan.stop.reached(result, time.monotonic() - started)
-                if reason is not None:
-                    self._finish(STATUS_FINISHED, 0, reason)
-                    return
-                if self._stop_requested.is_set():
-                    self._finish(STATUS_INTERRUPTED, self._signal_exit_code(),
-                                 f"{self._signal_name()} after iteration {trainer.iteration}")
-                    return
-                if plan.checkpoint_every and trainer.iteration % plan.checkpoint_every == 0:
-                    await self._checkpoint(trainer, final=False)
-        finally:
-            self.display.close()
-
     async def _checkpoint(self, trainer: Trainer, final: bool) -> None:
-        if trainer.iteration == self._last_checkpoint_iteration or trainer.iteration == 0:
-            return
         state = await wait_for(trainer.get_state(), STATE_TIMEOUT_S)
         metadata = {"algorithm": self.plan.spec.name, "env": self.plan.config.env,
                     "training_iteration": trainer.iteration,
@@ -376,10 +387,7 @@ class TrainingRun:
                     "best_reward": self.summary.best_reward, "final": final}
         path = await asyncio.to_thread(write_checkpoint, self.run_dir.checkpoints_dir, state,
                                        metadata)
-        self._last_checkpoint_iteration = trainer.iteration
-        self.summary.last_checkpoint = str(path)
-        self.run_dir.update_status(last_checkpoint=str(path))
-        self.display.note(f"checkpoint {path}")
+        self._note_checkpoint(str(path))
 
 
 def format_summary(plan_name: str, env: str, summary: RunSummary, run_dir: Path) -> str:

@@ -12,8 +12,15 @@ A checkpoint folder holds
     timesteps, reward, time written.
 
 Each checkpoint is first written into a hidden temporary folder next to its final place,
-flushed to disk, then renamed; a folder named ``checkpoint_*`` is therefore always
-complete, and a crash mid-write leaves only a ``.tmp`` folder that readers ignore.
+flushed to disk (:func:`actorrl.storage.write_synced`), then renamed and the parent folder
+fsynced; a folder named ``checkpoint_*`` is therefore always complete, and a crash
+mid-write leaves only a ``.tmp`` folder that readers ignore.
+
+Both ``actorrl train`` (the results folder's ``checkpoints/``) and cluster jobs (the job
+folder's ``checkpoints/``) write this format, and ``actorrl evaluate`` reads either. A
+checkpoint that cannot be found, read or decoded raises :class:`CheckpointError`; the
+command line reports it as bad input when the user named the checkpoint, and a cluster job
+as a failure of the job.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from actorrl.experiment.errors import UsageError
+from actorrl.storage import fsync_dir, jsonable, write_synced
 from transport.codec import DecodeError, decode, encode
 
 STATE_FILE = "state.bin"
@@ -37,6 +44,11 @@ FORMAT_VERSION = 1
 _MAGIC = b"ACTORRL\x00"
 _INDEX_HEAD = struct.Struct("<8sII")  # magic, format version, frame count
 _CHECKPOINT_NAME = re.compile(r"^checkpoint_(\d+)$")
+
+
+class CheckpointError(Exception):
+    """A checkpoint could not be found, read or decoded (missing, truncated, corrupt, of
+    another format)."""
 
 
 def checkpoint_name(iteration: int) -> str:
@@ -54,24 +66,25 @@ def encode_state_file(state: dict[str, Any]) -> list[Any]:
 
 
 def decode_state_file(data: bytes | bytearray, path: str = STATE_FILE) -> dict[str, Any]:
-    """Parse what :func:`encode_state_file` wrote; :class:`UsageError` if it is not one."""
+    """Parse what :func:`encode_state_file` wrote; :class:`CheckpointError` if it is not
+    one."""
     view = memoryview(data)
     if len(view) < _INDEX_HEAD.size:
-        raise UsageError(f"{path} is not an actorrl checkpoint (file too short)")
+        raise CheckpointError(f"{path} is not an actorrl checkpoint (file too short)")
     magic, version, count = _INDEX_HEAD.unpack_from(view)
     if magic != _MAGIC:
-        raise UsageError(f"{path} is not an actorrl checkpoint (bad magic bytes)")
+        raise CheckpointError(f"{path} is not an actorrl checkpoint (bad magic bytes)")
     if version != FORMAT_VERSION:
-        raise UsageError(f"{path} has checkpoint format {version}; this actorrl reads "
-                         f"format {FORMAT_VERSION}")
+        raise CheckpointError(f"{path} has checkpoint format {version}; this actorrl reads "
+                              f"format {FORMAT_VERSION}")
     pos = _INDEX_HEAD.size
     if len(view) < pos + 8 * count:
-        raise UsageError(f"{path} is truncated (frame index incomplete)")
+        raise CheckpointError(f"{path} is truncated (frame index incomplete)")
     sizes = struct.unpack_from(f"<{count}Q", view, pos)
     pos += 8 * count
     if pos + sum(sizes) != len(view):
-        raise UsageError(f"{path} is truncated or corrupt: expected {pos + sum(sizes)} "
-                         f"bytes, found {len(view)}")
+        raise CheckpointError(f"{path} is truncated or corrupt: expected {pos + sum(sizes)} "
+                              f"bytes, found {len(view)}")
     frames = []
     for size in sizes:
         frames.append(view[pos:pos + size])
@@ -79,9 +92,9 @@ def decode_state_file(data: bytes | bytearray, path: str = STATE_FILE) -> dict[s
     try:
         state = decode(frames)
     except DecodeError as exc:
-        raise UsageError(f"{path} is corrupt: {exc}") from None
+        raise CheckpointError(f"{path} is corrupt: {exc}") from None
     if not isinstance(state, dict) or "policies" not in state or "algorithm" not in state:
-        raise UsageError(f"{path} does not hold a trainer state")
+        raise CheckpointError(f"{path} does not hold a trainer state")
     return state
 
 
@@ -99,37 +112,18 @@ def write_checkpoint(checkpoints_dir: str | os.PathLike[str], state: dict[str, A
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        with open(tmp / STATE_FILE, "wb") as f:
-            for chunk in encode_state_file(state):
-                f.write(chunk)
-            f.flush()
-            os.fsync(f.fileno())
+        write_synced(tmp / STATE_FILE, encode_state_file(state))
         meta = {"format_version": FORMAT_VERSION, "written_at": time.time(), **metadata}
-        with open(tmp / METADATA_FILE, "w") as f:
-            json.dump(meta, f, indent=2, sort_keys=True, default=str)
-            f.flush()
-            os.fsync(f.fileno())
+        write_synced(tmp / METADATA_FILE, json.dumps(jsonable(meta), indent=2,
+                                                     sort_keys=True))
         if final.exists():  # the same iteration saved again (e.g. final == periodic)
             shutil.rmtree(final)
         os.rename(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _fsync_dir(parent)
+    fsync_dir(parent)
     return final
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def list_checkpoints(checkpoints_dir: str | os.PathLike[str]) -> list[Path]:
@@ -145,24 +139,31 @@ def list_checkpoints(checkpoints_dir: str | os.PathLike[str]) -> list[Path]:
     return [path for _, path in sorted(found)]
 
 
+def prune_checkpoints(checkpoints_dir: str | os.PathLike[str], keep: int) -> None:
+    """Delete all but the newest ``keep`` complete checkpoints under ``checkpoints_dir``."""
+    for old in list_checkpoints(checkpoints_dir)[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def find_checkpoint(path: str | os.PathLike[str]) -> Path:
     """Resolve ``path`` to one checkpoint folder: a checkpoint folder itself, its
     ``state.bin``, a ``checkpoints/`` folder or a results folder (the latest checkpoint).
-    :class:`UsageError` naming what was looked for otherwise."""
+    :class:`CheckpointError` naming what was looked for otherwise."""
     p = Path(path)
     if not p.exists():
-        raise UsageError(f"checkpoint {str(path)!r} does not exist")
+        raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
     if p.is_file():
         if p.name == STATE_FILE:
             return p.parent
-        raise UsageError(f"{str(path)!r} is a file, not a checkpoint folder")
+        raise CheckpointError(f"{str(path)!r} is a file, not a checkpoint folder")
     if (p / STATE_FILE).is_file():
         return p
     for candidates in (list_checkpoints(p), list_checkpoints(p / CHECKPOINTS_DIR)):
         if candidates:
             return candidates[-1]
-    raise UsageError(f"no checkpoint in {str(path)!r}: expected a checkpoint_<n>/ folder "
-                     f"holding {STATE_FILE}, or a results folder with {CHECKPOINTS_DIR}/")
+    raise CheckpointError(f"no checkpoint in {str(path)!r}: expected a checkpoint_<n>/ "
+                          f"folder holding {STATE_FILE}, or a results folder with "
+                          f"{CHECKPOINTS_DIR}/")
 
 
 def read_checkpoint(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:
@@ -173,6 +174,6 @@ def read_checkpoint(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]
         with open(state_path, "rb") as f:
             data = bytearray(f.read())  # writable, so restored arrays are writable too
     except OSError as exc:
-        raise UsageError(f"cannot read checkpoint {str(state_path)!r}: {exc.strerror}"
-                         ) from None
+        raise CheckpointError(f"cannot read checkpoint {str(state_path)!r}: "
+                              f"{exc.strerror}") from None
     return folder, decode_state_file(data, str(state_path))
