@@ -172,3 +172,15 @@ def test_plain_rl_code_imports_neither_asyncio_nor_the_wire() -> None:
     assert _check(plain, PLAIN_RL_FORBIDDEN, PLAIN_RL_ALLOWED) == []
     assert _check(adapters, ["actorrl.pipelines", "actorrl.algorithms", "actorrl.cli"],
                   []) == []
+
+
+def test_nothing_below_the_cli_imports_the_cli_packages() -> None:
+    """The CLI's packages (``actorrl.experiment``, ``actorrl.cli``, ``actorrl.cli_cluster``)
+    sit on top: cluster jobs, algorithms, pipelines, checkpoints and the run loop import
+    none of them, so a coordinator never reports its own failures as CLI usage errors."""
+    below = _python_files(["actorrl/cluster", "actorrl/algorithms", "actorrl/pipelines",
+                           "actorrl/learner", "actorrl/replay", "actorrl/policy",
+                           "actorrl/checkpoints.py", "actorrl/storage.py", "actorrl/stop.py",
+                           "actorrl/messages.py", "actorrl/client.py"])
+    assert any(f.name == "jobs.py" for f in below), below
+    assert _check(below, ["actorrl.experiment", "actorrl.cli", "actorrl.cli_cluster"]) == []

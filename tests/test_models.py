@@ -12,6 +12,7 @@ import torch
 
 from actorrl.policy.action_dist import Categorical, DiagGaussian, dist_class_for
 from actorrl.policy.models import (
+    NATURE_CONV_FILTERS,
     ActorCriticModel,
     ConvEncoder,
     build_encoder,
@@ -252,3 +253,54 @@ def test_dist_class_for_spaces():
         dist_class_for(gym.spaces.Discrete(3, start=1))
     assert math.isclose(float(DiagGaussian(torch.zeros(1, 2)).entropy()),
                         0.5 * math.log(2 * math.pi * math.e), rel_tol=1e-6)
+
+
+def test_hwc_and_chw_frames_give_the_same_features():
+    """The same weights on a CHW copy of an HWC batch give the same features: the encoder
+    reads the channel axis where it is, never an 84-channel 4x84 "image"."""
+    torch.manual_seed(0)
+    hwc, _ = build_encoder(gym.spaces.Box(0, 255, (84, 84, 4), np.uint8), {})
+    torch.manual_seed(0)
+    chw, _ = build_encoder(gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), {})
+    assert not hwc.channels_first and chw.channels_first
+    assert hwc.layers[1].in_channels == chw.layers[1].in_channels == 4
+    frames = np.random.default_rng(1).integers(0, 256, (2, 84, 84, 4), dtype=np.uint8)
+    expected = hwc(torch.as_tensor(frames))
+    got = chw(torch.as_tensor(np.ascontiguousarray(frames.transpose(0, 3, 1, 2))))
+    assert torch.allclose(got, expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(84, 84, 84), (10, 3, 10), (4, 4, 4)])
+def test_ambiguous_image_shapes_are_refused(shape):
+    """A shape whose channel axis cannot be told apart names the shape and the key."""
+    space = gym.spaces.Box(0, 255, shape, np.uint8)
+    with pytest.raises(ValueError, match=r"channels_first") as info:
+        build_encoder(space, {})
+    assert str(shape) in str(info.value)
+    encoder, _ = build_encoder(space, {"channels_first": True})  # told: accepted
+    assert encoder(torch.zeros((1, *shape), dtype=torch.uint8)).shape[0] == 1
+
+
+def test_channels_first_key_overrides_the_shape_rule():
+    """(6, 84, 84) read as HWC when told so: 84 channels of a 6x84 image."""
+    encoder, _ = build_encoder(gym.spaces.Box(0, 1, (6, 84, 84), np.float32),
+                               {"channels_first": False, "conv_filters": [[8, 3, 2]]})
+    assert encoder.layers[0].in_channels == 84
+
+
+def test_named_conv_stacks():
+    """"nature" is the Nature-DQN stack (3136 conv features, then 512 dense); "rllib" is
+    RLlib's default; an unknown name lists the valid ones."""
+    space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    nature, out_dim = build_encoder(space, {"conv_filters": "nature"})
+    convs = [m for m in nature.layers if isinstance(m, torch.nn.Conv2d)]
+    assert [[c.out_channels, list(c.kernel_size), c.stride[0]] for c in convs] == \
+        NATURE_CONV_FILTERS
+    assert out_dim == 512
+    dense = [m for m in nature.layers if isinstance(m, torch.nn.Linear)]
+    assert [d.in_features for d in dense] == [64 * 7 * 7]
+    assert nature(torch.zeros(3, 4, 84, 84, dtype=torch.uint8)).shape == (3, 512)
+    rllib, out_dim = build_encoder(space, {"conv_filters": "rllib"})
+    assert out_dim == 256
+    with pytest.raises(ValueError, match="'nature'"):
+        build_encoder(space, {"conv_filters": "resnet"})
