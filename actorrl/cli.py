@@ -2,7 +2,7 @@
 
 ::
 
-    actorrl train ALGO [--env ENV] [--num-workers N] [--config FILE] [--set KEY=VALUE ...]
+    actorrl train [ALGO] [--env ENV] [--num-workers N] [--config FILE] [--set KEY=VALUE ...]
                        [--seed N] [--output DIR] [--checkpoint-every N] [--restore PATH]
                        [--stop-reward R|none] [--stop-timesteps N] [--stop-time S|none]
                        [--address ADDR [--keys DIR] | --serial] [--progress auto|rich|plain]
@@ -13,6 +13,12 @@
 
 plus the cluster commands of :mod:`actorrl.cli_cluster` when that module is present (its
 ``register(subparsers)`` adds subparsers that set ``func=handler(args) -> int``).
+
+``ALGO`` may be left out when the ``--config`` file names the algorithm (``algorithm:`` or
+RLlib's ``run:``) or when ``--restore`` gives a checkpoint; all that name one must agree. A
+config file's ``stop:`` mapping replaces the default stop criteria; ``--stop-*`` flags
+given on the command line replace single criteria of it (see
+:func:`actorrl.experiment.train.stop_criteria`).
 
 Exit codes: 0 success (a stop criterion met); 1 a failure while running (one error line;
 ``--debug`` for the traceback); 2 bad input (unknown algorithm, env or config key, wrong
@@ -49,6 +55,9 @@ if TYPE_CHECKING:
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+STOP_TIME_DEFAULT = object()
+"""``--stop-time`` not given: the config file's ``stop`` mapping, else the default (an
+object, not a string, so argparse does not parse it)."""
 ALGORITHMS_HELP = "apex, a3c, impala, a2c"
 
 
@@ -117,12 +126,17 @@ def _add_train(subparsers: argparse._SubParsersAction) -> None:
                     "--address) until a stop criterion; writes a results folder. Config "
                     "precedence: algorithm defaults < --restore checkpoint < --config < "
                     "--set < --env/--num-workers/--seed.")
-    p.add_argument("algorithm", metavar="ALGO", help=f"one of {ALGORITHMS_HELP}")
+    p.add_argument("algorithm", metavar="ALGO", nargs="?",
+                   help=f"one of {ALGORITHMS_HELP}; optional when the --config file names "
+                        "it ('algorithm:' or 'run:') or --restore gives a checkpoint")
     p.add_argument("--env", help="gymnasium id or 'pkg.module:factory' (default: the "
                                  "algorithm's, CartPole-v1)")
     p.add_argument("--num-workers", type=_int_at_least(0), help="rollout worker processes")
     p.add_argument("--config", dest="config_file", metavar="FILE",
-                   help="YAML or JSON file of config keys (RLlib names)")
+                   help="YAML or JSON file of config keys (RLlib names), optionally with "
+                        "'algorithm' (or 'run'), 'env' and a 'stop' mapping (result key -> "
+                        "threshold; replaces the default stop criteria); RLlib's tuned-"
+                        "example layout (run/env/stop/config) is read too; see examples/")
     p.add_argument("--set", dest="overrides", action="append", default=[],
                    metavar="KEY=VALUE", help="override one config key; the value is parsed "
                    "as JSON when it can be (repeatable)")
@@ -139,9 +153,10 @@ def _add_train(subparsers: argparse._SubParsersAction) -> None:
                         "on CartPole-v1, none otherwise)")
     p.add_argument("--stop-timesteps", type=_int_at_least(1), metavar="N",
                    help="stop at timesteps_total >= N (counted from a restored checkpoint)")
-    p.add_argument("--stop-time", type=_stop_time, default=DEFAULT_STOP_TIME_S,
+    p.add_argument("--stop-time", type=_stop_time, default=STOP_TIME_DEFAULT,
                    metavar="S", help="stop after S seconds of training in this invocation; "
-                   "'none' or 0 disables (default: 600)")
+                   f"'none' or 0 disables (default: {DEFAULT_STOP_TIME_S:g} unless the "
+                   "--config file has a 'stop' mapping)")
     p.add_argument("--address", help="run on an existing coordinator (actorrl.client) "
                                      "instead of a local embedded cluster")
     p.add_argument("--keys", metavar="DIR",
@@ -211,8 +226,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
         output_dir=args.output, checkpoint_every=args.checkpoint_every, restore=args.restore,
         stop_reward=None if args.stop_reward == "auto" else args.stop_reward,
         stop_reward_given=args.stop_reward != "auto", stop_timesteps=args.stop_timesteps,
-        stop_time_s=args.stop_time, debug=args.debug, command=["actorrl", *args.argv],
-        serial=args.serial)
+        stop_time_s=None if args.stop_time is STOP_TIME_DEFAULT else args.stop_time,
+        stop_time_given=args.stop_time is not STOP_TIME_DEFAULT, debug=args.debug,
+        command=["actorrl", *args.argv], serial=args.serial)
     if args.address:
         if args.restore:
             raise UsageError("--restore works with local training only; on a cluster, "

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from actorrl.algorithms import AlgorithmSpec, Trainer, get_algorithm
+from actorrl.algorithms import AlgorithmSpec, Trainer, algorithm_names, get_algorithm
 from actorrl.algorithms.run_loop import (
     FINISHED,
     INTERRUPTED,
@@ -48,6 +48,7 @@ from actorrl.checkpoints import CheckpointError, read_checkpoint, write_checkpoi
 from actorrl.config import (
     AlgorithmConfig,
     ConfigError,
+    config_fields,
     load_config,
     parse_override,
     read_config_file,
@@ -65,7 +66,14 @@ from actorrl.experiment.results import (
 )
 from actorrl.experiment.signals import exit_code_for
 from actorrl.runtime import Driver
-from actorrl.stop import StopCriteria, default_stop_reward
+from actorrl.stop import (
+    DEFAULT_STOP_TIME_S,
+    REWARD_KEY,
+    TIME_TOTAL_KEY,
+    TIMESTEPS_KEY,
+    StopCriteria,
+    default_stop_reward,
+)
 from transport.timeouts import wait_for
 
 log = logging.getLogger(__name__)
@@ -100,29 +108,174 @@ class TrainPlan:
     """Run every actor in this process and event loop (``--serial``)."""
 
 
+@dataclass(frozen=True)
+class ConfigFile:
+    """A ``--config`` file, split into what it says about the run.
+
+    Two layouts are read (YAML or JSON):
+
+    * flat, as ``actorrl submit`` takes it: config keys (RLlib names, ``env`` included) plus
+      optional ``algorithm`` (or RLlib's ``run``) and ``stop`` (result key -> threshold);
+    * RLlib's tuned-example layout: ``run``/``algorithm``, ``env``, ``stop`` and a ``config``
+      mapping of config keys, optionally wrapped in one named experiment
+      (``pong-impala: {run: IMPALA, env: ..., config: {...}}``).
+    """
+
+    path: str
+    values: dict[str, Any]
+    """Config keys (``env`` included when the file names one)."""
+    algorithm: str | None = None
+    """The algorithm the file names (``algorithm`` or ``run``), as written."""
+    stop: dict[str, Any] | None = None
+    """The file's ``stop`` mapping, when it has one."""
+
+
+FILE_RUN_KEYS = ("algorithm", "run")
+"""Keys naming the algorithm in a config file (actorrl's and RLlib's)."""
+EXPERIMENT_KEYS = frozenset({*FILE_RUN_KEYS, "env", "stop", "config"})
+"""Top-level keys of RLlib's experiment layout that ``actorrl train`` reads."""
+
+
+def read_config_file_sections(path: str) -> ConfigFile:
+    """Read ``path`` (see :class:`ConfigFile`); :class:`UsageError` naming the problem."""
+    try:
+        data = read_config_file(path)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    if len(data) == 1:  # RLlib: {experiment-name: {run: ..., config: ...}}
+        (name, inner), = data.items()
+        if isinstance(inner, dict) and any(k in inner for k in FILE_RUN_KEYS) \
+                and name not in config_keys_of_any_algorithm():
+            data = dict(inner)
+    data = dict(data)
+    if "job" in data:
+        raise UsageError(f"config file {path!r} has a 'job' section, which only "
+                         "'actorrl submit' reads; remove it to train locally")
+    named = [(key, data.pop(key)) for key in FILE_RUN_KEYS if key in data]
+    algorithm = None
+    if named:
+        texts = {str(value).lower() for _, value in named}
+        if len(texts) > 1 or not all(isinstance(v, str) and v for _, v in named):
+            shown = ", ".join(f"{k}: {v!r}" for k, v in named)
+            raise UsageError(f"config file {path!r} names its algorithm ambiguously "
+                             f"({shown}); keep one of 'algorithm' or 'run'")
+        algorithm = str(named[0][1])
+    stop = data.pop("stop", None)
+    if stop is not None and not isinstance(stop, dict):
+        raise UsageError(f"config file {path!r}: 'stop' must map result keys to numbers "
+                         f"(e.g. stop: {{episode_reward_mean: 450}}), got {stop!r}")
+    if "config" in data:
+        nested = data.pop("config")
+        if not isinstance(nested, dict):
+            raise UsageError(f"config file {path!r}: 'config' must be a mapping of config "
+                             f"keys, got {nested!r}")
+        extra = sorted(set(data) - EXPERIMENT_KEYS)
+        if extra:
+            raise UsageError(f"config file {path!r} has a 'config' section, so its other "
+                             f"top-level keys must be among {sorted(EXPERIMENT_KEYS)}; got "
+                             f"{extra} (move config keys into 'config'; actorrl train does "
+                             "not read other experiment settings)")
+        if "env" in data and "env" in nested and data["env"] != nested["env"]:
+            raise UsageError(f"config file {path!r} names two envs: env: {data['env']!r} and "
+                             f"config.env: {nested['env']!r}; keep one")
+        data = {**nested, **data}
+    return ConfigFile(path=path, values=data, algorithm=algorithm, stop=stop)
+
+
+def config_keys_of_any_algorithm() -> set[str]:
+    """Every config key of every algorithm (a flat file's single key is one of these)."""
+    keys: set[str] = set()
+    for name in algorithm_names():
+        keys.update(config_fields(get_algorithm(name).config_cls))
+    return keys
+
+
+def choose_algorithm(cli_algorithm: str | None, file: ConfigFile | None,
+                     checkpoint_algorithm: str | None = None,
+                     checkpoint_path: str | None = None) -> AlgorithmSpec:
+    """The algorithm from the command line, the config file and a restored checkpoint;
+    :class:`UsageError` when none names one, a name is unknown, or they disagree."""
+    def spec_of(name: str, where: str) -> AlgorithmSpec:
+        try:
+            return get_algorithm(name)
+        except ValueError as exc:
+            raise UsageError(f"{where}: {exc}" if where else str(exc)) from None
+
+    spec = None
+    if cli_algorithm is not None:
+        spec = spec_of(cli_algorithm, "")
+    if file is not None and file.algorithm is not None:
+        named = spec_of(file.algorithm, f"config file {file.path!r}")
+        if spec is not None and named.name != spec.name:
+            raise UsageError(f"config file {file.path!r} is for algorithm "
+                             f"{file.algorithm!r}, not {spec.name!r}; drop ALGO from the "
+                             "command line or use a file for it")
+        spec = named
+    if checkpoint_algorithm is not None:
+        named = spec_of(checkpoint_algorithm, f"checkpoint {checkpoint_path!r}")
+        if spec is not None and named.name != spec.name:
+            raise UsageError(f"checkpoint {checkpoint_path!r} is for algorithm "
+                             f"{checkpoint_algorithm!r}, not {spec.name!r}")
+        spec = named
+    if spec is None:
+        raise UsageError("no algorithm given: name one (actorrl train ALGO, one of "
+                         f"{', '.join(algorithm_names())}) or put 'algorithm: NAME' (or "
+                         "RLlib's 'run: NAME') in the --config file")
+    return spec
+
+
 def resolve_config(spec: AlgorithmSpec, *, base: dict[str, Any] | None = None,
-                   config_file: str | None = None, overrides: Sequence[str] = (),
+                   config_file: str | ConfigFile | None = None,
+                   overrides: Sequence[str] = (),
                    explicit: dict[str, Any] | None = None) -> AlgorithmConfig:
     """The algorithm's config from (lowest precedence first) its defaults, ``base`` (a
-    checkpoint's config), ``config_file`` (YAML/JSON), ``overrides`` (``key=value``) and
-    ``explicit`` (command-line flags that were given); :class:`UsageError` listing every
-    problem otherwise."""
+    checkpoint's config), ``config_file`` (a path or a read :class:`ConfigFile`),
+    ``overrides`` (``key=value``) and ``explicit`` (command-line flags that were given);
+    :class:`UsageError` listing every problem otherwise."""
     values: dict[str, Any] = dict(base or {})
+    if isinstance(config_file, str):
+        config_file = read_config_file_sections(config_file)
+    if config_file is not None:
+        choose_algorithm(spec.name, config_file)  # refuses a file for another algorithm
+        values.update(config_file.values)
     try:
-        if config_file is not None:
-            file_values = read_config_file(config_file)
-            named = file_values.pop("algorithm", None)
-            if named is not None and named != spec.name:
-                raise UsageError(f"config file {config_file!r} is for algorithm {named!r}, "
-                                 f"not {spec.name!r}")
-            values.update(file_values)
         for text in overrides:
             key, value = parse_override(text)
             values[key] = value
         values.update({k: v for k, v in (explicit or {}).items() if v is not None})
         return load_config(spec.config_cls, values)
     except ConfigError as exc:
-        raise UsageError(str(exc)) from None
+        where = f" (config file {config_file.path!r})" if config_file is not None else ""
+        raise UsageError(f"{exc}{where}") from None
+
+
+def stop_criteria(env: str, file: ConfigFile | None, *, stop_reward: float | None,
+                  stop_reward_given: bool, stop_timesteps: int | None,
+                  stop_time_s: float | None, stop_time_given: bool) -> StopCriteria:
+    """The run's stop criteria: the config file's ``stop`` mapping when it has one (it
+    replaces the defaults: 450 on CartPole-v1 and :data:`~actorrl.stop.DEFAULT_STOP_TIME_S`),
+    with each ``--stop-*`` flag given on the command line replacing its criterion."""
+    if file is None or file.stop is None:
+        reward = stop_reward if stop_reward_given else default_stop_reward(env)
+        time_s = stop_time_s if stop_time_given else DEFAULT_STOP_TIME_S
+        return StopCriteria.of(reward=reward, timesteps=stop_timesteps,
+                               time_s=time_s or None)
+    try:
+        base = StopCriteria.from_mapping(file.stop)
+    except ValueError as exc:
+        raise UsageError(f"config file {file.path!r}: {exc}, got {file.stop!r}") from None
+    thresholds = dict(base.thresholds)
+    if stop_reward_given:
+        thresholds.pop(REWARD_KEY, None)
+        if stop_reward is not None:
+            thresholds[REWARD_KEY] = float(stop_reward)
+    if stop_timesteps is not None:
+        thresholds[TIMESTEPS_KEY] = int(stop_timesteps)
+    time_s = None
+    if stop_time_given:
+        time_s = stop_time_s or None
+        thresholds.pop(TIME_TOTAL_KEY, None)
+    return StopCriteria(thresholds=thresholds, time_s=time_s)
 
 
 def check_env(config: AlgorithmConfig) -> None:
@@ -140,41 +293,42 @@ def check_env(config: AlgorithmConfig) -> None:
         pass
 
 
-def plan_training(algorithm: str, *, env: str | None = None, num_workers: int | None = None,
-                  config_file: str | None = None, overrides: Sequence[str] = (),
-                  seed: int | None = None, output_dir: str = "results",
-                  checkpoint_every: int = 10, restore: str | None = None,
-                  stop_reward: float | None = None, stop_reward_given: bool = False,
-                  stop_timesteps: int | None = None, stop_time_s: float | None = None,
-                  debug: bool = False, command: Sequence[str] = (), serial: bool = False
-                  ) -> TrainPlan:
+def plan_training(algorithm: str | None, *, env: str | None = None,
+                  num_workers: int | None = None, config_file: str | None = None,
+                  overrides: Sequence[str] = (), seed: int | None = None,
+                  output_dir: str = "results", checkpoint_every: int = 10,
+                  restore: str | None = None, stop_reward: float | None = None,
+                  stop_reward_given: bool = False, stop_timesteps: int | None = None,
+                  stop_time_s: float | None = DEFAULT_STOP_TIME_S,
+                  stop_time_given: bool = True, debug: bool = False,
+                  command: Sequence[str] = (), serial: bool = False) -> TrainPlan:
     """Validate all inputs of ``actorrl train`` (see the module docstring).
 
-    ``stop_reward_given`` false means "use the env's default" (450 for CartPole-v1);
-    ``stop_reward`` None with it true disables the reward criterion.
+    ``algorithm`` None takes the algorithm from the config file (``algorithm``/``run``) or
+    the restored checkpoint; all that name one must agree. ``stop_reward_given`` false means
+    "use the default" (the config file's ``stop``, else 450 for CartPole-v1); ``stop_reward``
+    None with it true disables the reward criterion. ``stop_time_given`` false likewise
+    means the file's ``stop`` or, without one, ``stop_time_s``.
     """
-    try:
-        spec = get_algorithm(algorithm)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    file = read_config_file_sections(config_file) if config_file is not None else None
     restore_from, restore_state, base = None, None, None
     if restore is not None:
         try:
             restore_from, restore_state = read_checkpoint(restore)
         except CheckpointError as exc:  # the user named it: bad input
             raise UsageError(str(exc)) from None
-        if restore_state["algorithm"] != spec.name:
-            raise UsageError(f"checkpoint {str(restore_from)!r} is for algorithm "
-                             f"{restore_state['algorithm']!r}, not {spec.name!r}")
         base = dict(restore_state.get("config") or {})
-    config = resolve_config(spec, base=base, config_file=config_file, overrides=overrides,
+    spec = choose_algorithm(algorithm, file,
+                            restore_state["algorithm"] if restore_state else None,
+                            str(restore_from) if restore_from else None)
+    config = resolve_config(spec, base=base, config_file=file, overrides=overrides,
                             explicit={"env": env, "num_workers": num_workers, "seed": seed})
     check_env(config)
     if checkpoint_every < 0:
         raise UsageError(f"--checkpoint-every must be >= 0, got {checkpoint_every}")
-    reward = stop_reward if stop_reward_given else default_stop_reward(config.env)
-    stop = StopCriteria.of(reward=reward, timesteps=stop_timesteps,
-                           time_s=stop_time_s if stop_time_s else None)
+    stop = stop_criteria(config.env, file, stop_reward=stop_reward,
+                         stop_reward_given=stop_reward_given, stop_timesteps=stop_timesteps,
+                         stop_time_s=stop_time_s, stop_time_given=stop_time_given)
     return TrainPlan(spec=spec, config=config, stop=stop, output_dir=output_dir,
                      checkpoint_every=checkpoint_every, restore_from=restore_from,
                      restore_state=restore_state, debug=debug, command=tuple(command),
