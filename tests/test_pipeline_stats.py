@@ -1,0 +1,141 @@
+"""Pipeline stats checked against the wall clock, and Ape-X's handling of a worker whose
+``sample`` raises (RLlib counts and re-dispatches the healthy workers' samples of that
+step first, then raises). Real actor processes on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import torch
+
+from actorrl.algorithms.a3c import A3CConfig
+from actorrl.algorithms.apex import ApexConfig
+from actorrl.pipelines.a3c import AsyncGradientsOptimizer
+from actorrl.pipelines.apex import SAMPLE_QUEUE_DEPTH, AsyncReplayOptimizer
+from actorrl.rollout import RolloutWorker
+from actorrl.runtime import Driver
+from tests.actors.failing import SampleFailure
+
+DQN = "actorrl.policy.dqn:DQNPolicy"
+AC = "actorrl.policy.actor_critic:ActorCriticPolicy"
+DQN_CONFIG = {**ApexConfig(num_workers=1).to_dict(), "model": {"fcnet_hiddens": [16]},
+              "hiddens": [16], "train_batch_size": 32}
+
+
+async def _apex(driver, workers, training_intensity=None):
+    shard = await driver.create_actor("tests.actors.scripted:RecordingReplayActor",
+                                      args=(1, 64, 10_000, 32), num_cpus=0)
+    learner = await driver.create_actor(
+        "actorrl.learner.actor:LearnerActor",
+        args=("CartPole-v1", DQN, DQN_CONFIG, {"train_batch_size": 32,
+                                                "learner_queue_size": 4}))
+    return AsyncReplayOptimizer(driver.runtime, workers, [shard], learner,
+                                learner_queue_size=4, training_intensity=training_intensity)
+
+
+async def _run_for(pipeline, seconds: float) -> float:
+    """Step for ``seconds`` of wall time; returns when the last step ended."""
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        await pipeline.step(timeout_s=0.2)
+    return time.perf_counter()
+
+
+@pytest.mark.parametrize("training_intensity", [None, 2.0])
+async def test_apex_throughputs_are_wall_clock_rates(tmp_path, training_intensity):
+    """``sample_throughput`` and ``train_throughput`` are env steps per second of wall time
+    (idle waits included), within 25% of what the counters did over the same seconds;
+    under ``training_intensity`` pacing sampling still reads a positive rate."""
+    async with Driver.start(str(tmp_path / "s")) as driver:
+        workers = [await driver.create_actor("tests.actors.scripted:ScriptedWorker",
+                                             args=(64, i)) for i in range(2)]
+        pipeline = await _apex(driver, workers, training_intensity)
+        started = time.perf_counter()  # the pipeline's rate windows start before this
+        ended = await _run_for(pipeline, 3.0)
+        stats = await pipeline.stats()
+        elapsed = ended - started
+        sampled_rate = pipeline.num_steps_sampled / elapsed
+        trained_rate = pipeline.num_steps_trained / elapsed
+        assert pipeline.num_steps_trained > 0
+        assert stats["sample_throughput"] > 0
+        assert 0.75 * sampled_rate <= stats["sample_throughput"] <= 1.25 * sampled_rate, (
+            stats["sample_throughput"], sampled_rate)
+        assert 0.75 * trained_rate <= stats["train_throughput"] <= 1.25 * trained_rate, (
+            stats["train_throughput"], trained_rate)
+        await pipeline.stop()
+
+
+def _timed(fn, *args) -> float:
+    """Seconds one call of ``fn(*args)`` took, on one torch thread (the fastest a learner
+    with two threads can be is about half of this)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        started = time.perf_counter()
+        fn(*args)
+        return time.perf_counter() - started
+    finally:
+        torch.set_num_threads(threads)
+
+
+async def test_a3c_apply_time_is_the_learners_apply(tmp_path):
+    """``apply_time_ms`` is the learner's time to apply one gradient: at least a good part
+    of the same apply timed here (the fastest of 5, on one thread; a large model, so an
+    apply dwarfs sending the request, which is all the stat used to time), and no more
+    than the step's wall time allows for ``grads_per_step`` serialized applies."""
+    config = {**A3CConfig().to_dict(), "num_envs_per_worker": 1,
+              "rollout_fragment_length": 10, "model": {"fcnet_hiddens": [768, 768]}}
+    local = RolloutWorker("CartPole-v1", AC, {**config, "seed": 0})
+    grads, _ = local.compute_gradients(local.sample())
+    local.apply_gradients(grads)  # warm up (optimizer state)
+    local_apply_ms = 1000 * min(_timed(local.apply_gradients, grads) for _ in range(5))
+    async with Driver.start(str(tmp_path / "s")) as driver:
+        workers = [await driver.create_actor(
+            "actorrl.rollout_actor:RolloutWorkerActor", args=("CartPole-v1", AC, config),
+            kwargs={"worker_index": i + 1}) for i in range(2)]
+        learner = await driver.create_actor(
+            "actorrl.learner.actor:LearnerActor", args=("CartPole-v1", AC, config,
+                                                        {"train_batch_size": 10}),
+            kwargs={"start_thread": False})
+        pipeline = AsyncGradientsOptimizer(driver.runtime, workers, learner, grads_per_step=6)
+        await pipeline.step()  # warm-up
+        started = time.perf_counter()
+        await pipeline.step()
+        step_ms = 1000 * (time.perf_counter() - started)
+        stats = await pipeline.stats()
+        await pipeline.stop()
+    apply_ms = stats["apply_time_ms"]
+    assert local_apply_ms > 1.0, "the model is too small to tell an apply from a send"
+    assert apply_ms >= 0.25 * local_apply_ms, (apply_ms, local_apply_ms)
+    assert 6 * apply_ms * 0.5 <= step_ms, (apply_ms, step_ms)  # the mean of 2 steps
+
+
+async def test_apex_counts_and_redispatches_healthy_samples_before_raising(tmp_path):
+    """A worker's ``sample`` raising (the actor alive) fails the step, but only after the
+    healthy workers' finished samples of that step were counted and re-requested: every
+    sample the healthy worker produced is either counted or still pending."""
+    async with Driver.start(str(tmp_path / "s")) as driver:
+        healthy = await driver.create_actor("tests.actors.scripted:ScriptedWorker",
+                                            args=(64, 0))
+        raising = await driver.create_actor("tests.actors.failing:RaisingWorker",
+                                            args=(64, 1, 1))
+        pipeline = await _apex(driver, [healthy, raising])
+
+        async def until_raised() -> BaseException:
+            while True:
+                try:
+                    await pipeline.step(timeout_s=0.2)
+                except Exception as exc:  # noqa: BLE001 - the failure under test
+                    return exc
+
+        error = await asyncio.wait_for(until_raised(), 60)
+        assert isinstance(error, SampleFailure), repr(error)  # typed across the wire
+        assert "scripted failure of sample 1" in str(error)
+        pending = pipeline.sample_tasks.count_for(healthy)
+        assert pending == SAMPLE_QUEUE_DEPTH, "the healthy worker was not re-dispatched"
+        # The worker runs calls in order: this record comes after every pending sample.
+        record = await driver.get(healthy.record.remote(), timeout_s=30)
+        assert pipeline.num_steps_sampled == 64 * (record["samples"] - pending)
+        await pipeline.stop()
