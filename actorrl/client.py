@@ -18,8 +18,8 @@ The client runs its own runtime (one event loop in a background thread), so the 
 API works as in a single-host run: ``handle.method.remote(...)`` returns refs, and
 ``client.get`` / ``client.wait`` / ``client.put`` resolve and create them. Its runtime binds
 tcp (CURVE with keys) on the interface that routes to the coordinator, so refs it ``put``s
-can be fetched by actors on other hosts. Handles and refs use the most recently opened
-client of the process.
+can be fetched by actors on other hosts. A handle calls through the runtime of the client
+that created it (or that received it), so several clients can be open in one process.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import threading
 import time
 import uuid
 from collections.abc import Coroutine, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from actorrl.cluster import TERMINAL_STATES, JobError
@@ -122,83 +123,103 @@ class Job:
         return out
 
 
+@dataclass(frozen=True)
+class LocalCluster:
+    """What :class:`Client` connects to instead of an address: a coordinator and a node
+    started in this process (single host, ipc only)."""
+
+    num_cpus: float | None = None
+    num_gpus: float | None = None
+    state_dir: str | None = None
+    """Where jobs keep their state (a temporary folder, removed at close, by default)."""
+
+
 class Client:
     """A connection to a coordinator (see the module docstring).
 
-    ``keys_dir`` (default ``$ACTORRL_KEYS_DIR``): the CURVE keys directory, needed when the
-    coordinator uses keys; ``identity`` names the key pair used (``client``).
+    ``address``: the coordinator's, or a :class:`LocalCluster` to start one in this process
+    (what :meth:`local` does). ``keys_dir`` (default ``$ACTORRL_KEYS_DIR``): the CURVE keys
+    directory, needed when the coordinator uses keys; ``identity`` names the key pair used
+    (``client``).
     """
 
-    def __init__(self, address: str, keys_dir: str | None = None, *,
+    def __init__(self, address: str | LocalCluster, keys_dir: str | None = None, *,
                  identity: str = "client", bind_host: str | None = "auto",
                  connect_timeout_s: float = 10.0) -> None:
+        self._closed = True
+        self._runtime: Runtime | None = None
+        self._local: tuple[Coordinator, LocalNode, Any] | None = None
+        self._pinger: asyncio.Task | None = None
+        self._session = uuid.uuid4().hex
+        local = address if isinstance(address, LocalCluster) else None
+        self.address = "local" if local is not None else str(address)
+        self._session_dir = tempfile.mkdtemp(
+            prefix="actorrl-local-" if local is not None else "actorrl-client-")
+        self._start_loop()
+        try:
+            if local is not None:
+                self._runtime, self._local = self._run(self._start_local(local))
+                self._coordinator = self._runtime.address
+            else:
+                self._connect(self.address, keys_dir, identity, bind_host, connect_timeout_s)
+        except BaseException:
+            self._local = None
+            self._teardown()
+            raise
+
+    def _connect(self, address: str, keys_dir: str | None, identity: str,
+                 bind_host: str | None, connect_timeout_s: float) -> None:
         keys_dir = keys_dir or os.environ.get("ACTORRL_KEYS_DIR") or None
         keys_dir = os.path.expanduser(keys_dir) if keys_dir else None
         if bind_host == "auto":
             bind_host = route_host(address)
             if keys_dir is None and not is_loopback_address(f"tcp://{bind_host}:0"):
                 bind_host = None  # no keys: connect out only, never bind in the clear
-        self._start_loop()
-        self._local: Any = None
-        self._session = uuid.uuid4().hex
-        self._session_dir = tempfile.mkdtemp(prefix="actorrl-client-")
-        self.address = address
 
         async def start() -> Runtime:
             network = Network.create(bind_host, None, keys_dir, identity)
             return Runtime.start(self._session_dir, f"client-{self._session[:8]}",
                                  network=network)
 
+        self._runtime = self._run(start())
+        self._coordinator = coordinator_endpoint(address, keys_dir)
         try:
-            self.runtime = self._run(start())
-            self._coordinator = coordinator_endpoint(address, keys_dir)
-            try:
-                self.call("coord.hello", timeout_s=connect_timeout_s)
-            except Exception as exc:
-                raise ClusterConnectionError(
-                    f"cannot reach the coordinator at {address}: {exc}"
-                    + ("" if keys_dir else " (if it uses CURVE, pass keys_dir)")) from None
-        except BaseException:
-            self._teardown()
-            raise
+            self.call("coord.hello", timeout_s=connect_timeout_s)
+        except Exception as exc:
+            raise ClusterConnectionError(
+                f"cannot reach the coordinator at {address}: {exc}"
+                + ("" if keys_dir else " (if it uses CURVE, pass keys_dir)")) from None
+
+    async def _start_local(self, local: LocalCluster
+                           ) -> tuple[Runtime, tuple[Coordinator, LocalNode, Any]]:
+        from actorrl.cluster.jobs import JobManager  # imports the algorithms (torch)
+
+        state_dir = local.state_dir or os.path.join(self._session_dir, "state")
+        runtime = Runtime.start(self._session_dir, "local")
+        coordinator = Coordinator(runtime)
+        node = LocalNode(runtime, self._session_dir, local.num_cpus, local.num_gpus)
+        coordinator.add_local_node(node)
+        jobs = JobManager(coordinator, state_dir)
+        coordinator.serve()
+        jobs.serve()
+        coordinator.start()
+        return runtime, (coordinator, node, jobs)
 
     @classmethod
     def local(cls, num_cpus: float | None = None, num_gpus: float | None = None,
               state_dir: str | None = None) -> Client:
         """A coordinator and a node running in this process (single host, ipc only)."""
-        from actorrl.cluster.jobs import JobManager  # imports the algorithms (torch)
+        return cls(LocalCluster(num_cpus, num_gpus, state_dir))
 
-        client = cls.__new__(cls)
-        client._start_loop()
-        client._session = uuid.uuid4().hex
-        client._session_dir = tempfile.mkdtemp(prefix="actorrl-local-")
-        client.address = "local"
-        owns_state = state_dir is None
-        state_dir = state_dir or os.path.join(client._session_dir, "state")
-
-        async def start() -> tuple[Runtime, Any]:
-            runtime = Runtime.start(client._session_dir, "local")
-            coordinator = Coordinator(runtime)
-            node = LocalNode(runtime, client._session_dir, num_cpus, num_gpus)
-            coordinator.add_local_node(node)
-            jobs = JobManager(coordinator, state_dir)
-            coordinator.serve()
-            jobs.serve()
-            coordinator.start()
-            return runtime, (coordinator, node, jobs, owns_state)
-
-        try:
-            client.runtime, client._local = client._run(start())
-        except BaseException:
-            client._local = None
-            client._teardown()
-            raise
-        client._coordinator = client.runtime.address
-        return client
+    @property
+    def runtime(self) -> Runtime:
+        """This client's runtime (its own event loop thread)."""
+        if self._runtime is None:
+            raise RuntimeError("this client has no runtime (it failed to start)")
+        return self._runtime
 
     # ---- plumbing -----------------------------------------------------------------------
     def _start_loop(self) -> None:
-        self._previous_runtime = Runtime._current
         self._loop = new_event_loop()
         started = threading.Event()
 
@@ -294,12 +315,12 @@ class Client:
              colocate_with.actor_id if colocate_with is not None else None, timeout_s],
             timeout_s=timeout_s + 10)
         self._start_session_pings()
-        return ActorHandle(actor_id, endpoint, path, label, spec)
+        return ActorHandle(actor_id, endpoint, path, label, spec, self.runtime)
 
     def _start_session_pings(self) -> None:
         """Keep this client's actors alive: the coordinator stops the actors of a session
         that stays silent (a client that died without closing) for 20 s."""
-        if getattr(self, "_pinger", None) is not None:
+        if self._pinger is not None:
             return
 
         async def ping_forever() -> None:
@@ -347,14 +368,14 @@ class Client:
     def close(self) -> None:
         """Stop this client's actors and close the connection (``Client.local()``: also
         stop its jobs, coordinator and node)."""
-        if getattr(self, "_closed", True):
+        if self._closed:
             return
-        pinger = getattr(self, "_pinger", None)
+        pinger = self._pinger
         if pinger is not None:
             self._loop.call_soon_threadsafe(pinger.cancel)
         try:
             if self._local is not None:
-                coordinator, node, jobs, _ = self._local
+                coordinator, node, jobs = self._local
 
                 async def stop_local() -> None:
                     await jobs.shutdown(checkpoint=False)
@@ -362,7 +383,7 @@ class Client:
                     await node.shutdown()
 
                 self._run(stop_local(), 120)
-            elif hasattr(self, "runtime"):
+            elif self._runtime is not None:
                 try:
                     self.call("coord.close_session", [self._session], timeout_s=30)
                 except Exception:  # the coordinator may be gone; nothing to clean there
@@ -371,7 +392,7 @@ class Client:
             self._teardown()
 
     def _teardown(self) -> None:
-        runtime = getattr(self, "runtime", None)
+        runtime = self._runtime
         if runtime is not None:
             async def close() -> None:
                 runtime.close()
@@ -380,9 +401,6 @@ class Client:
                 self._run(close(), 10)
             except Exception:
                 pass
-        previous = self._previous_runtime
-        if Runtime._current is None and previous is not None and not previous.closed:
-            Runtime._current = previous  # a second client in this process closed first
         self._closed = True
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)

@@ -65,7 +65,7 @@ def test_ref_moves_from_owner_to_consumer_not_through_holder(runtime):
     producer = rt.create_actor("tests.actors.basic:Store")
     consumer = rt.create_actor("tests.actors.basic:Store")
     relay = rt.create_actor("tests.actors.basic:Relay")
-    runtime_ = rt.Runtime.current()
+    runtime_ = rt.driver().runtime
     before = runtime_.server.bytes_received + sum(
         c.bytes_received for c in runtime_._clients.values())
     consumer_before = rt.get(consumer.bytes_received.remote(), timeout=30)

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from actorrl.config import AlgorithmConfig
 from actorrl.envs import EpisodeMetrics, EpisodeWindow
-from actorrl.runtime import ActorDiedError, ActorHandle, Driver, Runtime
+from actorrl.runtime import ActorDiedError, ActorHandle, DriverLike, Runtime
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +60,11 @@ class AlgorithmSpec:
 
 
 class Trainer:
-    """Runs one algorithm on a :class:`Driver`'s actors. Create with :meth:`create`."""
+    """Runs one algorithm on a driver's actors (a :class:`~actorrl.runtime.DriverLike`: a
+    local, serial or cluster driver). Create with :meth:`create`."""
 
-    def __init__(self, spec: AlgorithmSpec, config: AlgorithmConfig, driver: Driver) -> None:
+    def __init__(self, spec: AlgorithmSpec, config: AlgorithmConfig, driver: DriverLike
+                 ) -> None:
         self.spec = spec
         self.config = config
         self.driver = driver
@@ -80,7 +82,7 @@ class Trainer:
         self.learner_side_actors: list[ActorHandle] = []
 
     @classmethod
-    async def create(cls, spec: AlgorithmSpec, config: AlgorithmConfig, driver: Driver
+    async def create(cls, spec: AlgorithmSpec, config: AlgorithmConfig, driver: DriverLike
                      ) -> Trainer:
         """Start the workers and the learner, sync their weights, build the pipeline."""
         trainer = cls(spec, config, driver)
@@ -110,7 +112,7 @@ class Trainer:
         assert self.spec.learner_config is not None
         learner_config = self.spec.learner_config(self.config)
         num_gpus = 0.0 if self.config._fake_gpus else float(self.config.num_gpus)
-        node_gpus = getattr(getattr(self.driver, "node", None), "num_gpus", 0.0)
+        node_gpus = self.driver.local_gpus
         if num_gpus == 0 and not self.config._fake_gpus and node_gpus >= 1:
             num_gpus = 1.0  # the learner uses CUDA when the machine has it
         return await self.driver.create_actor(

@@ -425,7 +425,7 @@ class JobManager:
                                placement=job.submission.options.placement, colocate=COLOCATE)
         trainer: Trainer | None = None
         try:
-            trainer = await Trainer.create(spec, config, driver)  # type: ignore[arg-type]
+            trainer = await Trainer.create(spec, config, driver)
             job.trainer = trainer
             where = {a["name"]: a["node"] for a in
                      self.coordinator.describe_actors(f"job:{job.id}")}

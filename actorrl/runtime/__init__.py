@@ -2,7 +2,9 @@
 
 Sync facade (scripts, tests): :func:`init`, :func:`create_actor`, :func:`get`, :func:`wait`,
 :func:`put`, :func:`free`, :func:`get_and_free`, :func:`shutdown`. Async API:
-:class:`Driver` (and :class:`Runtime` underneath).
+:class:`Driver` (and :class:`Runtime` underneath); :class:`DriverLike` is the surface the
+local, serial and cluster drivers share. ``Driver.start(serial=True)`` /
+``init(serial=True)`` run every actor in this process (:mod:`actorrl.runtime.serial`).
 """
 
 from actorrl.runtime.actor import ActorHandle, ActorSpec
@@ -21,7 +23,7 @@ from actorrl.runtime.api import (
     wait,
 )
 from actorrl.runtime.core import Runtime
-from actorrl.runtime.driver import Driver
+from actorrl.runtime.driver import Driver, DriverLike
 from actorrl.runtime.errors import (
     ActorCreationError,
     ActorDiedError,
@@ -38,6 +40,7 @@ __all__ = [
     "ActorHandle",
     "ActorSpec",
     "Driver",
+    "DriverLike",
     "GetTimeoutError",
     "ObjectLostError",
     "ObjectRef",

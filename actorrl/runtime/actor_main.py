@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 
-from actorrl.runtime.core import Runtime, import_class
+from actorrl.runtime.core import Runtime, enter_hosting, import_class
 from actorrl.runtime.network import Network
 from actorrl.runtime.process import watch_lifeline
 from transport.errors import RemoteError
@@ -25,6 +25,7 @@ async def serve_actor(parent: str, actor_id: str, session_dir: str, lifeline_fd:
     """Run one actor until exit; returns the process exit code."""
     # A cluster node passes its network down (tcp host, node tag, keys directory).
     runtime = Runtime.start(session_dir, f"actor-{actor_id}", network=Network.from_env())
+    enter_hosting(runtime.hosting())  # the constructor (run in a thread) is actor code
     loop = asyncio.get_running_loop()
 
     def parent_died() -> None:

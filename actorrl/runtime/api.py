@@ -9,8 +9,15 @@
     rt.shutdown()
 
 The event loop runs in a background thread of this process (still one loop per process).
-Inside an actor's synchronous methods, ``get``/``wait``/``put``/``free`` use the actor
-process's runtime the same way.
+``init(serial=True)`` runs the actors in that loop too, not in processes (see
+:mod:`actorrl.runtime.serial`).
+
+**The one module-level default.** This facade keeps the :class:`Driver` that :func:`init`
+started in a module variable, so scripts need not carry it around; it is the only
+process-wide runtime reference in actorrl, and only these functions read it. Inside an
+actor's methods, ``get``/``wait``/``put``/``free`` use the runtime hosting that actor
+(:meth:`Runtime.current`), in an actor process as in the driver. Everything else (the
+async API, pipelines, handles) is handed its runtime explicitly.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
 from actorrl.runtime.actor import ActorHandle
-from actorrl.runtime.core import Runtime
+from actorrl.runtime.core import Runtime, current_hosting
 from actorrl.runtime.driver import Driver
 from actorrl.runtime.errors import GetTimeoutError, RemoteError, RuntimeNotStartedError
 from actorrl.runtime.refs import ObjectRef
@@ -30,17 +37,29 @@ from transport.sockets import new_event_loop
 T = TypeVar("T")
 
 _driver: Driver | None = None
+"""The facade's default driver (see the module docstring); set by init, cleared by
+shutdown."""
 _loop: asyncio.AbstractEventLoop | None = None
 _thread: threading.Thread | None = None
 
 
-def _run(coro: Coroutine[Any, Any, T], runtime: Runtime | None = None,
+def _runtime() -> Runtime:
+    """The runtime this facade acts on here: the one hosting the running actor method,
+    else the driver :func:`init` started."""
+    hosting = current_hosting()
+    if hosting is not None and not hosting.runtime.closed:
+        return hosting.runtime
+    return driver().runtime
+
+
+def _run(coro: Coroutine[Any, Any, T], runtime: Runtime,
          timeout_s: float | None = None) -> T:
-    runtime = runtime or Runtime.current()
     if runtime.on_loop():
         coro.close()
+        hint = (" (a serial-mode actor method runs on it: make the method async and await "
+                "Runtime.current().get_async(...))" if current_hosting() is not None else "")
         raise RuntimeError("the synchronous runtime API cannot be used on the event loop "
-                           "thread; use the async API (await driver.get(...)) there")
+                           "thread; use the async API (await driver.get(...)) there" + hint)
     runtime.before_loop_request()
     future = asyncio.run_coroutine_threadsafe(coro, runtime.loop)
     try:
@@ -53,8 +72,9 @@ def _run(coro: Coroutine[Any, Any, T], runtime: Runtime | None = None,
 
 
 def init(session_dir: str | None = None, num_cpus: float | None = None,
-         num_gpus: float | None = None) -> Driver:
-    """Start the runtime and a local node in a background event-loop thread."""
+         num_gpus: float | None = None, *, serial: bool = False) -> Driver:
+    """Start the runtime and a local node in a background event-loop thread; with
+    ``serial``, actors run in that loop instead of in processes."""
     global _driver, _loop, _thread
     if _driver is not None:
         raise RuntimeError("actorrl.runtime.init() was already called; call shutdown() first")
@@ -67,7 +87,7 @@ def init(session_dir: str | None = None, num_cpus: float | None = None,
     started.wait()
 
     async def start() -> Driver:
-        return Driver.start(session_dir, num_cpus, num_gpus)
+        return Driver.start(session_dir, num_cpus, num_gpus, serial=serial)
 
     _driver = asyncio.run_coroutine_threadsafe(start(), loop).result()
     _loop, _thread = loop, thread
@@ -110,30 +130,30 @@ def kill_actor(handle: ActorHandle, timeout_s: float = 5.0) -> None:
 def get(refs: ObjectRef | Sequence[ObjectRef], timeout: float | None = None) -> Any:
     """Resolve a ref or list of refs; raises the remote error, ActorDiedError or
     GetTimeoutError."""
-    runtime = Runtime.current()
+    runtime = _runtime()
     return _run(runtime.get_async(refs, timeout), runtime, timeout)
 
 
 def wait(refs: Sequence[ObjectRef], num_returns: int = 1, timeout: float | None = None
          ) -> tuple[list[ObjectRef], list[ObjectRef]]:
     """``(ready, not_ready)`` once ``num_returns`` refs are ready or ``timeout`` passes."""
-    runtime = Runtime.current()
+    runtime = _runtime()
     return _run(runtime.wait_async(refs, num_returns, timeout), runtime, timeout)
 
 
 def put(value: Any) -> ObjectRef:
     """Store ``value`` in this process; returns its ref."""
-    return Runtime.current().put(value)
+    return _runtime().put(value)
 
 
 def free(refs: ObjectRef | Sequence[ObjectRef]) -> None:
     """Release objects at their owners."""
-    Runtime.current().free(refs)
+    _runtime().free(refs)
 
 
 def get_and_free(refs: ObjectRef | Sequence[ObjectRef], timeout: float | None = None) -> Any:
     """Get, then free at the owner."""
-    runtime = Runtime.current()
+    runtime = _runtime()
     return _run(runtime.get_and_free_async(refs, timeout), runtime, timeout)
 
 

@@ -251,10 +251,11 @@ class ActorRecord:
     """``alive``, ``stopping``, ``dead`` (crashed or its node was lost) or ``stopped``."""
     reason: str = ""
 
-    def handle(self) -> ActorHandle:
-        """A handle that can restart the actor (carries its spec)."""
+    def handle(self, runtime: Runtime) -> ActorHandle:
+        """A handle that can restart the actor (carries its spec), calling it through
+        ``runtime``."""
         return ActorHandle(self.actor_id, self.endpoint, self.spec.class_path, self.spec.name,
-                           self.spec)
+                           self.spec, runtime)
 
     def describe(self, node_name: str) -> dict[str, Any]:
         """A summary for ``actors()``."""
@@ -592,7 +593,7 @@ class Coordinator:
             log.info("started %s (%s) on node %s", spec.name or spec.class_path,
                      actor_id[:8], target.name)
             self._notify()
-            return record.handle()
+            return record.handle(self.runtime)
 
     def _release(self, node: NodeState, spec: ActorSpec) -> None:
         node.used_cpus = max(0.0, node.used_cpus - spec.num_cpus)
@@ -725,8 +726,9 @@ class Coordinator:
 
 # ---------------------------------------------------------------------------- driver facade
 class ClusterDriver(ObjectOps):
-    """The :class:`Driver` surface (``create_actor``, ``restart_actor``, ``kill_actor``,
-    ``runtime``, get/wait/put/free) over a cluster, for one owner (a job or a client).
+    """The :class:`~actorrl.runtime.driver.DriverLike` surface (``create_actor``,
+    ``restart_actor``, ``kill_actor``, ``runtime``, get/wait/put/free) over a cluster, for
+    one owner (a job or a client).
 
     ``placement`` maps actor-name patterns (fnmatch) to a preferred node name; ``colocate``
     maps actor-name patterns to the name of another actor of this owner to sit next to.
@@ -810,6 +812,12 @@ class ClusterDriver(ObjectOps):
     async def kill_actor(self, handle: ActorHandle, timeout_s: float = 5.0) -> None:
         """Stop an actor: exit request, SIGKILL after ``timeout_s``."""
         await self.coordinator.kill_actor(handle.actor_id, timeout_s)
+
+    @property
+    def local_gpus(self) -> float:
+        """0.0: a cluster has no single node whose GPUs an actor gets without asking (ask
+        with ``num_gpus``; placement finds a node that has them)."""
+        return 0.0
 
     async def shutdown(self, timeout_s: float = 5.0) -> None:
         """Stop every actor of this owner."""

@@ -4,6 +4,12 @@ Every process (driver, coordinator, actor) has exactly one :class:`Runtime`, bou
 event loop. It serves an RPC endpoint through which other processes fetch the objects it
 owns and, in an actor process, call the actor's methods.
 
+There is no process-global runtime: whoever needs one is handed it (the driver's
+``runtime``, a handle's runtime, a pipeline's constructor argument). Actor code, which is
+built from a class path and cannot be handed anything, asks :meth:`Runtime.current`: the
+runtime hosting the method that is running, set by the host for the duration of each call
+(a context variable, so it is right in serial mode too, where many actors share a loop).
+
 Protocol (methods served by every runtime):
 
 - ``__call__(object_id, method, args, kwargs)``: run an actor method; the result is stored
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import hashlib
 import importlib
 import inspect
@@ -30,11 +37,12 @@ import tempfile
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 
-from actorrl.runtime.actor import ActorHandle
+from actorrl.runtime.actor import ActorHandle, _decoding_for
 from actorrl.runtime.errors import (
     ActorDiedError,
     GetTimeoutError,
@@ -131,17 +139,82 @@ class _Call:
         self.resolution: asyncio.Future | None = None
 
 
+@dataclass(frozen=True)
+class Hosting:
+    """Who runs the actor code executing now: its runtime, and the owner (address and
+    store) of the objects that code puts."""
+
+    runtime: Runtime
+    address: str
+    store: ObjectStore
+
+
+_hosting: contextvars.ContextVar[Hosting | None] = contextvars.ContextVar(
+    "actorrl_hosting", default=None)
+
+
+def current_hosting() -> Hosting | None:
+    """The :class:`Hosting` of the actor method (or constructor) running in this context,
+    or None outside actor code."""
+    return _hosting.get()
+
+
+def enter_hosting(hosting: Hosting) -> contextvars.Token:
+    """Mark this context as running actor code hosted by ``hosting`` (undo with
+    :func:`leave_hosting`)."""
+    return _hosting.set(hosting)
+
+
+def leave_hosting(token: contextvars.Token) -> None:
+    """Undo :func:`enter_hosting`."""
+    _hosting.reset(token)
+
+
+def hosted_context(hosting: Hosting) -> contextvars.Context:
+    """A copy of the current context in which ``hosting`` is set (for an actor's task)."""
+    context = contextvars.copy_context()
+    context.run(_hosting.set, hosting)
+    return context
+
+
+class LocalHost(Protocol):
+    """An actor hosted inside this process's runtime (serial mode): calls to its endpoint
+    are handed to it instead of being sent, and it owns a store of its own."""
+
+    store: ObjectStore
+
+    def accept(self, ref: ObjectRef, frames: list[Any], fut: asyncio.Future) -> None:
+        """Run the encoded call ``frames`` (as the runtime sends it); store the result
+        under ``ref.id`` in :attr:`store` and resolve ``fut`` with ``[status, inline,
+        value]`` (or an ActorDiedError)."""
+        ...
+
+
+class _RuntimeCodec(Codec):
+    """The runtime's codec: actor handles it decodes are bound to its runtime."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        super().__init__()
+        self.runtime = runtime
+
+    def decode(self, frames: Sequence[Any]) -> Any:
+        """Decode ``frames``; handles inside submit their calls through this runtime."""
+        token = _decoding_for.set(self.runtime)
+        try:
+            return super().decode(frames)
+        finally:
+            _decoding_for.reset(token)
+
+
 class Runtime:
     """One process's runtime. Create with :meth:`start` inside a running event loop."""
-
-    _current: Runtime | None = None
 
     def __init__(self, loop: asyncio.AbstractEventLoop, address_dir: str, name: str,
                  extra_bind: Sequence[str] = (), network: Network | None = None) -> None:
         self.loop = loop
         self.loop_thread_id = threading.get_ident()
         self.name = name
-        self.codec = Codec()
+        self.codec: Codec = _RuntimeCodec(self)
         self.store = ObjectStore(loop)
         self.network = network
         self.server = RpcServer(self._on_request, codec=self.codec)
@@ -168,6 +241,7 @@ class Runtime:
         self._calls: deque[_Call] = deque()
         self._pumping = False
         self._executor: _ActorExecutor | None = None
+        self._local_hosts: dict[str, LocalHost] = {}
         self.exit_event = asyncio.Event()
         self.on_actor_died: list[Callable[[str, str], None]] = []
         self.closed = False
@@ -176,26 +250,36 @@ class Runtime:
     @classmethod
     def start(cls, address_dir: str, name: str, extra_bind: Sequence[str] = (),
               network: Network | None = None) -> Runtime:
-        """Create this process's runtime on the running loop and make it current.
+        """Create a runtime on the running loop and start serving; the caller owns it and
+        hands it to whatever needs it.
 
         With ``network`` it also binds tcp (see :mod:`actorrl.runtime.network`) and
         :attr:`address` becomes an endpoint reachable from other nodes.
         """
         runtime = cls(asyncio.get_running_loop(), address_dir, name, extra_bind, network)
         runtime.server.start()
-        Runtime._current = runtime
         return runtime
 
     @classmethod
     def current(cls) -> Runtime:
-        """The process's runtime; raises if none was started."""
-        runtime = cls._current
-        if runtime is None or runtime.closed:
+        """For actor code: the runtime hosting the actor method (or constructor) that is
+        running, e.g. to ``put`` a result or ``await get_async`` refs it was handed.
+
+        Not a process-global: the host sets it for the duration of each call (and it
+        follows the call into ``asyncio.to_thread``); anywhere else it raises. Code outside
+        actors is handed its runtime (``driver.runtime``, ``handle.runtime``)."""
+        hosting = _hosting.get()
+        if hosting is None or hosting.runtime.closed:
             raise RuntimeNotStartedError(
-                "the actorrl runtime is not running in this process: call "
-                "actorrl.runtime.init() first (or use Runtime.start in async code)"
-            )
-        return runtime
+                "Runtime.current() is for actor code (it names the runtime hosting the "
+                "running actor method); elsewhere use the runtime you were given "
+                "(driver.runtime, handle.runtime)")
+        return hosting.runtime
+
+    def hosting(self) -> Hosting:
+        """This runtime as the host of its process's actor (what its methods put is owned
+        by this process)."""
+        return Hosting(self, self.address, self.store)
 
     def close(self) -> None:
         """Close every socket; pending calls fail."""
@@ -209,8 +293,6 @@ class Runtime:
             client.close()
         self._clients.clear()
         self.server.close()
-        if Runtime._current is self:
-            Runtime._current = None
 
     def on_loop(self) -> bool:
         """True when called from this runtime's event-loop thread."""
@@ -311,6 +393,10 @@ class Runtime:
         if self.closed:
             fut.set_exception(ActorDiedError("the runtime is shut down"))
             return
+        host = self._local_hosts.get(handle.endpoint)
+        if host is not None:  # serial mode: the actor lives here; the call may run now
+            host.accept(ref, frames, fut)
+            return
         try:
             reply = self.client(handle.endpoint).call_encoded(frames)
         except Exception as exc:  # a full send queue, a bad endpoint: the call failed
@@ -359,12 +445,32 @@ class Runtime:
                 raise
             raise GetTimeoutError(f"get timed out after {timeout_s:g} s") from None
 
+    def add_local_host(self, endpoint: str, host: LocalHost) -> None:
+        """Serve calls to ``endpoint`` (and fetches of objects it owns) in this process
+        through ``host`` (serial mode)."""
+        self._local_hosts[endpoint] = host
+        self.forget_dead(endpoint)
+
+    def remove_local_host(self, endpoint: str, reason: str) -> None:
+        """Stop hosting ``endpoint`` here: it is dead from now on (calls to it raise
+        ActorDiedError, its objects are lost)."""
+        self._local_hosts.pop(endpoint, None)
+        self.mark_dead(endpoint, reason)
+
+    def _local_store(self, owner: str) -> ObjectStore | None:
+        """The store holding what ``owner`` owns, when that is in this process."""
+        if owner == self.address:
+            return self.store
+        host = self._local_hosts.get(owner)
+        return host.store if host is not None else None
+
     async def _get_one(self, ref: ObjectRef) -> Any:
-        if ref.owner == self.address:
-            found = self.store.lookup(ref.id)
+        store = self._local_store(ref.owner)
+        if store is not None:
+            found = store.lookup(ref.id)
             if found is None:
                 fut = self.loop.create_future()
-                self.store.when_ready(ref.id, lambda s, v: fut.done() or fut.set_result((s, v)))
+                store.when_ready(ref.id, lambda s, v: fut.done() or fut.set_result((s, v)))
                 found = await fut
             return _raise_for(found[0], found[1], ref)
         if ref._has_value:
@@ -427,9 +533,10 @@ class Runtime:
             source.add_done_callback(done)
             return lambda: source.remove_done_callback(done)
 
-        if ref.owner == self.address:
-            self.store.when_ready(ref.id, done)
-            return fut, lambda: self.store.remove_waiter(ref.id, done)
+        store = self._local_store(ref.owner)
+        if store is not None and ref._future is None:  # owned here, not a call of ours
+            store.when_ready(ref.id, done)
+            return fut, lambda: store.remove_waiter(ref.id, done)
         if ref._has_value:
             done()
             return fut, lambda: None
@@ -501,7 +608,13 @@ class Runtime:
         return ready, [r for r in refs if r.id not in ready_ids]
 
     def put(self, value: Any) -> ObjectRef:
-        """Store ``value`` in this process and return a ref others can fetch (thread-safe)."""
+        """Store ``value`` in this process and return a ref others can fetch (thread-safe).
+
+        Called by actor code of a serial-mode actor, the object is owned by that actor
+        (it is lost when the actor dies), as it would be in the actor's own process."""
+        hosting = _hosting.get()
+        if hosting is not None and hosting.runtime is self and hosting.store is not self.store:
+            return self._put_in(hosting, value)
         ref = ObjectRef(new_object_id(), self.address)
         ref._runtime = self
         ref._tracked = True
@@ -517,6 +630,17 @@ class Runtime:
             executor.pending_puts.append((ref.id, value))
         else:
             self.loop.call_soon_threadsafe(self.store.set, ref.id, STATUS_OK, value)
+        return ref
+
+    def _put_in(self, hosting: Hosting, value: Any) -> ObjectRef:
+        ref = ObjectRef(new_object_id(), hosting.address)
+        ref._runtime = self
+        ref._tracked = True
+        ref._ready_seq = next(_ready_seq)
+        if self.on_loop():
+            hosting.store.set(ref.id, STATUS_OK, value)
+        else:
+            self.loop.call_soon_threadsafe(hosting.store.set, ref.id, STATUS_OK, value)
         return ref
 
     def free(self, refs: ObjectRef | Iterable[ObjectRef]) -> None:
@@ -553,9 +677,10 @@ class Runtime:
             owner, object_id = self._frees.popleft()
             by_owner.setdefault(owner, []).append(object_id)
         for owner, ids in by_owner.items():
-            if owner == self.address:
+            store = self._local_store(owner)
+            if store is not None:
                 for object_id in ids:
-                    self.store.free(object_id)
+                    store.free(object_id)
             elif owner not in self._dead and not self.closed:
                 try:
                     self.client(owner).notify("__free__", [ids])
@@ -598,7 +723,9 @@ class Runtime:
 
     # ------------------------------------------------------------------ actor hosting
     def host_actor(self, instance: Any) -> None:
-        """Make this process serve ``instance``'s public methods."""
+        """Make this process serve ``instance``'s public methods (its synchronous ones in
+        an executor thread, its coroutines as tasks on the loop; both see this runtime as
+        :meth:`current`)."""
         self.actor = instance
         self._executor = _ActorExecutor(self)
 
@@ -655,7 +782,7 @@ class Runtime:
             except Exception as exc:
                 self._finish(call, STATUS_ERROR, RemoteError.from_exception(exc))
                 return
-            task = self.loop.create_task(coro)
+            task = self.loop.create_task(coro, context=hosted_context(self.hosting()))
             task.add_done_callback(lambda t, c=call: self._finish_task(c, t))
         else:
             assert self._executor is not None
@@ -719,6 +846,7 @@ class _ActorExecutor:
         self._queue.put(None)
 
     def _run(self) -> None:
+        _hosting.set(self.runtime.hosting())  # this thread runs only the actor's methods
         while True:
             item = self._queue.get()
             if item is None:

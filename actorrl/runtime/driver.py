@@ -6,6 +6,10 @@
         counter = await driver.create_actor("mypkg.mod:Counter", args=(0,))
         ref = counter.add.remote(5)
         print(await driver.get(ref))
+
+``Driver.start(serial=True)`` runs every actor inside this process and event loop instead
+(see :mod:`actorrl.runtime.serial`). :class:`DriverLike` is the surface shared with the
+cluster's ``ClusterDriver``; code that starts actors (the Trainer) is typed for it.
 """
 
 from __future__ import annotations
@@ -14,12 +18,64 @@ import os
 import shutil
 import tempfile
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from actorrl.runtime.actor import ActorHandle, ActorSpec
 from actorrl.runtime.core import Runtime
 from actorrl.runtime.node import DEFAULT_START_TIMEOUT_S, LocalNode
 from actorrl.runtime.refs import ObjectRef
+from actorrl.runtime.serial import SerialNode
+
+
+@runtime_checkable
+class DriverLike(Protocol):
+    """What code that starts and calls actors needs from a driver: :class:`Driver` (one
+    host, or serial) and ``actorrl.runtime.coordinator.ClusterDriver`` (a cluster) both
+    satisfy it."""
+
+    @property
+    def runtime(self) -> Runtime:
+        """The runtime that submits calls and owns what this driver puts."""
+        ...
+
+    @property
+    def local_gpus(self) -> float:
+        """GPUs an actor started here can use without asking for them by ``num_gpus``
+        (those of the one local node; 0.0 where placement chooses the node)."""
+        ...
+
+    async def create_actor(self, class_path: str, args: Sequence[Any] = (),
+                           kwargs: dict[str, Any] | None = None, *, num_cpus: float = 1.0,
+                           num_gpus: float = 0.0, name: str = "",
+                           env: dict[str, str] | None = None) -> ActorHandle:
+        """Start an actor of ``class_path``; its handle once it is built."""
+        ...
+
+    async def restart_actor(self, handle: ActorHandle) -> ActorHandle:
+        """A fresh actor from ``handle``'s creation spec (the old one stopped)."""
+        ...
+
+    async def kill_actor(self, handle: ActorHandle) -> None:
+        """Stop an actor."""
+        ...
+
+    async def get(self, refs: ObjectRef | Sequence[ObjectRef],
+                  timeout_s: float | None = None) -> Any:
+        """Resolve a ref or a list of refs."""
+        ...
+
+    async def wait(self, refs: Sequence[ObjectRef], num_returns: int = 1,
+                   timeout_s: float | None = None) -> tuple[list[ObjectRef], list[ObjectRef]]:
+        """``(ready, not_ready)`` once ``num_returns`` refs are ready."""
+        ...
+
+    def put(self, value: Any) -> ObjectRef:
+        """Store ``value``; returns its ref."""
+        ...
+
+    def free(self, refs: ObjectRef | Sequence[ObjectRef]) -> None:
+        """Release objects at their owners."""
+        ...
 
 
 class ObjectOps:
@@ -53,9 +109,11 @@ class ObjectOps:
 
 
 class Driver(ObjectOps):
-    """Owns this process's :class:`Runtime` and a :class:`LocalNode` for its actors."""
+    """Owns this process's :class:`Runtime` and the node its actors run on: a
+    :class:`LocalNode` (a child process per actor) or, in serial mode, a
+    :class:`~actorrl.runtime.serial.SerialNode` (every actor in this process and loop)."""
 
-    def __init__(self, runtime: Runtime, node: LocalNode, session_dir: str,
+    def __init__(self, runtime: Runtime, node: LocalNode | SerialNode, session_dir: str,
                  owns_session_dir: bool) -> None:
         self.runtime = runtime
         self.node = node
@@ -64,15 +122,30 @@ class Driver(ObjectOps):
 
     @classmethod
     def start(cls, session_dir: str | None = None, num_cpus: float | None = None,
-              num_gpus: float | None = None) -> Driver:
+              num_gpus: float | None = None, *, serial: bool = False) -> Driver:
         """Start on the running event loop. ``session_dir`` holds sockets and actor logs (a
-        fresh temporary directory by default, removed at shutdown)."""
+        fresh temporary directory by default, removed at shutdown). ``serial``: run every
+        actor in this process and event loop (no child process at all), for debugging."""
         owns = session_dir is None
         session_dir = session_dir or tempfile.mkdtemp(prefix="actorrl-")
         os.makedirs(session_dir, exist_ok=True)
         runtime = Runtime.start(session_dir, "driver")
-        node = LocalNode(runtime, session_dir, num_cpus=num_cpus, num_gpus=num_gpus)
+        node: LocalNode | SerialNode
+        if serial:
+            node = SerialNode(runtime, num_cpus=num_cpus, num_gpus=num_gpus)
+        else:
+            node = LocalNode(runtime, session_dir, num_cpus=num_cpus, num_gpus=num_gpus)
         return cls(runtime, node, session_dir, owns)
+
+    @property
+    def serial(self) -> bool:
+        """True when the actors run in this process (``Driver.start(serial=True)``)."""
+        return isinstance(self.node, SerialNode)
+
+    @property
+    def local_gpus(self) -> float:
+        """The GPUs of this host (what its node counts)."""
+        return self.node.num_gpus
 
     async def __aenter__(self) -> Driver:
         return self
@@ -85,7 +158,8 @@ class Driver(ObjectOps):
                            num_gpus: float = 0.0, name: str = "",
                            env: dict[str, str] | None = None,
                            timeout_s: float = DEFAULT_START_TIMEOUT_S) -> ActorHandle:
-        """Start an actor of ``class_path`` (``"pkg.module:Class"``) in a new process."""
+        """Start an actor of ``class_path`` (``"pkg.module:Class"``) in a new process (in
+        this one, in serial mode)."""
         spec = ActorSpec(class_path, tuple(args), dict(kwargs or {}), float(num_cpus),
                          float(num_gpus), name, dict(env or {}))
         return await self.node.start_actor(spec, timeout_s)
@@ -101,7 +175,8 @@ class Driver(ObjectOps):
         return await self.node.start_actor(handle.spec, timeout_s)
 
     async def kill_actor(self, handle: ActorHandle, timeout_s: float = 5.0) -> None:
-        """Stop an actor: ask it to exit, SIGKILL after ``timeout_s``."""
+        """Stop an actor: ask it to exit, SIGKILL after ``timeout_s`` (serial mode: it is
+        dropped at once; its pending calls fail with ActorDiedError)."""
         await self.node.stop_actor(handle, timeout_s)
 
     async def shutdown(self, timeout_s: float = 5.0) -> None:

@@ -106,7 +106,7 @@ class LocalNode:
                     f"({log_path}) ends with:\n{process.log_tail()}") from None
             raise
         self.runtime.forget_dead(endpoint)
-        return ActorHandle(actor_id, endpoint, spec.class_path, spec.name, spec)
+        return ActorHandle(actor_id, endpoint, spec.class_path, spec.name, spec, self.runtime)
 
     def _on_hello(self, request: Request) -> None:
         running = self.actors.get(request.args[0])

@@ -1,0 +1,386 @@
+"""Serial mode: every actor in the driver's process and event loop (``Driver.start(serial=True)``,
+``actorrl train ALGO --serial``, ``actorrl.runtime.init(serial=True)``).
+
+What stays the same: actors are created from a class path, ``handle.method.remote(...)``
+returns an :class:`~actorrl.runtime.refs.ObjectRef` at once, ``get``/``wait``/``free``
+work on refs, calls from one caller to one actor start in submission order, an error a
+method raises is raised by ``get`` with its type (a typed :class:`RemoteError`), a killed
+actor's pending calls fail with ``ActorDiedError`` and the objects it owned (its results
+and what it ``put``) are lost (``ObjectLostError``). Arguments and results cross the codec
+as on the wire (copies; arrays arrive read-only; unencodable values fail the same way), so
+the pipelines run unchanged.
+
+What differs, on purpose, for debugging:
+
+- **Synchronous methods run inline, on the event loop, at the call.** When a call is
+  submitted on the loop (a pipeline step), its method runs right inside
+  ``handle.method.remote(...)`` unless that actor still has earlier calls waiting (for
+  ref arguments that are not ready yet) or is itself running a method (a call to
+  itself): then it runs, in order, as soon as those are done. So a breakpoint in a policy,
+  a rollout worker or a replay shard stops with the pipeline step on the same stack, and
+  an error's traceback spans the whole step (the ``get`` that raises it carries it as the
+  cause, and the remote traceback text starts at the step). The price: a method blocks the
+  loop while it runs (nothing else needs it), and the blocking synchronous API
+  (``actorrl.runtime.get``) cannot be used inside an actor method (make the method
+  ``async`` and ``await Runtime.current().get_async(...)``, as the built-in actors do).
+- **Coroutine methods run as tasks on the same loop** (as in an actor process), so their
+  ``asyncio.to_thread`` work (learner batches) and a learner thread still run in threads
+  of this process.
+- Resources are not enforced: ``num_cpus``/``num_gpus`` are recorded, per-actor
+  environment variables (``env``, ``OMP_NUM_THREADS``) are not applied.
+- ``put`` values are shared by reference between actors (no copy), and what an actor puts
+  is owned by it (lost when it is killed), as in its own process.
+- No process is started: no sockets are connected, nothing is pickled or forked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import sys
+import traceback
+import uuid
+from collections import deque
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+from actorrl.runtime.actor import ActorHandle, ActorSpec
+from actorrl.runtime.core import (
+    INLINE_RESULT_BYTES,
+    Hosting,
+    Runtime,
+    enter_hosting,
+    estimate_size,
+    hosted_context,
+    import_class,
+    leave_hosting,
+)
+from actorrl.runtime.errors import ActorCreationError, ActorDiedError
+from actorrl.runtime.node import _count_gpus
+from actorrl.runtime.refs import STATUS_ERROR, STATUS_OK, ObjectRef, ObjectStore
+from transport.codec import Codec
+from transport.errors import RemoteError
+
+log = logging.getLogger(__name__)
+
+SERIAL_SCHEME = "serial://"
+"""Endpoints of serial actors start with this (they are never connected to)."""
+
+
+def roundtrip(codec: Codec, value: Any) -> Any:
+    """``value`` as the receiving side of the wire would see it: encoded and decoded, bulk
+    frames copied (so nothing is shared with the sender)."""
+    return decode_copy(codec, codec.encode(value))
+
+
+def decode_copy(codec: Codec, frames: list[Any]) -> Any:
+    """Decode ``frames`` (as ``codec.encode`` made them) over copies of its bulk frames."""
+    return codec.decode([frames[0], *(bytes(frame) for frame in frames[1:])])
+
+
+def error_record(exc: BaseException, caller: FrameType | None = None) -> RemoteError:
+    """The stored form of an error a serial actor method raised: the record a remote call
+    would carry (so ``get`` raises it typed), with the original exception as its cause;
+    the stack of ``caller`` (the frame that made the call, for an inline call) is
+    prepended to the traceback text so it spans the pipeline step."""
+    record = RemoteError.from_exception(exc)
+    if caller is not None and type(exc) is not RemoteError:
+        lines = ["Traceback (most recent call last):\n",
+                 *traceback.format_list(traceback.extract_stack(caller)),
+                 *traceback.format_tb(exc.__traceback__),
+                 *traceback.format_exception_only(type(exc), exc)]
+        record = RemoteError(record.type_name, record.message, "".join(lines))
+    record.__cause__ = exc
+    return record
+
+
+class _SerialCall:
+    """One call accepted by a serial actor, waiting to start or running."""
+
+    __slots__ = ("object_id", "method", "args", "kwargs", "fut")
+
+    def __init__(self, object_id: bytes, method: str, args: list[Any], kwargs: dict[str, Any],
+                 fut: asyncio.Future) -> None:
+        self.object_id = object_id
+        self.method = method
+        self.args = args
+        self.kwargs = kwargs
+        self.fut = fut
+
+
+class SerialActor:
+    """An actor living in the driver's runtime: the ``LocalHost`` its endpoint routes to.
+
+    It owns a store (its results and puts), runs synchronous methods inline on the loop and
+    coroutine methods as tasks, and keeps submission order with a queue for calls that
+    must wait (ref arguments not ready, or the actor busy with a call to itself).
+    """
+
+    def __init__(self, runtime: Runtime, actor_id: str, endpoint: str, spec: ActorSpec) -> None:
+        self.runtime = runtime
+        self.actor_id = actor_id
+        self.endpoint = endpoint
+        self.spec = spec
+        self.store = ObjectStore(runtime.loop)
+        self.hosting = Hosting(runtime, endpoint, self.store)
+        self.instance: Any = None
+        self.dead: str | None = None
+        self._queue: deque[_SerialCall] = deque()
+        self._drain: asyncio.Task | None = None
+        self._busy = 0
+        self._pending: dict[bytes, asyncio.Future] = {}
+        self._tasks: set[asyncio.Task] = set()
+
+    def __repr__(self) -> str:
+        label = self.spec.name or self.spec.class_path
+        return f"SerialActor({label} #{self.actor_id[:8]})"
+
+    def build(self) -> None:
+        """Construct the instance here, inline, with this actor as the hosting actor (its
+        constructor arguments cross the codec as they would to an actor process)."""
+        codec = self.runtime.codec
+        args, kwargs = roundtrip(codec, [list(self.spec.args), self.spec.kwargs])
+        cls = import_class(self.spec.class_path)
+        token = enter_hosting(self.hosting)
+        try:
+            self.instance = cls(*args, **kwargs)
+        finally:
+            leave_hosting(token)
+
+    # ---- calls --------------------------------------------------------------------------
+    def accept(self, ref: ObjectRef, frames: list[Any], fut: asyncio.Future) -> None:
+        """Take a call submitted through the runtime (see ``LocalHost.accept``)."""
+        if self.dead is not None:
+            fut.set_exception(self._died())
+            return
+        try:
+            _, (object_id, method, args, kwargs), _ = decode_copy(self.runtime.codec, frames)
+        except Exception as exc:
+            fut.set_exception(exc)
+            return
+        self.store.add_pending(object_id)
+        self._pending[object_id] = fut
+        call = _SerialCall(object_id, method, args, kwargs, fut)
+        if not self._queue and not self._busy and self._resolve_now(call):
+            # The caller's frame (handle.method.remote), for a traceback spanning the step.
+            self._start(call, sys._getframe(3))
+            return
+        self._queue.append(call)
+        if self._drain is None:
+            self._drain = self.runtime.loop.create_task(self._run_queue())
+
+    def _resolve_now(self, call: _SerialCall) -> bool:
+        """Replace ref arguments by their values when all are available right now (an
+        error value fails the call, as in an actor process); False when one is not."""
+        values: dict[int | str, Any] = {}
+        items: list[tuple[int | str, Any]] = [*enumerate(call.args), *call.kwargs.items()]
+        for key, arg in items:
+            if not isinstance(arg, ObjectRef):
+                continue
+            found = self._peek(arg)
+            if found is None:
+                return False
+            values[key] = found
+        for key, (status, value) in values.items():
+            if status != STATUS_OK:  # the call fails with it, as in an actor process
+                call.method = ""
+                call.args = [value if isinstance(value, RemoteError) else RemoteError(
+                    "ObjectLostError", f"an argument of the call is gone (status {status})")]
+                return True
+            if isinstance(key, int):
+                call.args[key] = value
+            else:
+                call.kwargs[key] = value
+        return True
+
+    def _peek(self, ref: ObjectRef) -> tuple[int, Any] | None:
+        store = self.runtime._local_store(ref.owner)
+        if store is not None:
+            return store.lookup(ref.id)
+        if ref._has_value:
+            return ref._value
+        return None
+
+    async def _run_queue(self) -> None:
+        try:
+            while self._queue and self.dead is None:
+                call = self._queue[0]
+                try:
+                    await self._resolve(call)
+                except Exception as exc:
+                    self._queue.popleft()
+                    self._finish(call, STATUS_ERROR, RemoteError.from_exception(exc))
+                    continue
+                if self.dead is not None:
+                    return
+                self._queue.popleft()
+                self._start(call, None)
+        finally:
+            self._drain = None
+
+    async def _resolve(self, call: _SerialCall) -> None:
+        get = self.runtime._get_one
+        for index, arg in enumerate(call.args):
+            if isinstance(arg, ObjectRef):
+                call.args[index] = await get(arg)
+        for key, arg in call.kwargs.items():
+            if isinstance(arg, ObjectRef):
+                call.kwargs[key] = await get(arg)
+
+    def _start(self, call: _SerialCall, caller: FrameType | None) -> None:
+        if not call.method:  # an argument resolved to an error
+            self._finish(call, STATUS_ERROR, call.args[0])
+            return
+        fn = getattr(self.instance, call.method, None) if not call.method.startswith("_") \
+            else None
+        if fn is None or not callable(fn):
+            self._finish(call, STATUS_ERROR, RemoteError(
+                "AttributeError",
+                f"{type(self.instance).__qualname__} has no public method {call.method!r}"))
+            return
+        if inspect.iscoroutinefunction(fn):
+            try:  # bad arguments raise here, before a coroutine exists
+                coro = fn(*call.args, **call.kwargs)
+            except Exception as exc:
+                self._finish(call, STATUS_ERROR, error_record(exc, caller))
+                return
+            task = self.runtime.loop.create_task(coro, context=hosted_context(self.hosting))
+            self._tasks.add(task)
+            task.add_done_callback(lambda t, c=call: self._finish_task(c, t))
+            return
+        token = enter_hosting(self.hosting)
+        self._busy += 1
+        try:
+            result = fn(*call.args, **call.kwargs)
+        except BaseException as exc:
+            self._finish(call, STATUS_ERROR, error_record(exc, caller))
+            if not isinstance(exc, Exception):
+                raise  # KeyboardInterrupt, SystemExit: still stop the program
+        else:
+            self._finish(call, STATUS_OK, result)
+        finally:
+            self._busy -= 1
+            leave_hosting(token)
+
+    def _finish_task(self, call: _SerialCall, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            self._finish(call, STATUS_ERROR, RemoteError("CancelledError", "call cancelled"))
+        elif task.exception() is not None:
+            self._finish(call, STATUS_ERROR, error_record(task.exception()))
+        else:
+            self._finish(call, STATUS_OK, task.result())
+
+    def _finish(self, call: _SerialCall, status: int, value: Any) -> None:
+        if self.dead is not None:
+            return  # the call already failed with ActorDiedError
+        if status == STATUS_OK:
+            try:  # the caller gets what the wire would deliver: a copy
+                value = roundtrip(self.runtime.codec, value)
+            except Exception as exc:
+                status, value = STATUS_ERROR, error_record(exc)
+        self.store.set(call.object_id, status, value)
+        fut = self._pending.pop(call.object_id, None)
+        if fut is not None and not fut.done():
+            inline = status != STATUS_OK or estimate_size(value) <= INLINE_RESULT_BYTES
+            fut.set_result([status, inline, value if inline else None])
+
+    # ---- death --------------------------------------------------------------------------
+    def _died(self) -> ActorDiedError:
+        return ActorDiedError(f"{self!r} at {self.endpoint} died: {self.dead}")
+
+    def terminate(self, reason: str) -> None:
+        """The actor is gone: pending and queued calls fail with ActorDiedError, running
+        coroutine methods are cancelled, the objects it owned are lost."""
+        if self.dead is not None:
+            return
+        self.dead = reason
+        self.runtime.remove_local_host(self.endpoint, reason)
+        error = self._died()
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(error)
+        self._pending.clear()
+        self.store.fail_pending(RemoteError.from_exception(error))
+        self._queue.clear()
+        if self._drain is not None:
+            self._drain.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        self.instance = None
+
+
+class SerialNode:
+    """The node of a serial-mode driver: "starts" actors by building them in this process
+    (see the module docstring). Same surface as :class:`~actorrl.runtime.node.LocalNode`
+    where the driver and tests use it."""
+
+    def __init__(self, runtime: Runtime, num_cpus: float | None = None,
+                 num_gpus: float | None = None) -> None:
+        self.runtime = runtime
+        self.num_cpus = float(num_cpus if num_cpus is not None else os.cpu_count() or 1)
+        self.num_gpus = float(num_gpus if num_gpus is not None else _count_gpus())
+        self.actors: dict[str, SerialActor] = {}
+        self.on_death: list[Callable[[str, str], None]] = []
+
+    @property
+    def used_cpus(self) -> float:
+        """CPUs requested by the live actors (recorded, not enforced)."""
+        return sum(a.spec.num_cpus for a in self.actors.values())
+
+    @property
+    def used_gpus(self) -> float:
+        """GPUs requested by the live actors (recorded, not enforced)."""
+        return sum(a.spec.num_gpus for a in self.actors.values())
+
+    async def start_actor(self, spec: ActorSpec, timeout_s: float | None = None
+                          ) -> ActorHandle:
+        """Build ``spec``'s actor here, now (``timeout_s`` is not applied: the constructor
+        runs inline, so a breakpoint in it works); its handle."""
+        actor_id = uuid.uuid4().hex
+        label = spec.name or spec.class_path.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
+        endpoint = f"{SERIAL_SCHEME}{label}-{actor_id[:8]}"
+        if spec.env:
+            log.debug("serial mode: env %s of %s is not applied", sorted(spec.env), label)
+        actor = SerialActor(self.runtime, actor_id, endpoint, spec)
+        try:
+            actor.build()
+        except Exception as exc:
+            raise ActorCreationError(
+                f"constructing {spec.class_path} failed: {RemoteError.from_exception(exc)}"
+            ) from exc
+        self.actors[actor_id] = actor
+        self.runtime.add_local_host(endpoint, actor)
+        return ActorHandle(actor_id, endpoint, spec.class_path, spec.name, spec, self.runtime)
+
+    def process_of(self, handle: ActorHandle) -> None:
+        """None: serial actors have no process."""
+        return None
+
+    async def stop_actor(self, handle: ActorHandle, timeout_s: float = 5.0) -> None:
+        """Drop the actor (asked to stop: no death is reported)."""
+        actor = self.actors.pop(handle.actor_id, None)
+        if actor is not None:
+            actor.terminate("stopped")
+
+    def kill_actor(self, handle: ActorHandle) -> None:
+        """Drop the actor as if its process had been SIGKILLed: its calls fail with
+        ActorDiedError and the ``on_death`` callbacks fire."""
+        actor = self.actors.pop(handle.actor_id, None)
+        if actor is None:
+            return
+        reason = "killed (serial mode)"
+        actor.terminate(reason)
+        log.warning("actor %s (%s) died: %s", handle.actor_id[:8], actor.spec.class_path,
+                    reason)
+        for callback in list(self.on_death):
+            callback(handle.actor_id, reason)
+
+    async def shutdown(self, timeout_s: float = 5.0) -> None:
+        """Drop every actor."""
+        actors, self.actors = list(self.actors.values()), {}
+        for actor in actors:
+            actor.terminate("the driver shut down")
