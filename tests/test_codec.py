@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import struct
 import threading
+import time
 
 import msgpack
 import numpy as np
@@ -772,3 +773,48 @@ def test_typing_a_remote_error_never_runs_the_class_constructor():
         register_error(int)
     with pytest.raises(TypeError):
         register_error(KeyboardInterrupt)  # a remote one must not stop the caller
+
+
+def _colliding_key_map(count: int) -> bytes:
+    """A msgpack map whose ``count`` keys are distinct lists of -1/-2 (hash(-1) ==
+    hash(-2) in CPython, so every such tuple has the same hash)."""
+    width = max(1, (count - 1).bit_length())
+    packer = msgpack.Packer()
+    out = bytearray(packer.pack_map_header(count))
+    for i in range(count):
+        out += packer.pack([-1 - ((i >> bit) & 1) for bit in range(width)]) + packer.pack(0)
+    return bytes(out)
+
+
+def test_colliding_composite_keys_are_refused_fast() -> None:
+    """A hash-flooding map (20,000 colliding tuple keys, ~400 KB) is refused in well under
+    a second instead of stalling the event loop for seconds; a few collisions pass."""
+    header = _colliding_key_map(20_000)
+    assert len(header) < 1 << 20
+    started = time.perf_counter()
+    with pytest.raises(DecodeError, match="hash-collision"):
+        decode([header])
+    assert time.perf_counter() - started < 0.5
+    few = decode([_colliding_key_map(8)])
+    assert len(few) == 8 and all(isinstance(k, tuple) for k in few)
+
+
+def test_header_size_is_capped_and_worst_case_decode_is_bounded() -> None:
+    """A header above the cap is refused before unpacking; a header just under it of the
+    costliest shape (nested empty lists) decodes fast; arrays past the inline budget
+    travel as frames, so legitimate headers stay small."""
+    codec = Codec()
+    with pytest.raises(DecodeError, match="exceeds"):
+        codec.decode([msgpack.packb(b"x" * (codec.max_header_bytes + 1))])
+    nested = msgpack.packb([[[]]] * ((codec.max_header_bytes - 16) // 3))
+    assert len(nested) <= codec.max_header_bytes
+    started = time.perf_counter()
+    assert len(codec.decode([nested])) > 300_000
+    assert time.perf_counter() - started < 0.25
+    arrays = [np.full(60_000, i, np.uint8) for i in range(10)]
+    frames = codec.encode(arrays)
+    assert len(frames[0]) <= codec.max_inline_bytes + 4096
+    assert len(frames) == 1 + 10 - codec.max_inline_bytes // 60_000
+    assert all(np.array_equal(a, b) for a, b in zip(codec.decode(frames), arrays, strict=True))
+    trusted = Codec(max_header_bytes=None)
+    assert trusted.decode([msgpack.packb(b"x" * (2 << 20))]) == b"x" * (2 << 20)

@@ -5,7 +5,16 @@ the msgpack header; every numpy array (or CPU torch tensor) at or above
 ``inline_threshold`` bytes travels as its own frame that references the array's memory,
 so nothing is copied on the way out. ``decode(frames)`` rebuilds arrays with
 ``np.frombuffer`` over the received frames, so nothing is copied on the way in either.
-Small arrays are packed inline in the header, which is faster below ~64 KB.
+Small arrays are packed inline in the header, which is faster below ~64 KB, up to
+``max_inline_bytes`` per message (past that they travel as frames too).
+
+Decoding is bounded whatever a peer sends: the header frame is at most
+``max_header_bytes`` (1 MiB by default; a header of that size decodes in well under
+~100 ms here whatever its content, arrays in their own frames cost nothing to decode),
+nesting depth is msgpack's own limit, and maps with composite (list) keys whose hashes
+collide are refused before a dict is built (crafted collisions made a 490 KB header take
+12 s). The cyclic garbage collector is paused while a header is unpacked (it made
+deeply nested input ~8x slower).
 
 There is no pickle anywhere. Values that cross the wire are msgpack natives (None, bool,
 int, float, str, bytes, list, tuple -> list, dict), numpy arrays and scalars, CPU torch
@@ -16,6 +25,7 @@ tensors, and types registered with :func:`register_type`. Anything else raises
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 import struct
 import sys
@@ -41,6 +51,11 @@ EXT_ARRAY = 1
 EXT_TENSOR = 2
 TYPE_MARKER = "\x00actorrl.type"
 DEFAULT_INLINE_THRESHOLD = 64 * 1024
+DEFAULT_MAX_INLINE_BYTES = 256 * 1024
+DEFAULT_MAX_HEADER_BYTES = 1 << 20
+MAX_KEY_HASH_COLLISIONS = 16
+"""Composite map keys sharing a hash beyond this many are refused (no legitimate map has
+more than a handful; a flood has thousands)."""
 MAX_ARRAY_BYTES = 2**31 - 1
 
 _HEAD = struct.Struct("<BBBi")  # dtype length, ndim, flags, frame index (-1 = inline)
@@ -111,8 +126,11 @@ def register_dataclass(cls: type[T], tag: str | None = None) -> type[T]:
     return cls
 
 
-def _array_ext(arr: np.ndarray, frames: list, inline_threshold: int, allow_large: bool,
+def _array_ext(arr: np.ndarray, frames: list, inline_budget: list[int], allow_large: bool,
                code: int) -> msgpack.ExtType:
+    """The extension record of ``arr``: inline while it is below ``inline_budget[0]``
+    (the threshold) and fits ``inline_budget[1]`` (what this message may still inline,
+    decremented), else a reference to a new frame in ``frames``."""
     dtype = arr.dtype
     if dtype.hasobject or dtype.fields is not None:
         raise EncodeError(
@@ -133,7 +151,8 @@ def _array_ext(arr: np.ndarray, frames: list, inline_threshold: int, allow_large
     dtype_str = dtype.str.encode()
     flat = arr.ravel(order="K").view(np.uint8) if arr.size else np.empty(0, np.uint8)
     shape = struct.pack(f"<{arr.ndim}q", *arr.shape)
-    if arr.nbytes < inline_threshold:
+    if arr.nbytes < inline_budget[0] and arr.nbytes <= inline_budget[1]:
+        inline_budget[1] -= arr.nbytes
         head = _HEAD.pack(len(dtype_str), arr.ndim, flags, -1)
         return msgpack.ExtType(code, head + dtype_str + shape + flat.tobytes())
     frames.append(flat.data)
@@ -177,14 +196,20 @@ def _array_from_ext(data: bytes, frames: Sequence[Any]) -> np.ndarray:
 class Codec:
     """Encoder/decoder of multipart messages; one per process is enough (it is thread-safe).
 
-    ``inline_threshold``: arrays smaller than this many bytes are packed into the header.
-    ``allow_large``: accept arrays above 2 GiB.
+    ``inline_threshold``: arrays smaller than this many bytes are packed into the header,
+    at most ``max_inline_bytes`` of them per message. ``allow_large``: accept arrays above
+    2 GiB. ``max_header_bytes``: the largest header frame :meth:`decode` accepts (None: no
+    cap, for trusted input such as one's own checkpoint files).
     """
 
     def __init__(self, inline_threshold: int = DEFAULT_INLINE_THRESHOLD,
-                 allow_large: bool = False) -> None:
+                 allow_large: bool = False, *,
+                 max_inline_bytes: int = DEFAULT_MAX_INLINE_BYTES,
+                 max_header_bytes: int | None = DEFAULT_MAX_HEADER_BYTES) -> None:
         self.inline_threshold = inline_threshold
         self.allow_large = allow_large
+        self.max_inline_bytes = max_inline_bytes
+        self.max_header_bytes = max_header_bytes
         self._local = threading.local()
 
     def _state(self) -> tuple[msgpack.Packer, list]:
@@ -198,9 +223,9 @@ class Codec:
         return packer, local.frames
 
     def _default(self, obj: Any) -> Any:
-        frames = self._local.frames
+        frames, budget = self._local.frames, self._local.inline_budget
         if isinstance(obj, np.ndarray):
-            return _array_ext(obj, frames, self.inline_threshold, self.allow_large, EXT_ARRAY)
+            return _array_ext(obj, frames, budget, self.allow_large, EXT_ARRAY)
         if isinstance(obj, np.generic):
             if isinstance(obj, np.bool_):
                 return bool(obj)
@@ -208,8 +233,7 @@ class Codec:
                 return int(obj)
             if isinstance(obj, np.floating) and obj.dtype.itemsize <= 8:
                 return float(obj)
-            return _array_ext(np.asarray(obj), frames, self.inline_threshold,
-                              self.allow_large, EXT_ARRAY)
+            return _array_ext(np.asarray(obj), frames, budget, self.allow_large, EXT_ARRAY)
         entry = _by_class.get(type(obj))
         if entry is not None:
             return {TYPE_MARKER: entry.tag, "v": entry.to_wire(obj)}
@@ -219,8 +243,8 @@ class Codec:
                 raise EncodeError(
                     f"torch tensor on {obj.device} cannot cross the wire; call .cpu() first"
                 )
-            return _array_ext(obj.detach().numpy(), frames, self.inline_threshold,
-                              self.allow_large, EXT_TENSOR)
+            return _array_ext(obj.detach().numpy(), frames, budget, self.allow_large,
+                              EXT_TENSOR)
         if isinstance(obj, (tuple, list, set, frozenset)):
             return list(obj)
         if isinstance(obj, dict):
@@ -245,6 +269,7 @@ class Codec:
         """Encode ``obj`` into ``[header, *buffers]``; buffers reference the arrays' memory."""
         packer, frames = self._state()
         frames.clear()
+        self._local.inline_budget = [self.inline_threshold, self.max_inline_bytes]
         try:
             header = packer.pack(obj)
         except EncodeError:
@@ -265,6 +290,16 @@ class Codec:
         if hasattr(header, "buffer"):
             header = header.buffer
         rest = frames[1:]
+        try:
+            header_bytes = memoryview(header).nbytes
+        except TypeError:
+            raise DecodeError(f"a message header must be a buffer, got "
+                              f"{type(header).__name__}") from None
+        if self.max_header_bytes is not None and header_bytes > self.max_header_bytes:
+            raise DecodeError(f"message header of {header_bytes} bytes exceeds the "
+                              f"{self.max_header_bytes}-byte cap (large arrays travel as "
+                              "their own frames; raise Codec max_header_bytes for "
+                              "trusted input)")
 
         def ext_hook(code: int, data: bytes) -> Any:
             if code == EXT_ARRAY:
@@ -282,7 +317,7 @@ class Codec:
             try:
                 obj = dict(pairs)
             except TypeError:  # list keys (tuples on the sender) come back as tuples
-                obj = {_hashable(k): v for k, v in pairs}
+                obj = _composite_key_map(pairs)
             tag = obj.get(TYPE_MARKER)
             if tag is None:
                 return obj
@@ -294,6 +329,9 @@ class Codec:
                 )
             return entry.from_wire(obj["v"])
 
+        collecting = gc.isenabled()
+        if collecting:
+            gc.disable()
         try:
             return msgpack.unpackb(header, ext_hook=ext_hook, object_pairs_hook=object_pairs_hook,
                                    raw=False, strict_map_key=False, use_list=True)
@@ -301,6 +339,25 @@ class Codec:
             raise
         except Exception as exc:
             raise DecodeError(f"cannot decode message header: {exc}") from exc
+        finally:
+            if collecting:
+                gc.enable()
+
+
+def _composite_key_map(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    """A map whose keys include lists, as a dict with tuple keys; refused when the keys'
+    hashes collide (tuple hashes are not randomized, so a peer can craft keys that make a
+    dict quadratic). Counting distinct hashes is linear: ints of the 64-bit range hash
+    into their own buckets but for a handful."""
+    keys = [_hashable(k) for k, _ in pairs]
+    try:
+        distinct = len({hash(k) for k in keys})
+    except TypeError as exc:
+        raise DecodeError(f"cannot decode a map key: {exc}") from None
+    if len(keys) - distinct > MAX_KEY_HASH_COLLISIONS:
+        raise DecodeError(f"map of {len(keys)} composite keys with only {distinct} distinct "
+                          "hashes refused (hash-collision flooding)")
+    return dict(zip(keys, (v for _, v in pairs), strict=True))
 
 
 def _hashable(key: Any) -> Any:

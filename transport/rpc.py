@@ -241,23 +241,37 @@ class RpcClient:
         self.codec = codec or Codec()
         self.loop = asyncio.get_running_loop()
         self.on_lost: list[Callable[[PeerLostError], None]] = []
-        sock = context().socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.RCVHWM, 0)
-        if endpoint.startswith("tcp://"):
-            sock.setsockopt(zmq.HEARTBEAT_IVL, int(heartbeat_s * 1000))
-            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(heartbeat_timeout_s * 1000))
-        if curve_keys is not None:
-            server_public, public, secret = curve_keys
-            sock.curve_serverkey = server_public
-            sock.curve_publickey = public
-            sock.curve_secretkey = secret
         self._pending: dict[int, asyncio.Future] = {}
-        self._monitor = sock.get_monitor_socket(
-            zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_SUCCEEDED)
-        self._monitor_async = AsyncSocket(self._monitor, self._on_monitor_event)
-        sock.connect(endpoint)
+        sock = context().socket(zmq.DEALER)
+        monitor: zmq.Socket | None = None
+        monitor_async: AsyncSocket | None = None
+        try:  # a failed connect (bad endpoint) closes both sockets: no fd leaks per try
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.RCVHWM, 0)
+            if endpoint.startswith("tcp://"):
+                sock.setsockopt(zmq.HEARTBEAT_IVL, int(heartbeat_s * 1000))
+                sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(heartbeat_timeout_s * 1000))
+            if curve_keys is not None:
+                server_public, public, secret = curve_keys
+                sock.curve_serverkey = server_public
+                sock.curve_publickey = public
+                sock.curve_secretkey = secret
+            monitor = sock.get_monitor_socket(
+                zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+            monitor_async = AsyncSocket(monitor, self._on_monitor_event)
+            sock.connect(endpoint)
+        except BaseException:
+            if monitor is not None:
+                with contextlib.suppress(Exception):
+                    sock.disable_monitor()
+                if monitor_async is not None:
+                    monitor_async.close()
+                else:
+                    monitor.close(linger=0)
+            sock.close(linger=0)
+            raise
+        self._monitor, self._monitor_async = monitor, monitor_async
         self._async = AsyncSocket(sock, self._on_message)
         self.connected = False
         self.lost: PeerLostError | None = None
