@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from actorrl.storage import fsync_dir, jsonable, write_synced
-from transport.codec import DecodeError, decode, encode
+from transport.codec import Codec, DecodeError, encode
 
 STATE_FILE = "state.bin"
 METADATA_FILE = "metadata.json"
@@ -44,6 +44,9 @@ FORMAT_VERSION = 1
 _MAGIC = b"ACTORRL\x00"
 _INDEX_HEAD = struct.Struct("<8sII")  # magic, format version, frame count
 _CHECKPOINT_NAME = re.compile(r"^checkpoint_(\d+)$")
+_FILE_CODEC = Codec(max_header_bytes=None)
+"""Decodes state files: one's own files are trusted input, so no header cap (checkpoints
+written before the cap existed may inline more than it allows)."""
 
 
 class CheckpointError(Exception):
@@ -90,7 +93,7 @@ def decode_state_file(data: bytes | bytearray, path: str = STATE_FILE) -> dict[s
         frames.append(view[pos:pos + size])
         pos += size
     try:
-        state = decode(frames)
+        state = _FILE_CODEC.decode(frames)
     except DecodeError as exc:
         raise CheckpointError(f"{path} is corrupt: {exc}") from None
     if not isinstance(state, dict) or "policies" not in state or "algorithm" not in state:
