@@ -1,7 +1,10 @@
 """Columnar experience batches: ``SampleBatch`` and ``MultiAgentBatch``.
 
 Both are registered with the transport codec, so their arrays cross processes as
-zero-copy frames.
+zero-copy frames. Frame-stacked image columns (``obs``/``new_obs`` of uint8 frame stacks,
+see :mod:`actorrl.frames`) cross as a :class:`~actorrl.frames.FramePack`, each distinct
+frame once, and arrive rebuilt bit for bit; the receiving batch keeps the pack as
+``frame_pack`` so a replay shard can store the frames once without packing them again.
 """
 
 from __future__ import annotations
@@ -11,9 +14,11 @@ from typing import Any
 
 import numpy as np
 
+from actorrl.frames import FramePack, pack_frames, packable_columns
 from transport.codec import register_type
 
 DEFAULT_POLICY_ID = "default_policy"
+_FRAMES_KEY = "\x00frames"
 
 
 class SampleBatch(dict):
@@ -50,6 +55,33 @@ class SampleBatch(dict):
             sizes = {k: len(v) for k, v in self.items()}
             raise ValueError(f"SampleBatch columns have different lengths: {sizes}")
         self.count = lengths.pop() if lengths else 0
+        self._frame_pack: tuple[FramePack, tuple[np.ndarray, ...]] | None = None
+
+    @property
+    def frame_pack(self) -> FramePack | None:
+        """This batch's frame-stack columns as a :class:`~actorrl.frames.FramePack`, when
+        one was attached (decoded from the wire, or built by a replay buffer) and those
+        columns were not replaced since."""
+        if self._frame_pack is None:
+            return None
+        pack, arrays = self._frame_pack
+        if len(arrays) != len(pack.indices) or any(
+                dict.get(self, name) is not array
+                for name, array in zip(pack.indices, arrays, strict=True)):
+            return None
+        return pack
+
+    def attach_frame_pack(self, pack: FramePack) -> None:
+        """Record that ``pack`` encodes this batch's columns ``pack.indices`` (as they are
+        now): the wire sends the pack instead of packing them again."""
+        self._frame_pack = (pack, tuple(dict.__getitem__(self, n) for n in pack.indices))
+
+    @classmethod
+    def from_frame_pack(cls, columns: Mapping[str, Any], pack: FramePack) -> SampleBatch:
+        """``columns`` plus the frame-stack columns rebuilt from ``pack`` (kept attached)."""
+        batch = cls({**columns, **pack.columns()})
+        batch.attach_frame_pack(pack)
+        return batch
 
     @property
     def env_steps(self) -> int:
@@ -186,12 +218,32 @@ def as_multi_agent(batch: SampleBatch | MultiAgentBatch) -> MultiAgentBatch:
     return MultiAgentBatch({DEFAULT_POLICY_ID: batch}, batch.count)
 
 
-register_type(
-    SampleBatch,
-    "actorrl.SampleBatch",
-    lambda b: dict(b),
-    lambda cols: SampleBatch(cols),
-)
+def _batch_to_wire(batch: SampleBatch) -> dict[str, Any]:
+    """Columns, with frame-stack columns as one :class:`FramePack` (each frame once)."""
+    columns = dict(batch)
+    pack = batch.frame_pack
+    if pack is None:
+        packable = packable_columns(columns)
+        if packable is None:
+            return columns
+        names, axis = packable
+        pack = pack_frames({name: columns[name] for name in names}, axis)
+    for name in pack.indices:
+        del columns[name]
+    columns[_FRAMES_KEY] = pack
+    return columns
+
+
+def _batch_from_wire(columns: dict[str, Any]) -> SampleBatch:
+    pack = columns.pop(_FRAMES_KEY, None)
+    if pack is None:
+        return SampleBatch(columns)
+    if not isinstance(pack, FramePack):
+        raise ValueError("malformed sample batch: bad frame pack")
+    return SampleBatch.from_frame_pack(columns, pack)
+
+
+register_type(SampleBatch, "actorrl.SampleBatch", _batch_to_wire, _batch_from_wire)
 register_type(
     MultiAgentBatch,
     "actorrl.MultiAgentBatch",
