@@ -1,11 +1,10 @@
 """Pipeline semantics with scripted workers (fixed sample sizes, a learner whose queue can
-be filled), on real actor processes."""
+be filled), in both modes: on real actor processes, and serial (every actor in the test's
+process and event loop)."""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import time
 
 import numpy as np
@@ -26,6 +25,12 @@ from actorrl.runtime import Driver
 
 DQN = "actorrl.policy.dqn:DQNPolicy"
 AC = "actorrl.policy.actor_critic:ActorCriticPolicy"
+@pytest.fixture(params=[False, True], ids=["processes", "serial"])
+def serial(request) -> bool:
+    """Run the test on actor processes, then in serial mode."""
+    return request.param
+
+
 DQN_CONFIG = {**ApexConfig(num_workers=1).to_dict(), "model": {"fcnet_hiddens": [16]},
               "hiddens": [16], "train_batch_size": 32}
 
@@ -51,10 +56,10 @@ async def _shard(driver, cls="tests.actors.scripted:RecordingReplayActor", start
                                      kwargs={"seed": seed}, num_cpus=0)
 
 
-async def test_apex_syncs_weights_exactly_when_the_delay_is_crossed(tmp_path):
+async def test_apex_syncs_weights_exactly_when_the_delay_is_crossed(tmp_path, serial):
     """With 100-row samples and max_weight_sync_delay=250, a worker gets weights after its
     3rd, 6th, 9th... sample: num_weight_syncs == sum over workers of samples // 3."""
-    async with Driver.start(str(tmp_path / "s")) as driver:
+    async with Driver.start(str(tmp_path / "s"), serial=serial) as driver:
         workers = [await driver.create_actor("tests.actors.scripted:ScriptedWorker",
                                              args=(100, i)) for i in range(2)]
         shard = await _shard(driver, starts=10**9)  # never replays: weights only
@@ -76,12 +81,12 @@ async def test_apex_syncs_weights_exactly_when_the_delay_is_crossed(tmp_path):
         await pipeline.stop()
 
 
-async def test_apex_replays_only_what_the_learner_has_room_for(tmp_path):
+async def test_apex_replays_only_what_the_learner_has_room_for(tmp_path, serial):
     """A learner that never dequeues (no learner thread) fills its in-queue to exactly
     learner_queue_size; the credit window (queue + the batch in training) lets at most one
     more replay be requested, so at most one is dropped, no replay stays in flight, and
     the learner-stall gauge keeps growing with the wall clock while nothing is dropped."""
-    async with Driver.start(str(tmp_path / "s")) as driver:
+    async with Driver.start(str(tmp_path / "s"), serial=serial) as driver:
         worker = await driver.create_actor("tests.actors.scripted:ScriptedWorker", args=(64,))
         shard = await _shard(driver, starts=64)
         learner = await _learner(driver, queue_size=2, start_thread=False)
@@ -119,9 +124,9 @@ async def test_apex_replays_only_what_the_learner_has_room_for(tmp_path):
         assert stats["num_added"] > 0
 
 
-async def test_apex_sends_priorities_back_to_the_shard_that_replayed(tmp_path):
+async def test_apex_sends_priorities_back_to_the_shard_that_replayed(tmp_path, serial):
     """Every priority update a shard receives is for a batch that same shard replayed."""
-    async with Driver.start(str(tmp_path / "s")) as driver:
+    async with Driver.start(str(tmp_path / "s"), serial=serial) as driver:
         workers = [await driver.create_actor("tests.actors.scripted:ScriptedWorker",
                                              args=(64, i)) for i in range(2)]
         shards = [await _shard(driver, starts=128, seed=i) for i in range(2)]
@@ -141,10 +146,10 @@ async def test_apex_sends_priorities_back_to_the_shard_that_replayed(tmp_path):
             stats["replay_shard_0"])
 
 
-async def test_apex_debug_stats(tmp_path):
+async def test_apex_debug_stats(tmp_path, serial):
     """With debug, stats carry timing_breakdown and pending task counts (2 per worker,
     4 per shard)."""
-    async with Driver.start(str(tmp_path / "s")) as driver:
+    async with Driver.start(str(tmp_path / "s"), serial=serial) as driver:
         worker = await driver.create_actor("tests.actors.scripted:ScriptedWorker", args=(64,))
         shard = await _shard(driver, starts=10**9)
         learner = await _learner(driver)
@@ -181,14 +186,14 @@ def test_microbatch_accumulation_equals_the_full_batch_gradient():
         np.testing.assert_allclose(ours[key], theirs[key], rtol=1e-5, atol=1e-6)
 
 
-async def test_microbatch_pipeline_step_counts(tmp_path):
+async def test_microbatch_pipeline_step_counts(tmp_path, serial):
     """One step samples until train_batch_size in microbatches and trains on all of it;
     train_batch_size <= microbatch_size is refused."""
     with pytest.raises(ValueError, match="must be smaller than the train batch size"):
         MicrobatchOptimizer(None, ["w"], "l", train_batch_size=100, microbatch_size=100)
     with pytest.raises(ConfigError, match="microbatch_size"):
         A2CConfig(train_batch_size=64, microbatch_size=64)
-    async with Driver.start(str(tmp_path / "s")) as driver:
+    async with Driver.start(str(tmp_path / "s"), serial=serial) as driver:
         config = {**A2CConfig().to_dict(), "num_envs_per_worker": 2,
                   "rollout_fragment_length": 25}
         workers = [await driver.create_actor(
@@ -218,9 +223,9 @@ def test_a3c_needs_a_remote_worker():
         A3CConfig(num_workers=0)
 
 
-async def test_a3c_applies_grads_per_step_gradients(tmp_path):
+async def test_a3c_applies_grads_per_step_gradients(tmp_path, serial):
     """One A3C step applies exactly grads_per_step gradients at the learner."""
-    async with Driver.start(str(tmp_path / "s")) as driver:
+    async with Driver.start(str(tmp_path / "s"), serial=serial) as driver:
         config = {**A3CConfig().to_dict(), "num_envs_per_worker": 2,
                   "rollout_fragment_length": 10}
         workers = [await driver.create_actor(
@@ -240,11 +245,11 @@ async def test_a3c_applies_grads_per_step_gradients(tmp_path):
         assert {"wait_time_ms", "apply_time_ms", "dispatch_time_ms", "learner"} <= set(stats)
 
 
-async def test_apex_paced_sampling_refills_a_replaced_shard(tmp_path):
+async def test_apex_paced_sampling_refills_a_replaced_shard(tmp_path, serial):
     """With training_intensity pacing the samplers wait on the learner; when the only shard
     is SIGKILLed the learner has nothing left to replay, so sampling must run unpaced
     until the empty replacement can replay again, and training must resume."""
-    async with Driver.start(str(tmp_path / "s")) as driver:
+    async with Driver.start(str(tmp_path / "s"), serial=serial) as driver:
         worker = await driver.create_actor("tests.actors.scripted:ScriptedWorker", args=(64,))
         shard = await _shard(driver, starts=256)
         learner = await _learner(driver)
@@ -260,7 +265,7 @@ async def test_apex_paced_sampling_refills_a_replaced_shard(tmp_path):
                                         replace_shard=replace_shard)
         await _until(lambda: pipeline.num_steps_trained >= 32 * 20, pipeline, timeout_s=120)
         assert pipeline.pacer.parked, "pacing should hold the sampler back at this intensity"
-        os.kill(driver.node.process_of(shard).pid, signal.SIGKILL)
+        driver.node.kill_actor(shard)  # SIGKILL (serial: dropped as if)
         await _until(lambda: replacements, pipeline)
         trained_at_replacement = pipeline.num_steps_trained
         await _until(lambda: pipeline.num_steps_trained >= trained_at_replacement + 32 * 20,
@@ -271,10 +276,10 @@ async def test_apex_paced_sampling_refills_a_replaced_shard(tmp_path):
         await pipeline.stop()
 
 
-async def test_a3c_worker_gets_weights_that_include_its_own_gradient(tmp_path):
+async def test_a3c_worker_gets_weights_that_include_its_own_gradient(tmp_path, serial):
     """RLlib's order: a worker's gradient is applied, then that worker gets the weights.
     With one worker, the k-th weights it receives carry version k (k gradients applied)."""
-    async with Driver.start(str(tmp_path / "s")) as driver:
+    async with Driver.start(str(tmp_path / "s"), serial=serial) as driver:
         config = {**A3CConfig().to_dict(), "num_envs_per_worker": 2,
                   "rollout_fragment_length": 10}
         worker = await driver.create_actor("tests.actors.scripted:VersionRecordingWorker",
@@ -290,10 +295,10 @@ async def test_a3c_worker_gets_weights_that_include_its_own_gradient(tmp_path):
         assert pipeline.num_steps_trained == pipeline.num_steps_sampled > 0
 
 
-async def test_impala_drops_the_samples_of_a_dead_worker_and_goes_on(tmp_path):
+async def test_impala_drops_the_samples_of_a_dead_worker_and_goes_on(tmp_path, serial):
     """Samples wait in their worker until a train batch is full; when the worker dies
     they are gone: the pipeline forgets them, replaces the worker and keeps training."""
-    async with Driver.start(str(tmp_path / "s")) as driver:
+    async with Driver.start(str(tmp_path / "s"), serial=serial) as driver:
         worker = await driver.create_actor("tests.actors.scripted:ScriptedWorker", args=(64,))
         learner = await _learner(driver)
 
@@ -304,7 +309,7 @@ async def test_impala_drops_the_samples_of_a_dead_worker_and_goes_on(tmp_path):
         pipeline = AsyncSamplesOptimizer(driver.runtime, [worker], learner,
                                          train_batch_size=256, replace_worker=replace)
         await _until(lambda: 64 <= pipeline.pending_rows < 256, pipeline)
-        os.kill(driver.node.process_of(worker).pid, signal.SIGKILL)
+        driver.node.kill_actor(worker)
         await _until(lambda: pipeline.num_worker_failures == 1, pipeline)
         assert all(ref.owner != worker.endpoint for ref, _ in pipeline.pending)
         sampled = pipeline.num_steps_sampled
@@ -314,10 +319,10 @@ async def test_impala_drops_the_samples_of_a_dead_worker_and_goes_on(tmp_path):
         await pipeline.stop()
 
 
-async def test_apex_priorities_never_reach_a_replacement_shard_it_did_not_replay(tmp_path):
+async def test_apex_priorities_never_reach_a_replacement_shard_it_did_not_replay(tmp_path, serial):
     """Replays still in the learner when their shard dies must not send priorities to the
     empty shard that took its place (they would land on unrelated rows)."""
-    async with Driver.start(str(tmp_path / "s")) as driver:
+    async with Driver.start(str(tmp_path / "s"), serial=serial) as driver:
         workers = [await driver.create_actor("tests.actors.scripted:ScriptedWorker",
                                              args=(64, i)) for i in range(2)]
         shards = [await _shard(driver, starts=128, seed=i) for i in range(2)]
@@ -332,7 +337,7 @@ async def test_apex_priorities_never_reach_a_replacement_shard_it_did_not_replay
         pipeline = AsyncReplayOptimizer(driver.runtime, workers, shards, learner, seed=0,
                                         replace_shard=replace_shard)
         await _until(lambda: pipeline.num_steps_trained >= 32 * 30, pipeline, timeout_s=120)
-        os.kill(driver.node.process_of(shards[0]).pid, signal.SIGKILL)
+        driver.node.kill_actor(shards[0])
         await _until(lambda: replacements, pipeline)
         trained = pipeline.num_steps_trained
         await _until(lambda: pipeline.num_steps_trained >= trained + 32 * 30, pipeline,
