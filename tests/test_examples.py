@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from actorrl.experiment.errors import UsageError
-from actorrl.experiment.train import plan_training
+from actorrl.experiment.train import TrainPlan, plan_training
 from actorrl.rollout import RolloutWorker
 from actorrl.stop import DEFAULT_STOP_TIME_S
 
@@ -32,7 +32,8 @@ REQUIRED = {"pong-impala": "impala", "pong-apex": "apex", "breakout-impala": "im
 CLI_TIMEOUT_S = 240.0
 
 
-def _plan(config_file: Path | str, algorithm: str | None = None, **kwargs: object):
+def _plan(config_file: Path | str, algorithm: str | None = None, **kwargs: object
+          ) -> TrainPlan:
     """``plan_training`` as ``actorrl train [ALGO] --config FILE`` calls it (no stop flags)."""
     kwargs.setdefault("stop_time_given", False)
     kwargs.setdefault("stop_time_s", None)
