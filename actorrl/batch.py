@@ -65,11 +65,19 @@ class SampleBatch(dict):
         if self._frame_pack is None:
             return None
         pack, arrays = self._frame_pack
-        if len(arrays) != len(pack.indices) or any(
-                dict.get(self, name) is not array
-                for name, array in zip(pack.indices, arrays, strict=True)):
+        if not arrays:  # a packed batch: valid while the columns were not added
+            return None if any(name in self for name in pack.indices) else pack
+        if any(dict.get(self, name) is not array
+               for name, array in zip(pack.indices, arrays, strict=True)):
             return None
         return pack
+
+    @property
+    def is_packed(self) -> bool:
+        """Whether the frame-stack columns are held only as the attached pack (see
+        :meth:`packed`); :meth:`unpacked` rebuilds them."""
+        return self._frame_pack is not None and not self._frame_pack[1] \
+            and self.frame_pack is not None
 
     def attach_frame_pack(self, pack: FramePack) -> None:
         """Record that ``pack`` encodes this batch's columns ``pack.indices`` (as they are
@@ -82,6 +90,22 @@ class SampleBatch(dict):
         batch = cls({**columns, **pack.columns()})
         batch.attach_frame_pack(pack)
         return batch
+
+    @classmethod
+    def packed(cls, columns: Mapping[str, Any], pack: FramePack) -> SampleBatch:
+        """``columns`` with the frame-stack columns held only as ``pack``: what a replay
+        shard sends (the receiver gets them rebuilt); a consumer in the same process
+        calls :meth:`unpacked` first."""
+        batch = cls(columns)
+        batch._frame_pack = (pack, ())
+        return batch
+
+    def unpacked(self) -> SampleBatch:
+        """This batch with packed frame-stack columns rebuilt (itself if none are)."""
+        if not self.is_packed:
+            return self
+        assert self._frame_pack is not None
+        return SampleBatch.from_frame_pack(dict(self), self._frame_pack[0])
 
     @property
     def env_steps(self) -> int:
@@ -229,7 +253,7 @@ def _batch_to_wire(batch: SampleBatch) -> dict[str, Any]:
         names, axis = packable
         pack = pack_frames({name: columns[name] for name in names}, axis)
     for name in pack.indices:
-        del columns[name]
+        columns.pop(name, None)
     columns[_FRAMES_KEY] = pack
     return columns
 

@@ -12,6 +12,8 @@ Python lists, and a Python loop per row for add, sample and update. If ``cpprb``
 importable it is measured on the same workload.
 
 Prints one JSON object. ``--quick`` finishes in well under 40 s on the 2-core dev machine.
+``--atari`` measures the Atari-scale frame-store replay instead (see
+``benchmarks/replay_frames.py``).
 """
 
 from __future__ import annotations
@@ -372,7 +374,14 @@ def main() -> None:
     """Parse arguments, run, print one JSON object."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="short measurements (< 40 s)")
+    parser.add_argument("--atari", action="store_true",
+                        help="Pong-sized transitions: frames stored once vs the naive layout")
     args = parser.parse_args()
+    if args.atari:
+        from benchmarks.replay_frames import run_atari
+
+        print(json.dumps(run_atari(args.quick)))
+        return
     print(json.dumps(run(args.quick)))
 
 

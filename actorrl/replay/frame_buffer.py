@@ -6,7 +6,9 @@ live once in a circular :class:`FrameStore`; a transition keeps, per stacked col
 absolute ids of its frames (``[stack]`` int64), and sampling rebuilds the stacks (as a
 :class:`~actorrl.frames.FramePack` attached to the returned batch, so the learner gets the
 frames once over the wire too). A Pong-like shard then costs about one frame (7 KB) per
-transition instead of eight.
+transition instead of eight. With ``unpack=False`` (a replay shard that only sends what it
+samples) the stacks are not rebuilt here at all: the batch holds them only as the pack
+(:meth:`~actorrl.batch.SampleBatch.packed`) and the receiver rebuilds them.
 
 Frames and transitions are both written in order, so when the frame ring wraps the
 transitions whose frames it overwrote are the oldest ones: they are retired (never
@@ -76,7 +78,7 @@ class FrameStore:
     def get(self, ids: np.ndarray) -> np.ndarray:
         """The frames with absolute ``ids`` (each must still be held)."""
         assert self._frames is not None
-        return self._frames.take(np.asarray(ids) % self.capacity, axis=0)
+        return self._frames.take(ids, axis=0, mode="wrap")
 
 
 class _FrameStacks:
@@ -88,8 +90,9 @@ class _FrameStacks:
     _next_slot: int
     _storage: dict[str, np.ndarray]
 
-    def _init_frames(self, frame_capacity: int | None) -> None:
+    def _init_frames(self, frame_capacity: int | None, unpack: bool) -> None:
         self._frame_capacity = frame_capacity
+        self._unpack = unpack
         self.frame_store: FrameStore | None = None
         self._frame_columns: tuple[str, ...] = ()
         self._axis = 0
@@ -185,14 +188,16 @@ class _FrameStacks:
         pack = FramePack(self.frame_store.get(unique),
                          {name: inverse[i] for i, name in enumerate(self._frame_columns)},
                          self._axis)
-        return SampleBatch.from_frame_pack(columns, pack)
+        if self._unpack:
+            return SampleBatch.from_frame_pack(columns, pack)
+        return SampleBatch.packed(columns, pack)
 
     def _gather(self, slots: np.ndarray, skip: tuple[str, ...] = ()) -> SampleBatch:
         batch = super()._gather(slots, skip)  # type: ignore[misc]
         return self._from_stored(dict(dict.items(batch)))
 
     def rows_at(self, slots: np.ndarray) -> SampleBatch:
-        """The stored rows at ``slots``, stacks rebuilt, not counted as sampled."""
+        """The stored rows at ``slots``, not counted as sampled."""
         return self._from_stored(dict(dict.items(super().rows_at(slots))))  # type: ignore[misc]
 
     def frame_stats(self) -> dict[str, Any]:
@@ -211,9 +216,9 @@ class FrameReplayBuffer(_FrameStacks, ReplayBuffer):
     docstring); uniform sampling over the live rows."""
 
     def __init__(self, capacity: int, *, frame_capacity: int | None = None,
-                 seed: int | np.random.Generator | None = None) -> None:
+                 unpack: bool = True, seed: int | np.random.Generator | None = None) -> None:
         super().__init__(capacity, seed=seed)
-        self._init_frames(frame_capacity)
+        self._init_frames(frame_capacity, unpack)
 
     def sample(self, num_items: int) -> SampleBatch:
         """``num_items`` live rows drawn uniformly with replacement, plus
@@ -236,10 +241,10 @@ class FramePrioritizedReplayBuffer(_FrameStacks, PrioritizedReplayBuffer):
     row has zero mass, so it is never sampled, and later priority updates leave it so."""
 
     def __init__(self, capacity: int, alpha: float, eps: float = 1e-6, *,
-                 frame_capacity: int | None = None,
+                 frame_capacity: int | None = None, unpack: bool = True,
                  seed: int | np.random.Generator | None = None) -> None:
         super().__init__(capacity, alpha, eps, seed=seed)
-        self._init_frames(frame_capacity)
+        self._init_frames(frame_capacity, unpack)
 
     def _on_retired(self, slots: np.ndarray) -> None:
         self._sum_tree.update(slots, 0.0, unique=True)
