@@ -40,6 +40,7 @@ What differs, on purpose, for debugging:
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 import os
@@ -253,7 +254,7 @@ class SerialActor:
                 return
             task = self.runtime.loop.create_task(coro, context=hosted_context(self.hosting))
             self._tasks.add(task)
-            task.add_done_callback(lambda t, c=call: self._finish_task(c, t))
+            task.add_done_callback(functools.partial(self._finish_task, call))
             return
         token = enter_hosting(self.hosting)
         self._busy += 1
@@ -273,8 +274,10 @@ class SerialActor:
         self._tasks.discard(task)
         if task.cancelled():
             self._finish(call, STATUS_ERROR, RemoteError("CancelledError", "call cancelled"))
-        elif task.exception() is not None:
-            self._finish(call, STATUS_ERROR, error_record(task.exception()))
+            return
+        exc = task.exception()
+        if exc is not None:
+            self._finish(call, STATUS_ERROR, error_record(exc))
         else:
             self._finish(call, STATUS_OK, task.result())
 
