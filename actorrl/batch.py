@@ -100,6 +100,15 @@ class SampleBatch(dict):
         batch._frame_pack = (pack, ())
         return batch
 
+    def packed_form(self) -> SampleBatch:
+        """This batch holding its frame-stack columns only as its attached pack (itself
+        when no pack is attached): what keeps a stored batch's frames once in memory."""
+        pack = self.frame_pack
+        if pack is None or self.is_packed:
+            return self
+        return SampleBatch.packed(
+            {k: v for k, v in dict.items(self) if k not in pack.indices}, pack)
+
     def unpacked(self) -> SampleBatch:
         """This batch with packed frame-stack columns rebuilt (itself if none are)."""
         if not self.is_packed:

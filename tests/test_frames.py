@@ -83,3 +83,18 @@ def test_wire_carries_each_frame_once(channels_first):
     assert out.frame_pack is None
     multi = decode(encode(MultiAgentBatch({"p": batch}, 50)))
     assert np.array_equal(multi.policy_batches["p"]["new_obs"], batch["new_obs"])
+
+
+def test_a_packed_batch_keeps_frames_once_and_arrives_whole():
+    """``packed_form`` drops the rebuilt columns (the pack holds them); such a batch
+    crosses the wire like the original and arrives with every column; ``unpacked``
+    rebuilds it in place of a wire."""
+    rng = np.random.default_rng(4)
+    decoded = decode(encode(stacked_fragment(rng, 30, frame_shape=(84, 84))))
+    packed = decoded.packed_form()
+    assert packed.is_packed and "obs" not in packed and packed.count == 30
+    assert packed.size_bytes() < decoded.size_bytes() / 100
+    for out in (decode(encode(packed)), packed.unpacked()):
+        assert set(out) == set(decoded)
+        for name in decoded:
+            assert np.array_equal(out[name], decoded[name]), name

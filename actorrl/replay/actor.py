@@ -17,6 +17,7 @@ import numpy as np
 from actorrl.batch import MultiAgentBatch, SampleBatch, as_multi_agent
 from actorrl.metrics import TimerStat
 from actorrl.replay.buffer import PrioritizedReplayBuffer, ReplayBuffer
+from actorrl.replay.frame_buffer import FramePrioritizedReplayBuffer, FrameReplayBuffer
 from actorrl.runtime import ObjectRef, Runtime
 
 
@@ -59,14 +60,17 @@ class ReplayActor:
         rng = np.random.default_rng(seed)
 
         def new_buffer() -> ReplayBuffer:
+            # Frame stacks are stored (and sent to the learner) each frame once; other
+            # observations are stored as they are.
             if self.prioritized:
-                return PrioritizedReplayBuffer(
+                return FramePrioritizedReplayBuffer(
                     self.buffer_size,
                     alpha=prioritized_replay_alpha,
                     eps=prioritized_replay_eps,
+                    unpack=False,
                     seed=rng,
                 )
-            return ReplayBuffer(self.buffer_size, seed=rng)
+            return FrameReplayBuffer(self.buffer_size, unpack=False, seed=rng)
 
         self.replay_buffers: dict[str, ReplayBuffer] = collections.defaultdict(new_buffer)
         self.add_batch_timer = TimerStat()
@@ -168,6 +172,10 @@ class BatchReplayActor:
         added = 0
         for batch in batches:
             ma = as_multi_agent(batch)
+            # Frame stacks are kept as their packs (each frame once); a replayed batch is
+            # rebuilt where it arrives.
+            ma = MultiAgentBatch({pid: b.packed_form() for pid, b in ma.policy_batches.items()},
+                                 ma.count)
             self.buffer.append(ma)
             self.cur_size += ma.count
             added += ma.count
@@ -197,5 +205,8 @@ class BatchReplayActor:
 def _replay_columns(batch: SampleBatch) -> SampleBatch:
     """``batch`` with a ``weights`` column (all ones) when it has none, as replay needs."""
     if SampleBatch.WEIGHTS not in batch:
+        pack = batch.frame_pack
         batch = SampleBatch(dict(batch), weights=np.ones(batch.count, dtype=np.float32))
+        if pack is not None:  # same frame columns: the shard need not pack them again
+            batch.attach_frame_pack(pack)
     return batch
