@@ -40,7 +40,8 @@ Derived figures:
   ``efficiency_of_cores_obtained`` = their ratio: how well the CPU the run did get was
   spent, apart from CPU other programs on a shared machine took (or cores left idle).
 - ``wire_bytes_per_env_step``: bytes of batch data moved between processes per env step,
-  from the column sizes of the measured batches: each sample batch row once (worker ->
+  from the encoded sizes of the measured batches (frame stacks travel each frame once):
+  each sample batch row once (worker ->
   learner for IMPALA, worker -> replay shard for Ape-X; the coordinator passes references),
   plus for Ape-X each replayed row once (shard -> learner), counted at ``r`` replayed rows per
   env step (a lower bound: replays the learner drops are not counted). Weight broadcasts
@@ -78,11 +79,12 @@ from actorrl.experiment.train import (  # noqa: E402
     read_config_file_sections,
     resolve_config,
 )
-from actorrl.replay.buffer import PrioritizedReplayBuffer  # noqa: E402
+from actorrl.replay.frame_buffer import FramePrioritizedReplayBuffer  # noqa: E402
 from actorrl.rollout import RolloutWorker  # noqa: E402
 from actorrl.runtime import Driver  # noqa: E402
 from benchmarks.end_to_end import MemorySampler  # noqa: E402
 from benchmarks.pipeline import cpu_seconds  # noqa: E402
+from transport.codec import decode, encode  # noqa: E402
 
 NUM_WORKERS = 2
 QUICK_APEX = {"buffer_size": 20_000, "learning_starts": 2_000}
@@ -106,9 +108,10 @@ def load_settings(algo: str, config_file: str | None, env: str | None,
     return spec, config
 
 
-def batch_nbytes(batch: SampleBatch) -> int:
-    """Bytes of a batch's columns (what crosses the wire, framing aside)."""
-    return int(sum(np.asarray(column).nbytes for column in batch.values()))
+def wire_nbytes(batch: SampleBatch) -> int:
+    """Bytes a batch takes on the wire: its encoded frames (frame stacks each frame
+    once, see actorrl/frames.py)."""
+    return sum(memoryview(frame).nbytes for frame in encode(batch))
 
 
 def measure_ceiling(spec: AlgorithmSpec, config: AlgorithmConfig, probe_s: float
@@ -131,16 +134,20 @@ def measure_ceiling(spec: AlgorithmSpec, config: AlgorithmConfig, probe_s: float
                 batches.append(batch)
         sampler_per_core = steps / (time.process_time() - cpu0)
         samples = SampleBatch.concat_samples(batches)
-        sample_row_bytes = batch_nbytes(samples) / samples.count
-        if spec.name == "apex":
-            buffer = PrioritizedReplayBuffer(samples.count, alpha=0.6, seed=0)
-            buffer.add_batch(samples)
-            train_batch = buffer.sample(config.train_batch_size, beta=0.4)
+        sample_row_bytes = sum(wire_nbytes(b) for b in batches) / samples.count
+        if spec.name == "apex":  # the shard's buffer, fed fragments as they arrive
+            buffer = FramePrioritizedReplayBuffer(samples.count, alpha=0.6, unpack=False,
+                                                  seed=0)
+            for fragment in batches:
+                buffer.add_batch(decode(encode(fragment)))
+            train_batch = decode(encode(buffer.sample(config.train_batch_size, beta=0.4)))
+            replay_row_bytes = wire_nbytes(
+                buffer.sample(config.train_batch_size, beta=0.4)) / train_batch.count
         else:
             while samples.count < config.train_batch_size:
                 samples = SampleBatch.concat_samples([samples, sampler.sample()])
             train_batch = samples.slice(0, config.train_batch_size)
-        replay_row_bytes = batch_nbytes(train_batch) / train_batch.count
+            replay_row_bytes = wire_nbytes(train_batch) / train_batch.count
         learner.learn_on_batch(train_batch)  # warm-up
         rows, cpu0, wall0 = 0, time.process_time(), time.perf_counter()
         while time.perf_counter() - wall0 < probe_s:
