@@ -18,7 +18,9 @@ deeply nested input ~8x slower).
 
 There is no pickle anywhere. Values that cross the wire are msgpack natives (None, bool,
 int, float, str, bytes, list, tuple -> list, dict), numpy arrays and scalars, CPU torch
-tensors, and types registered with :func:`register_type`. Anything else raises
+tensors (decoded as tensors where torch is already imported, else as numpy arrays: a
+message never makes a process load torch), and types registered with
+:func:`register_type`. Anything else raises
 :class:`EncodeError` at the sender naming the type.
 """
 
@@ -164,7 +166,11 @@ def _array_from_ext(data: bytes, frames: Sequence[Any]) -> np.ndarray:
     try:
         dlen, ndim, flags, index = _HEAD.unpack_from(data)
         pos = _HEAD.size
-        dtype = np.dtype(data[pos:pos + dlen].decode())
+        dtype_text = data[pos:pos + dlen].decode()
+        try:
+            dtype = np.dtype(dtype_text)
+        except TypeError:  # repr: a name read off the wire never reaches a log unescaped
+            raise DecodeError(f"malformed array header: unknown dtype {dtype_text!r}") from None
         pos += dlen
         shape = struct.unpack_from(f"<{ndim}q", data, pos)
         pos += 8 * ndim
@@ -190,7 +196,7 @@ def _array_from_ext(data: bytes, frames: Sequence[Any]) -> np.ndarray:
     except DecodeError:
         raise
     except Exception as exc:  # any malformed header is a decode error, never a crash
-        raise DecodeError(f"malformed array header: {exc}") from exc
+        raise DecodeError(f"malformed array header: {str(exc)!r}") from exc
 
 
 class Codec:
@@ -305,9 +311,12 @@ class Codec:
             if code == EXT_ARRAY:
                 return _array_from_ext(data, rest)
             if code == EXT_TENSOR:
-                import torch
-
                 arr = _array_from_ext(data, rest)
+                torch = sys.modules.get("torch")
+                if torch is None:
+                    # A process that never imported torch (the coordinator) gets the
+                    # array: a 40-byte message must not load torch into it.
+                    return arr
                 if not arr.flags.writeable:
                     arr = arr.copy()
                 return torch.from_numpy(arr)

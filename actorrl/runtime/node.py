@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +34,14 @@ class _Running:
     ready: asyncio.Future
     endpoint: str = ""
     stopping: bool = False
+
+
+def log_label(name: str) -> str:
+    """``name`` made safe as part of a log file name: letters, digits, ``_``, ``-`` and
+    inner dots only, at most 64 characters (an actor named ``../x`` or ``/etc/x`` must not
+    write outside the session's log folder)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:64].strip(".")
+    return safe or "actor"
 
 
 class LocalNode:
@@ -77,7 +86,7 @@ class LocalNode:
                 f"actor {spec.class_path} asks for {spec.num_gpus} GPUs but this node has "
                 f"{self.num_gpus - self.used_gpus:g} free; lower num_gpus or add a GPU node")
         actor_id = uuid.uuid4().hex
-        label = spec.name or spec.class_path.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
+        label = log_label(spec.name or spec.class_path.rsplit(":", 1)[-1].rsplit(".", 1)[-1])
         log_path = os.path.join(self.session_dir, "logs", f"{label}-{actor_id[:8]}.log")
         env = {**self.child_env, "OMP_NUM_THREADS": str(max(1, int(spec.num_cpus))),
                "MKL_NUM_THREADS": str(max(1, int(spec.num_cpus)))}

@@ -1,0 +1,64 @@
+"""Hardening against hostile input (issue: no message, peer or local user can stall, leak
+or take over a node): crafted names, dtype strings and tensor messages."""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+
+import msgpack
+import pytest
+
+from actorrl.runtime import Driver
+from actorrl.runtime.node import log_label
+from transport.codec import EXT_ARRAY, DecodeError, decode
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("name", ["../../escaped", "/etc/evil", "a/../../b", "..", "x\ny"])
+def test_log_labels_never_leave_the_log_folder(name: str) -> None:
+    """A name becomes one safe path component: no separators, no leading dots."""
+    label = log_label(name)
+    assert "/" not in label and "\n" not in label and not label.startswith(".")
+    assert os.path.basename(label) == label and label
+
+
+async def test_an_actor_named_with_dots_logs_inside_the_session(tmp_path) -> None:
+    """An actor named ``../../escaped`` writes its log inside ``session/logs``."""
+    session = tmp_path / "s"
+    async with Driver.start(str(session)) as driver:
+        actor = await driver.create_actor("tests.actors.basic:Counter",
+                                          name="../../escaped")
+        assert await driver.get(actor.add.remote(1), timeout_s=30) == 1
+    logs = os.listdir(session / "logs")
+    assert any("escaped" in f and "/" not in f for f in logs), logs
+    assert not list(tmp_path.glob("escaped*")) and not (tmp_path.parent / "escaped").exists()
+
+
+def test_a_forged_dtype_cannot_write_a_log_line() -> None:
+    """A dtype string with a newline is refused with the string escaped."""
+    dtype = b"<f4\nERROR forged log line"
+    head = struct.pack("<BBBi", len(dtype), 1, 0, -1) + dtype + struct.pack("<q", 1)
+    header = msgpack.packb(msgpack.ExtType(EXT_ARRAY, head + b"\0" * 4))
+    with pytest.raises(DecodeError) as info:
+        decode([header])
+    assert "\n" not in str(info.value) and "forged" in str(info.value)
+
+
+def test_a_tensor_message_does_not_import_torch() -> None:
+    """A 40-byte message with the tensor extension decodes to a numpy array in a process
+    that never imported torch (the coordinator), and torch stays unloaded."""
+    code = (
+        "import sys, numpy as np\n"
+        "from transport.codec import EXT_TENSOR, Codec, decode\n"
+        "import msgpack, struct\n"
+        "head = struct.pack('<BBBi', 3, 1, 0, -1) + b'<f4' + struct.pack('<q', 2)\n"
+        "msg = msgpack.packb(msgpack.ExtType(EXT_TENSOR, head + b'\\0' * 8))\n"
+        "value = decode([msg])\n"
+        "print(len(msg), type(value).__name__, 'torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                         text=True, timeout=60, check=True).stdout.split()
+    assert int(out[0]) <= 40 and out[1:] == ["ndarray", "False"]
