@@ -62,3 +62,29 @@ def test_a_tensor_message_does_not_import_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                          text=True, timeout=60, check=True).stdout.split()
     assert int(out[0]) <= 40 and out[1:] == ["ndarray", "False"]
+
+
+@pytest.mark.parametrize(("method", "args"), [
+    ("__call__", [b"\x01" * 16, 7, [], {}]),            # a non-string method name
+    ("__call__", [b"\x02" * 16, "add", [1], {1: 2}]),    # a non-string keyword
+    ("__call__", [b"\x03" * 16, "add"]),                  # too few fields
+    ("__fetch__", [b"\x04" * 16, "yes"]),                 # a non-bool free
+    ("__wait__", [[1, 2]]),                               # an unhashable waiter id
+    ("__free__", [[None]]),                               # a bad id to free
+])
+async def test_malformed_runtime_requests_get_an_error_reply(tmp_path, method, args) -> None:
+    """Every malformed field of the runtime protocol is answered with an error at once
+    (it used to raise inside a loop callback: no reply, the object left pending), and the
+    actor serves the next legitimate call."""
+    from transport.errors import RemoteError
+    from transport.rpc import RpcClient
+
+    async with Driver.start(str(tmp_path / "s")) as driver:
+        actor = await driver.create_actor("tests.actors.basic:Counter")
+        client = RpcClient(actor.endpoint, connect_timeout_s=10)
+        try:
+            with pytest.raises(RemoteError, match="malformed"):
+                await client.call(method, args, timeout_s=1.0)
+        finally:
+            client.close()
+        assert await driver.get(actor.add.remote(2), timeout_s=5) == 2

@@ -206,6 +206,29 @@ class _RuntimeCodec(Codec):
             _decoding_for.reset(token)
 
 
+
+_REQUEST_SHAPES: dict[str, tuple[type | tuple[type, ...], ...]] = {
+    "__call__": (bytes, str, list, dict),
+    "__fetch__": (bytes, bool),
+    "__wait__": (bytes,),
+    "__free__": (list,),
+}
+"""The argument types of the runtime's own protocol methods."""
+
+
+def _check_request(method: str, args: list[Any]) -> None:
+    """ValueError unless ``args`` fit ``method``'s shape (see :data:`_REQUEST_SHAPES`)."""
+    shape = _REQUEST_SHAPES[method]
+    if len(args) != len(shape) or not all(
+            isinstance(a, t) and not (t is not bool and isinstance(a, bool))
+            for a, t in zip(args, shape, strict=True)):
+        names = ", ".join(t.__name__ for t in shape)  # type: ignore[union-attr]
+        raise ValueError(f"malformed {method} request: expected [{names}]")
+    if method == "__call__" and not all(isinstance(k, str) for k in args[3]):
+        raise ValueError("malformed __call__ request: keyword names must be strings")
+    if method == "__free__" and not all(isinstance(i, bytes) for i in args[0]):
+        raise ValueError("malformed __free__ request: object ids must be bytes")
+
 class Runtime:
     """One process's runtime. Create with :meth:`start` inside a running event loop."""
 
@@ -690,6 +713,10 @@ class Runtime:
     # ------------------------------------------------------------------ serving
     def _on_request(self, request: Request) -> None:
         method = request.method
+        if method in _REQUEST_SHAPES:
+            # Checked before any state changes: a malformed request gets an error reply
+            # (it used to raise later, in a loop callback, leaving its object pending).
+            _check_request(method, request.args)
         if method == "__call__":
             self._on_actor_call(request)
         elif method == "__fetch__":
