@@ -88,3 +88,25 @@ async def test_malformed_runtime_requests_get_an_error_reply(tmp_path, method, a
         finally:
             client.close()
         assert await driver.get(actor.add.remote(2), timeout_s=5) == 2
+
+
+async def test_death_reports_are_checked_and_bounded(tmp_path) -> None:
+    """``coord.actor_died`` keeps nothing for unknown nodes, for actors of another node or
+    for actors no node is starting; reasons are truncated; malformed fields are refused.
+    300 reports with 1 MB reasons used to keep +308 MB for good."""
+    from actorrl.runtime.coordinator import MAX_REASON_CHARS, Coordinator
+
+    async with Driver.start(str(tmp_path / "s")) as driver:
+        coordinator = Coordinator(driver.runtime)
+        node = coordinator.add_node("n1", "a", "ipc://nowhere", "127.0.0.1", 2, 0,
+                                    conn=None)  # type: ignore[arg-type]
+        huge = "x" * (1 << 20)
+        for i in range(300):
+            assert await coordinator._rpc_actor_died("no-such-node", f"a{i}", huge) is False
+            assert await coordinator._rpc_actor_died(node.node_id, f"b{i}", huge) is False
+        assert coordinator._early_deaths == {}
+        node.starting = 1  # a start in flight: an early death is kept, truncated
+        assert await coordinator._rpc_actor_died(node.node_id, "c", huge) is True
+        assert len(coordinator._early_deaths["c"]) == MAX_REASON_CHARS
+        with pytest.raises(ValueError, match="actor_died takes"):
+            await coordinator._rpc_actor_died(node.node_id, ["c"], 3)

@@ -103,6 +103,11 @@ def serve_async(runtime: Runtime, method: str, fn: Callable[..., Awaitable[Any]]
 
 
 # ---------------------------------------------------------------------------- nodes
+MAX_REASON_CHARS = 2_000
+"""A reported death reason is kept at most this long (a peer chooses its size)."""
+MAX_EARLY_DEATHS = 1_000
+"""Deaths of actors whose start was not answered yet, kept until it is."""
+
 class NodeConnection(Protocol):
     """How the coordinator starts and stops actors on one node."""
 
@@ -212,6 +217,8 @@ class NodeState:
     joined_at: float = field(default_factory=time.time)
     actor_ids: set[str] = field(default_factory=set)
     probing: bool = False
+    starting: int = 0
+    """Actor starts asked of this node and not answered yet."""
 
     @property
     def free_cpus(self) -> float:
@@ -570,6 +577,7 @@ class Coordinator:
                 continue
             target.used_cpus += spec.num_cpus
             target.used_gpus += spec.num_gpus
+            target.starting += 1
             try:
                 actor_id, endpoint, pid = await target.conn.start_actor(
                     spec, max(deadline - loop.time(), 1.0))
@@ -583,6 +591,8 @@ class Coordinator:
                 failed_nodes.add(target.node_id)
                 self._suspect(target, f"start_actor failed: {exc}")
                 continue
+            finally:
+                target.starting -= 1
             record = ActorRecord(actor_id, spec, target.node_id, owner, endpoint, pid)
             self.actors[actor_id] = record
             target.actor_ids.add(actor_id)
@@ -613,10 +623,11 @@ class Coordinator:
 
     def actor_died(self, actor_id: str, reason: str) -> None:
         """An actor's process exited unasked (reported by its node or its node was lost)."""
+        reason = reason[:MAX_REASON_CHARS]
         record = self.actors.get(actor_id)
-        if record is None:
+        if record is None:  # died before its start was answered: kept (bounded) until then
             self._early_deaths[actor_id] = reason
-            if len(self._early_deaths) > 10_000:
+            while len(self._early_deaths) > MAX_EARLY_DEATHS:
                 self._early_deaths.pop(next(iter(self._early_deaths)))
             return
         if record.state in ("dead", "stopped"):
@@ -679,9 +690,18 @@ class Coordinator:
         return True
 
     async def _rpc_actor_died(self, node_id: str, actor_id: str, reason: str) -> bool:
+        if not all(isinstance(v, str) for v in (node_id, actor_id, reason)):
+            raise ValueError("coord.actor_died takes [node_id: str, actor_id: str, "
+                             "reason: str]")
+        node = self.nodes.get(node_id)
+        if node is None or not node.alive:
+            return False  # only a live node reports deaths
         record = self.actors.get(actor_id)
-        if record is None or record.node_id == node_id:
-            self.actor_died(actor_id, reason)
+        if record is not None and record.node_id != node_id:
+            return False  # a node reports only its own actors
+        if record is None and not node.starting:
+            return False  # an unknown actor is only one that node is starting now
+        self.actor_died(actor_id, reason)
         return True
 
     async def _rpc_close_session(self, session: str) -> int:
