@@ -589,3 +589,19 @@ def test_client_errors_arrive_typed():
         with pytest.raises(ConfigError, match="num_workerz") as refused:
             client.submit({"algorithm": "a2c", "num_workerz": 2})
         assert isinstance(refused.value, ValueError) and isinstance(refused.value, RemoteError)
+
+
+def test_a_node_stopped_with_sigterm_leaves(tmp_path, keys):
+    """SIGTERM makes a node send ``coord.leave`` before exiting: the coordinator records it
+    as having left (it used to be declared lost after the heartbeat timeout)."""
+    c = Cluster(str(tmp_path), keys)
+    try:
+        node = c.join("127.0.0.4", "leaver", 1)
+        node.send_signal(signal.SIGTERM)
+        assert node.wait(30) == 0
+        status = c.client.status()
+        assert status["nodes"] == []  # gone at once, not after the heartbeat timeout
+        assert [(n["name"], n["reason"]) for n in status["lost_nodes"]] == [
+            ("leaver", "it left")]
+    finally:
+        c.close()

@@ -103,6 +103,8 @@ def serve_async(runtime: Runtime, method: str, fn: Callable[..., Awaitable[Any]]
 
 
 # ---------------------------------------------------------------------------- nodes
+LEFT = "it left"
+"""The reason recorded for a node that left (``coord.leave``), as opposed to one lost."""
 MAX_REASON_CHARS = 2_000
 """A reported death reason is kept at most this long (a peer chooses its size)."""
 MAX_EARLY_DEATHS = 1_000
@@ -403,7 +405,10 @@ class Coordinator:
             return
         node.alive = False
         self.nodes.pop(node.node_id, None)
-        log.warning("node %s lost: %s", node.name, reason)
+        if reason == LEFT:
+            log.info("node %s left the cluster", node.name)
+        else:
+            log.warning("node %s lost: %s", node.name, reason)
         self.lost_nodes.append({**node.describe(), "reason": reason, "lost_at": time.time()})
         for actor_id in list(node.actor_ids):
             self.actor_died(actor_id, f"its node {node.name} was lost ({reason})")
@@ -481,7 +486,7 @@ class Coordinator:
     async def _rpc_leave(self, node_id: str) -> bool:
         node = self.nodes.get(node_id)
         if node is not None:
-            self.node_lost(node, "it left")
+            self.node_lost(node, LEFT)
         return True
 
     async def _rpc_wait_nodes(self, count: int, timeout_s: float) -> int:

@@ -114,9 +114,12 @@ class NodeAgent:
                 if not await self._register():
                     break
                 await self._heartbeat_until_lost()
+                if self.stop_event.is_set():
+                    break  # still joined: leave below, so the coordinator says "left"
                 self.joined.clear()
                 await self._stop_all()
             await self._leave()
+            self.joined.clear()
         finally:
             await local.shutdown()
             if self._coord is not None:
