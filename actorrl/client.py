@@ -50,6 +50,9 @@ from transport.sockets import is_loopback_address, new_event_loop
 
 T = TypeVar("T")
 SESSION_PING_S = 3.0
+CLOSE_TIMEOUT_S = 5.0
+"""How long :meth:`Client.close` waits for the coordinator to stop the session's actors
+(the coordinator also stops them itself once the session's pings stop)."""
 
 
 class ClusterConnectionError(ConnectionError):
@@ -232,6 +235,7 @@ class Client:
         self._thread.start()
         started.wait()
         self._closed = False
+        self._shut_down = False
 
     def _run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
@@ -257,9 +261,26 @@ class Client:
             return await client.call(method, list(args), timeout_s=timeout_s)
 
         try:
-            return self._run(go(), timeout_s + 5)
+            result = self._run(go(), timeout_s + 5)
         except RemoteError as exc:
             raise _local_error(exc) from None
+        if method == "coord.shutdown":
+            self._shut_down = True  # nothing to close there any more
+        return result
+
+    def _coordinator_gone(self) -> bool:
+        """Whether the coordinator is known to be gone (shut down through this client, or
+        its connection lost): closing then sends nothing rather than wait on it."""
+        if self._shut_down:
+            return True
+
+        async def lost() -> bool:
+            return self.runtime.connection_lost(self._coordinator)
+
+        try:
+            return self._run(lost(), 5)
+        except Exception:
+            return True
 
     # ---- cluster ------------------------------------------------------------------------
     def nodes(self) -> list[dict[str, Any]]:
@@ -383,9 +404,10 @@ class Client:
                     await node.shutdown()
 
                 self._run(stop_local(), 120)
-            elif self._runtime is not None:
+            elif self._runtime is not None and not self._coordinator_gone():
                 try:
-                    self.call("coord.close_session", [self._session], timeout_s=30)
+                    self.call("coord.close_session", [self._session],
+                              timeout_s=CLOSE_TIMEOUT_S)
                 except Exception:  # the coordinator may be gone; nothing to clean there
                     pass
         finally:

@@ -605,3 +605,28 @@ def test_a_node_stopped_with_sigterm_leaves(tmp_path, keys):
             ("leaver", "it left")]
     finally:
         c.close()
+
+
+@pytest.mark.parametrize("how", ["shutdown", "sigkill"])
+def test_closing_a_client_never_waits_on_a_gone_coordinator(tmp_path, keys, how):
+    """After ``coord.shutdown`` (what ``actorrl coordinator stop`` sends) or a SIGKILL of
+    the coordinator, ``Client.close()`` returns at once or within its short bound; it used
+    to wait 30 s on a fresh connection to the dead coordinator."""
+    proc, address = start_coordinator(str(tmp_path), keys)
+    client = Client(address, keys_dir=keys)
+    try:
+        assert client.nodes() == []
+        if how == "shutdown":
+            client.call("coord.shutdown", [False], timeout_s=10)
+            proc.wait(30)
+        else:
+            proc.kill()
+            proc.wait(10)
+    finally:
+        started = time.monotonic()
+        client.close()
+        took = time.monotonic() - started
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert took < 6.5, f"close took {took:.1f} s"

@@ -340,6 +340,12 @@ class Runtime:
             self._clients[endpoint] = client
         return client
 
+    def connection_lost(self, endpoint: str) -> bool:
+        """Whether the cached connection to ``endpoint`` saw its peer go (or never reach
+        it); loop thread only. A caller about to send a courtesy call skips it then."""
+        client = self._clients.get(endpoint)
+        return endpoint in self._dead or (client is not None and client.lost is not None)
+
     def connect(self, endpoint: str, connect_timeout_s: float = 30.0) -> RpcClient:
         """A new, uncached connection to ``endpoint``: ipc to processes of this node,
         CURVE tcp where the endpoint carries a server key, plain otherwise."""
