@@ -1,9 +1,26 @@
-"""Typed algorithm configs with RLlib's key names, loaded and validated with clear errors.
+"""Typed configs: one frozen dataclass per component, composed in each algorithm's config.
 
-Each algorithm has one frozen, keyword-only dataclass (``ApexConfig``, ``ImpalaConfig``...)
-built on :class:`AlgorithmConfig`. :func:`load_config` builds one from a mapping (a YAML or
-JSON file, ``--set key=value`` overrides), rejecting unknown keys with close-match
-suggestions and reporting every problem at once.
+Layout
+    A component's settings are one :class:`ConfigSection` subclass with its defaults and a
+    docstring per field: :class:`RolloutConfig` (here), the policy configs
+    (``actorrl.policy.config``), ``actorrl.replay.config.ReplayConfig`` and
+    ``actorrl.learner.config.LearnerConfig``. An algorithm's config (``ApexConfig``,
+    ``ImpalaConfig``...; base :class:`AlgorithmConfig`) holds the job-level keys at its top
+    level and one section per component (``rollout``, ``policy``, ``replay``,
+    ``learner``); the algorithm's tuned defaults are that section's default instance.
+
+Shared values
+    A value several components need is set in one place only. A section field marked with
+    :func:`derived` (e.g. the DQN policy's ``train_batch_size``) is filled from that place
+    when the algorithm builds the component's config (:meth:`AlgorithmConfig.component`),
+    and is refused as input inside the section.
+
+Input
+    :func:`load_config` takes nested sections (``{"replay": {"buffer_size": 1000}}``) or
+    RLlib's flat names (``buffer_size: 1000``), mapped once in :data:`FLAT_KEYS`; a flat key
+    given next to its section overrides the section's value. Unknown keys are refused at
+    every level with their dotted path (``replay.alpha``) and close matches; every problem
+    is reported at once as a :class:`ConfigError`.
 """
 
 from __future__ import annotations
@@ -14,12 +31,19 @@ import json
 import os
 import types
 import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from transport.error_types import register_error
 
+S = TypeVar("S", bound="ConfigSection")
 C = TypeVar("C", bound="AlgorithmConfig")
+
+WORKER = "worker"
+"""``derived`` source of values a worker sets itself (its index)."""
+ALGORITHM = "algorithm"
+"""``derived`` source of values each algorithm sets (:meth:`AlgorithmConfig.derived_values`)."""
 
 
 @register_error  # a coordinator's ConfigError reaches a client as ConfigError
@@ -27,52 +51,28 @@ class ConfigError(ValueError):
     """A config has unknown keys or invalid values; the message lists them all."""
 
 
-def _model_default() -> dict[str, Any]:
-    return {"fcnet_hiddens": [256, 256], "fcnet_activation": "tanh"}
+def derived(default: Any, source: str) -> Any:
+    """A section field whose value the algorithm fills from ``source`` (a dotted key of the
+    algorithm config, :data:`WORKER` or :data:`ALGORITHM`); refused as input inside the
+    section, so the value has one place."""
+    return field(default=default, metadata={"derived_from": source})
+
+
+def checked(default_factory: Callable[[], Any], check: Callable[[Any], list[tuple[str, str]]]
+            ) -> Any:
+    """A mapping field validated by ``check(value) -> [(subkey, problem)]`` at load time."""
+    return field(default_factory=default_factory, metadata={"check": check})
+
+
+def _key_name(name: str) -> str:
+    """The config key of field ``name`` (``lambda_`` is written ``lambda``)."""
+    return name[:-1] if name.endswith("_") and not name.startswith("_") else name
 
 
 @dataclass(frozen=True, kw_only=True)
-class AlgorithmConfig:
-    """Settings shared by every algorithm (RLlib names)."""
-
-    env: str = "CartPole-v1"
-    """Gymnasium id or ``"pkg.module:factory"``."""
-    env_config: dict[str, Any] = field(default_factory=dict)
-    """Passed to the env factory / ``gymnasium.make``."""
-    num_workers: int = 2
-    """Rollout worker processes."""
-    num_envs_per_worker: int = 1
-    """Envs per worker, stepped together with one batched forward pass."""
-    rollout_fragment_length: int = 50
-    """Env steps per env per ``sample()`` (RLlib's sample_batch_size)."""
-    batch_mode: str = "truncate_episodes"
-    """``truncate_episodes`` or ``complete_episodes``."""
-    train_batch_size: int = 500
-    """Rows per SGD step."""
-    gamma: float = 0.99
-    """Discount factor."""
-    lr: float = 5e-4
-    """Learning rate."""
-    grad_clip: float | None = 40.0
-    """Global gradient-norm clip (None: no clipping)."""
-    model: dict[str, Any] = field(default_factory=_model_default)
-    """Model settings: fcnet_hiddens, fcnet_activation, custom_model, custom_model_config."""
-    multiagent: dict[str, Any] = field(default_factory=dict)
-    """policies, policy_mapping_fn, policies_to_train."""
-    num_gpus: float = 0.0
-    """GPUs for the learner (towers); 0 = CPU."""
-    _fake_gpus: bool = False
-    """Build ``num_gpus`` learner towers on the CPU (testing)."""
-    seed: int | None = None
-    """Seed for envs and torch (per worker: seed + worker index)."""
-    min_iter_time_s: float = 2.0
-    """Minimum wall time of one training iteration (one result)."""
-    timesteps_per_iteration: int = 0
-    """Minimum env steps sampled per iteration."""
-    metrics_smoothing_episodes: int = 100
-    """Episodes averaged in episode_reward_mean."""
-    debug: bool = False
-    """Report extra pipeline stats (timing breakdown, pending tasks)."""
+class ConfigSection:
+    """Base of every config dataclass: validated on construction (raising
+    :class:`ConfigError` with all problems), loadable from a mapping, dumpable to one."""
 
     def __post_init__(self) -> None:
         problems = self.validate()
@@ -81,44 +81,146 @@ class AlgorithmConfig:
 
     def validate(self) -> list[str]:
         """Every problem with the values (empty when valid); subclasses extend it."""
-        problems = []
+        return []
 
-        def positive(key: str, allow_zero: bool = False) -> None:
-            value = getattr(self, key)
-            if value < 0 or (value == 0 and not allow_zero):
-                bound = ">= 0" if allow_zero else "> 0"
-                problems.append(f"{key} must be {bound}, got {value!r}")
+    def to_dict(self, *, include_derived: bool = True) -> dict[str, Any]:
+        """The settings as plain data (sections nested, ``lambda_`` as ``lambda``); without
+        ``include_derived`` only the keys a user sets in this section."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            if not include_derived and f.metadata.get("derived_from"):
+                continue
+            value = getattr(self, f.name)
+            if isinstance(value, ConfigSection):
+                value = value.to_dict(include_derived=include_derived)
+            elif isinstance(value, tuple):
+                value = list(value)
+            elif isinstance(value, (dict, list)):
+                value = json_copy(value)
+            out[_key_name(f.name)] = value
+        return out
 
-        positive("num_workers", allow_zero=True)
-        positive("num_envs_per_worker")
-        positive("rollout_fragment_length")
-        positive("train_batch_size")
-        positive("lr")
-        positive("num_gpus", allow_zero=True)
-        positive("min_iter_time_s", allow_zero=True)
-        positive("timesteps_per_iteration", allow_zero=True)
-        positive("metrics_smoothing_episodes")
-        if not 0 <= self.gamma <= 1:
-            problems.append(f"gamma must be in [0, 1], got {self.gamma!r}")
-        if self.batch_mode not in ("truncate_episodes", "complete_episodes"):
-            problems.append(f"batch_mode must be 'truncate_episodes' or 'complete_episodes', "
-                            f"got {self.batch_mode!r}")
-        if self.grad_clip is not None and self.grad_clip <= 0:
-            problems.append(f"grad_clip must be > 0 or None, got {self.grad_clip!r}")
-        return problems
+    @classmethod
+    def load(cls: type[S], values: Mapping[str, Any], *, path: str = "",
+             base: S | None = None) -> S:
+        """``cls`` from ``values`` (over ``base``'s values when given), refusing unknown
+        keys; derived fields are accepted (a component loaded on its own)."""
+        problems: list[str] = []
+        out = _load_section(cls, values, path, base, problems, _Spelling(), strict=False)
+        if problems or out is None:
+            raise ConfigError(f"invalid {cls.__name__}:\n  - " + "\n  - ".join(problems))
+        return out
 
-    def to_dict(self) -> dict[str, Any]:
-        """All settings as a plain dict (for workers, policies and results folders)."""
-        return dataclasses.asdict(self)
-
-    def replace(self: C, **changes: Any) -> C:
-        """A copy with ``changes`` applied (validated)."""
-        return load_config(type(self), {**self.to_dict(), **changes})
+    def replace(self: S, **changes: Any) -> S:
+        """A copy with ``changes`` applied (validated; derived fields may be changed)."""
+        return dataclasses.replace(self, **changes)
 
 
-def config_fields(cls: type[AlgorithmConfig]) -> dict[str, dataclasses.Field]:
-    """The config's fields by name."""
-    return {f.name: f for f in dataclasses.fields(cls)}
+def json_copy(value: Any) -> Any:
+    """A deep copy of dicts and lists (other values shared)."""
+    if isinstance(value, dict):
+        return {k: json_copy(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_copy(v) for v in value]
+    return value
+
+
+# ---- loading --------------------------------------------------------------------------
+class _Spelling:
+    """Where a user wrote a value, to name it in problems as they did (``model.x`` for a
+    flat ``model`` key rather than ``policy.model.x``)."""
+
+    def __init__(self) -> None:
+        self.aliases: dict[str, str] = {}
+
+    def show(self, dotted: str) -> str:
+        """``dotted`` as the user spelled it."""
+        for real, alias in self.aliases.items():
+            if dotted == real or dotted.startswith(real + "."):
+                return alias + dotted[len(real):]
+        return dotted
+
+
+def _suggest(key: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
+    close += [k for k in known if len(key) >= 3 and key in k and k not in close][:3]
+    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+
+
+def _field_for(fields: dict[str, dataclasses.Field], key: str) -> str | None:
+    if key in fields:
+        return key
+    if f"{key}_" in fields:  # RLlib keys that are Python keywords (lambda)
+        return f"{key}_"
+    return None
+
+
+def _section_type(annotation: Any) -> type[ConfigSection] | None:
+    return annotation if isinstance(annotation, type) and issubclass(
+        annotation, ConfigSection) else None
+
+
+def _load_section(cls: type[S], values: Any, path: str, base: S | None, problems: list[str],
+                  spelling: _Spelling, *, strict: bool) -> S | None:
+    """``cls`` from ``values`` over ``base``; problems appended (``None`` then). With
+    ``strict`` (inside an algorithm config) derived fields are refused."""
+    if isinstance(values, ConfigSection):
+        values = values.to_dict(include_derived=not strict)
+    if not isinstance(values, Mapping):
+        problems.append(f"{spelling.show(path.rstrip('.'))} must be a mapping, got "
+                        f"{values!r} ({type(values).__name__})")
+        return None
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    clean: dict[str, Any] = {}
+    before = len(problems)
+    for key, value in values.items():
+        name = _field_for(fields, str(key))
+        where = spelling.show(f"{path}{key}")
+        if name is None or (name.startswith("_") and not name.startswith("_fake")):
+            known = [_key_name(n) for n in fields if not fields[n].metadata.get("derived_from")
+                     or not strict]
+            problems.append(f"unknown config key {where!r}{_suggest(str(key), known)}")
+            continue
+        source = fields[name].metadata.get("derived_from")
+        if strict and source:
+            hint = (f"set {source!r} instead" if source not in (WORKER, ALGORITHM)
+                    else "it is set by the " + source)
+            problems.append(f"{where!r} is not set here: {hint}")
+            continue
+        sub = _section_type(hints[name])
+        if sub is not None:
+            sub_base = getattr(base, name) if base is not None else None
+            if sub_base is None and fields[name].default_factory is not dataclasses.MISSING:
+                sub_base = fields[name].default_factory()
+            loaded = _load_section(sub, value, f"{path}{name}.", sub_base, problems, spelling,
+                                   strict=strict)
+            if loaded is not None:
+                clean[name] = loaded
+            continue
+        coerced, problem = _check_type(where, value, hints[name])
+        if problem:
+            problems.append(problem)
+            continue
+        check = fields[name].metadata.get("check")
+        if check is not None:
+            problems.extend(f"{spelling.show(f'{path}{key}.{sub_key}')}: {message}"
+                            for sub_key, message in check(coerced))
+        clean[name] = coerced
+    if len(problems) > before:
+        return None
+    try:
+        if base is not None:
+            return dataclasses.replace(base, **clean)
+        return cls(**clean)
+    except ConfigError as exc:
+        prefix = spelling.show(path.rstrip(".")) if path else ""
+        lines = str(exc).splitlines()[1:] or [str(exc)]
+        problems.extend(f"{prefix}: {line.strip(' -')}" if prefix else line.strip(" -")
+                        for line in lines)
+    except (TypeError, ValueError) as exc:
+        problems.append(f"{spelling.show(path.rstrip('.')) or cls.__name__}: {exc}")
+    return None
 
 
 def _check_type(key: str, value: Any, annotation: Any) -> tuple[Any, str | None]:
@@ -158,34 +260,381 @@ def _check_type(key: str, value: Any, annotation: Any) -> tuple[Any, str | None]
         if isinstance(value, str):
             return value, None
         return value, f"{key} must be a string, got {value!r} ({type(value).__name__})"
-    if target is dict:
-        if isinstance(value, dict):
-            return value, None
+    if target in (dict, Mapping):
+        if isinstance(value, Mapping):
+            return dict(value), None
         return value, f"{key} must be a mapping, got {value!r} ({type(value).__name__})"
-    if target is list:
-        if isinstance(value, (list, tuple)):
-            return list(value), None
-        return value, f"{key} must be a list, got {value!r} ({type(value).__name__})"
+    if target in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            return value, f"{key} must be a list, got {value!r} ({type(value).__name__})"
+        item = args[0] if args else Any
+        items = []
+        for i, element in enumerate(value):
+            coerced, problem = _check_type(f"{key}[{i}]", element, item)
+            if problem:
+                return value, problem
+            items.append(coerced)
+        return (tuple(items) if target is tuple else items), None
     return value, None
 
 
-def load_config(cls: type[C], values: dict[str, Any]) -> C:
-    """Build ``cls`` from ``values``, reporting unknown keys (with suggestions), wrong
-    types and invalid values all at once as a :class:`ConfigError`."""
-    fields = config_fields(cls)
-    hints = typing.get_type_hints(cls)
-    problems = []
-    clean: dict[str, Any] = {}
+# ---- the rollout component ------------------------------------------------------------
+BATCH_MODES = ("truncate_episodes", "complete_episodes")
+MULTIAGENT_KEYS = ("policies", "policy_mapping_fn", "policies_to_train")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutConfig(ConfigSection):
+    """How a rollout worker samples (``actorrl.rollout.RolloutWorker``)."""
+
+    num_envs_per_worker: int = 1
+    """Envs per worker, stepped together with one batched forward pass."""
+    rollout_fragment_length: int = 200
+    """Env steps per env per ``sample()`` (RLlib's sample_batch_size)."""
+    batch_mode: str = "truncate_episodes"
+    """``truncate_episodes`` or ``complete_episodes``."""
+    explore: bool = True
+    """Sample actions (False: the most likely actions)."""
+    clip_actions: bool = True
+    """Clip Box actions to the action space before ``env.step``."""
+    multiagent: dict[str, Any] = field(default_factory=dict)
+    """``policies``, ``policy_mapping_fn``, ``policies_to_train`` (see actorrl.rollout)."""
+    env_config: dict[str, Any] = derived(None, "env_config")
+    """Passed to the env factory / ``gymnasium.make`` (the algorithm's ``env_config``)."""
+    seed: int | None = derived(None, "seed")
+    """Env i of worker w: seed + 1000 w + i; torch: seed + w (the algorithm's ``seed``)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "env_config", dict(self.env_config or {}))
+        object.__setattr__(self, "multiagent", dict(self.multiagent or {}))
+        super().__post_init__()
+
+    def validate(self) -> list[str]:
+        """Sizes >= 1, a known batch mode, known multiagent keys."""
+        problems = []
+        if self.batch_mode not in BATCH_MODES:
+            problems.append(f"batch_mode must be 'truncate_episodes' or 'complete_episodes', "
+                            f"got {self.batch_mode!r}")
+        for key in ("rollout_fragment_length", "num_envs_per_worker"):
+            if getattr(self, key) < 1:
+                problems.append(f"{key} must be an int >= 1, got {getattr(self, key)!r}")
+        unknown = sorted(set(self.multiagent) - set(MULTIAGENT_KEYS))
+        if unknown:
+            problems.append(f"unknown multiagent key(s) {unknown}; allowed: "
+                            f"{list(MULTIAGENT_KEYS)}")
+        return problems
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerConfig(ConfigSection):
+    """What a rollout worker (and the learner's local worker) receives: how to sample and
+    its policy's settings, derived values filled in."""
+
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Sampling settings."""
+    policy: ConfigSection
+    """The policy class's config (``policy_cls.config_class``)."""
+
+
+# ---- flat RLlib keys ------------------------------------------------------------------
+_POLICY_KEYS = (
+    "lr", "gamma", "grad_clip", "model", "adam_epsilon", "n_step", "double_q", "dueling",
+    "hiddens", "huber_threshold", "target_network_update_freq", "exploration_config",
+    "per_worker_exploration", "vtrace", "vtrace_clip_rho_threshold",
+    "vtrace_clip_pg_rho_threshold", "vf_loss_coeff", "entropy_coeff", "opt_type", "decay",
+    "momentum", "epsilon", "use_gae", "use_critic", "lambda")
+_ROLLOUT_KEYS = ("num_envs_per_worker", "rollout_fragment_length", "batch_mode", "explore",
+                 "clip_actions", "multiagent")
+_REPLAY_KEYS = ("buffer_size", "learning_starts", "prioritized_replay",
+                "prioritized_replay_alpha", "prioritized_replay_beta", "prioritized_replay_eps",
+                "num_replay_buffer_shards", "batch_replay", "worker_side_prioritization")
+_LEARNER_KEYS = ("num_sgd_iter", "minibatch_buffer_size", "learner_queue_size",
+                 "learner_queue_timeout", "num_multi_gpu_tower_stacks", "num_data_load_threads")
+_TOP_LEVEL_KEYS = (
+    "env", "env_config", "num_workers", "train_batch_size", "seed", "num_gpus", "_fake_gpus",
+    "min_iter_time_s", "timesteps_per_iteration", "metrics_smoothing_episodes", "debug",
+    "max_weight_sync_delay", "training_intensity", "max_sample_requests_in_flight_per_worker",
+    "broadcast_interval", "grads_per_step", "microbatch_size")
+
+FLAT_KEYS: dict[str, str] = {
+    **{key: key for key in _TOP_LEVEL_KEYS},
+    **{key: f"rollout.{key}" for key in _ROLLOUT_KEYS},
+    **{key: f"policy.{key}" for key in _POLICY_KEYS},
+    **{key: f"replay.{key}" for key in _REPLAY_KEYS},
+    **{key: f"learner.{key}" for key in _LEARNER_KEYS},
+}
+"""Every RLlib (flat) config key -> where it lives in an algorithm config (the one table).
+A key whose section an algorithm lacks is unknown to that algorithm."""
+
+
+def _nest(values: Mapping[str, Any], sections: set[str], top_level: set[str],
+          problems: list[str], spelling: _Spelling, *, skip_others: bool
+          ) -> dict[str, Any]:
+    """``values`` with flat keys moved into their sections (flat over nested). With
+    ``skip_others``, keys that belong to sections or top-level keys outside ``sections`` /
+    ``top_level`` (another component's) are left out; unknown keys are always refused."""
+    out: dict[str, Any] = {}
+    flat: list[tuple[str, str, Any]] = []
+    known_sections = {dotted.split(".")[0] for dotted in FLAT_KEYS.values() if "." in dotted}
     for key, value in values.items():
-        if key not in fields and f"{key}_" in fields:  # RLlib keys that are Python keywords
-            key = f"{key}_"
-        if key not in fields:
-            close = difflib.get_close_matches(key, list(fields), n=3, cutoff=0.6)
-            hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-            problems.append(f"unknown config key {key!r} for {cls.__name__}{hint}")
+        if key in sections:
+            if isinstance(value, ConfigSection):
+                value = value.to_dict(include_derived=False)
+            if isinstance(value, Mapping):
+                out.setdefault(key, {}).update(value)
+            else:
+                out[key] = value  # the section loader reports the bad type
+        elif key in top_level:
+            out[key] = value
+        elif key in FLAT_KEYS and "." in FLAT_KEYS[key] and \
+                FLAT_KEYS[key].split(".")[0] in sections:
+            flat.append((key, FLAT_KEYS[key], value))
+        elif skip_others and (key in FLAT_KEYS or key in known_sections or key == "algorithm"):
             continue
-        if key.startswith("_") and not key.startswith("_fake"):
-            problems.append(f"unknown config key {key!r} for {cls.__name__}")
+        else:
+            known = sorted(top_level | sections | {k for k, d in FLAT_KEYS.items()
+                                                     if d.split(".")[0] in sections})
+            problems.append(f"unknown config key {key!r}{_suggest(key, known)}")
+    for key, dotted, value in flat:
+        section, leaf = dotted.split(".", 1)
+        current = out.setdefault(section, {})
+        if not isinstance(current, Mapping):
+            continue
+        current = dict(current)
+        current[leaf] = value
+        out[section] = current
+        spelling.aliases[dotted] = key
+    return out
+
+
+def _lookup(values: Any, dotted: str) -> Any:
+    """The value at ``dotted`` in a config object or nested mapping (``MISSING`` if none)."""
+    current = values
+    for part in dotted.split("."):
+        if isinstance(current, Mapping):
+            if part not in current:
+                return dataclasses.MISSING
+            current = current[part]
+        elif hasattr(current, part) or dataclasses.is_dataclass(current):
+            current = getattr(current, part, dataclasses.MISSING)
+        else:
+            return dataclasses.MISSING
+        if current is dataclasses.MISSING:
+            return current
+    return current
+
+
+def _source_value(values: Mapping[str, Any], dotted: str) -> Any:
+    """The value a mapping gives for ``dotted``: its flat RLlib key, else the nested one."""
+    leaf = dotted.rsplit(".", 1)[-1]
+    if FLAT_KEYS.get(leaf) == dotted and leaf in values:
+        return values[leaf]
+    return _lookup(values, dotted)
+
+
+def _fill_derived(section: S, source: Callable[[str], Any],
+                  extra: Mapping[str, Any] | None = None) -> S:
+    """``section`` with its derived fields taken from ``source(dotted)`` where it has them
+    (``MISSING`` where not), then ``extra``."""
+    changes: dict[str, Any] = {}
+    for f in dataclasses.fields(section):
+        origin = f.metadata.get("derived_from")
+        if origin and origin not in (WORKER, ALGORITHM):
+            value = source(origin)
+            if value is not dataclasses.MISSING:
+                changes[f.name] = value
+    changes.update(extra or {})
+    return dataclasses.replace(section, **changes) if changes else section
+
+
+def load_component(cls: type[S], values: Mapping[str, Any] | S, *, section: str) -> S:
+    """Component config ``cls`` from an algorithm-style mapping (RLlib flat keys and/or the
+    ``section`` sub-mapping, e.g. a worker's or a checkpoint's config): keys of other
+    components are left to them, unknown keys are refused, derived fields are filled from
+    the mapping's own keys (``seed``, ``train_batch_size``...)."""
+    if isinstance(values, cls):
+        return values
+    if isinstance(values, ConfigSection):
+        raise ConfigError(f"expected a {cls.__name__} or a mapping, got "
+                          f"{type(values).__name__}")
+    problems: list[str] = []
+    spelling = _Spelling()
+    own = {_key_name(f.name) for f in dataclasses.fields(cls)}
+    direct = {k: v for k, v in values.items()
+              if k in own and k not in FLAT_KEYS and k != section}
+    rest = {k: v for k, v in values.items() if k not in direct}
+    nested = _nest(rest, {section}, set(_TOP_LEVEL_KEYS), problems, spelling,
+                   skip_others=True)
+    if direct:
+        nested[section] = {**dict(nested.get(section) or {}), **direct}
+    loaded = None
+    if not problems:
+        given = nested.get(section, {})
+        derived_values: dict[str, Any] = {}
+        if isinstance(given, Mapping):
+            for f in dataclasses.fields(cls):
+                origin = f.metadata.get("derived_from")
+                if origin and origin not in (WORKER, ALGORITHM) and \
+                        _key_name(f.name) not in given:
+                    value = _source_value(values, origin)
+                    if value is not dataclasses.MISSING:
+                        derived_values[_key_name(f.name)] = value
+            given = {**derived_values, **given}  # a value given in the section wins
+        loaded = _load_section(cls, given, f"{section}.", None, problems, spelling,
+                               strict=False)
+    if problems or loaded is None:
+        raise ConfigError(f"invalid {cls.__name__}:\n  - " + "\n  - ".join(problems))
+    return loaded
+
+
+def load_worker_config(values: Mapping[str, Any] | WorkerConfig,
+                       policy_config_cls: type[ConfigSection]) -> WorkerConfig:
+    """A :class:`WorkerConfig` from a worker's or an algorithm's config mapping (flat or
+    nested; see :func:`load_component`)."""
+    if isinstance(values, WorkerConfig):
+        return values
+    problems: list[str] = []
+    parts: dict[str, ConfigSection] = {}
+    for name, cls in (("rollout", RolloutConfig), ("policy", policy_config_cls)):
+        try:
+            parts[name] = load_component(cls, values, section=name)
+        except ConfigError as exc:
+            problems.extend(line.strip(" -") for line in str(exc).splitlines()[1:])
+    if problems:
+        unique = list(dict.fromkeys(problems))
+        raise ConfigError("invalid worker config:\n  - " + "\n  - ".join(unique))
+    return WorkerConfig(rollout=parts["rollout"], policy=parts["policy"])  # type: ignore[arg-type]
+
+
+# ---- algorithm configs ----------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class AlgorithmConfig(ConfigSection):
+    """Settings shared by every algorithm (RLlib names); components in sections.
+
+    Subclasses add a ``policy`` section (and ``replay``/``learner`` where they have those
+    components). RLlib's flat names stay readable as attributes (``config.lr`` is
+    ``config.policy.lr``)."""
+
+    SECTIONS: ClassVar[tuple[str, ...]] = ("rollout", "policy")
+
+    env: str = "CartPole-v1"
+    """Gymnasium id or ``"pkg.module:factory"``."""
+    env_config: dict[str, Any] = field(default_factory=dict)
+    """Passed to the env factory / ``gymnasium.make``."""
+    num_workers: int = 2
+    """Rollout worker processes."""
+    train_batch_size: int = 500
+    """Rows per SGD step."""
+    num_gpus: float = 0.0
+    """GPUs for the learner (towers); 0 = CPU."""
+    _fake_gpus: bool = False
+    """Build ``num_gpus`` learner towers on the CPU (testing)."""
+    seed: int | None = None
+    """Seed for envs and torch (per worker: seed + worker index)."""
+    min_iter_time_s: float = 2.0
+    """Minimum wall time of one training iteration (one result)."""
+    timesteps_per_iteration: int = 0
+    """Minimum env steps sampled per iteration."""
+    metrics_smoothing_episodes: int = 100
+    """Episodes averaged in episode_reward_mean."""
+    debug: bool = False
+    """Report extra pipeline stats (timing breakdown, pending tasks)."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """How the rollout workers sample."""
+
+    def __getattr__(self, name: str) -> Any:
+        dotted = FLAT_KEYS.get(name) or FLAT_KEYS.get(_key_name(name))
+        if dotted and "." in dotted:
+            section, leaf = dotted.split(".", 1)
+            holder = self.__dict__.get(section)
+            if holder is not None:
+                for leaf_name in (leaf, f"{leaf}_"):
+                    if leaf_name in holder.__dict__:
+                        return holder.__dict__[leaf_name]
+        raise AttributeError(f"{type(self).__name__} has no config key {name!r}")
+
+    def validate(self) -> list[str]:
+        """Every problem with the top-level values (sections validate themselves)."""
+        problems = []
+
+        def positive(key: str, allow_zero: bool = False) -> None:
+            value = getattr(self, key)
+            if value < 0 or (value == 0 and not allow_zero):
+                bound = ">= 0" if allow_zero else "> 0"
+                problems.append(f"{key} must be {bound}, got {value!r}")
+
+        positive("num_workers", allow_zero=True)
+        positive("train_batch_size")
+        positive("num_gpus", allow_zero=True)
+        positive("min_iter_time_s", allow_zero=True)
+        positive("timesteps_per_iteration", allow_zero=True)
+        positive("metrics_smoothing_episodes")
+        return problems
+
+    def to_dict(self, *, include_derived: bool = False) -> dict[str, Any]:
+        """All settings, sections nested, as plain data (what checkpoints and results
+        folders store; :func:`load_config` reads it back)."""
+        return super().to_dict(include_derived=include_derived)
+
+    def replace(self: C, **changes: Any) -> C:  # type: ignore[override]
+        """A copy with ``changes`` (flat RLlib keys or sections) applied, validated."""
+        return load_config(type(self), {**self.to_dict(), **changes})
+
+    # ---- building components ----------------------------------------------------------
+    def derived_values(self, section: str) -> dict[str, Any]:
+        """Values of ``section``'s :data:`ALGORITHM`-derived fields; subclasses add theirs."""
+        return {}
+
+    def component(self, section: str) -> Any:
+        """The config the ``section`` component receives: the section with its derived
+        fields filled from this config."""
+        return _fill_derived(getattr(self, section), lambda dotted: _lookup(self, dotted),
+                             self.derived_values(section))
+
+    def worker_config(self) -> WorkerConfig:
+        """What each rollout worker receives."""
+        return WorkerConfig(rollout=self.component("rollout"),
+                            policy=self.component("policy"))
+
+
+def config_fields(cls: type[AlgorithmConfig]) -> dict[str, dataclasses.Field]:
+    """The config's keys by name: its top-level fields and the flat RLlib names of its
+    sections' fields."""
+    out = {f.name: f for f in dataclasses.fields(cls) if f.name not in cls.SECTIONS}
+    hints = typing.get_type_hints(cls)
+    for section in cls.SECTIONS:
+        section_cls = _section_type(hints.get(section))
+        if section_cls is None:
+            continue
+        for f in dataclasses.fields(section_cls):
+            if not f.metadata.get("derived_from") and \
+                    FLAT_KEYS.get(_key_name(f.name)) == f"{section}.{_key_name(f.name)}":
+                out[_key_name(f.name)] = f
+    return out
+
+
+def load_config(cls: type[C], values: Mapping[str, Any]) -> C:
+    """Build ``cls`` from ``values`` (flat RLlib keys and/or nested sections), reporting
+    unknown keys (with their dotted path and suggestions), wrong types and invalid values
+    all at once as a :class:`ConfigError`."""
+    problems: list[str] = []
+    spelling = _Spelling()
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    sections = set(cls.SECTIONS) & set(fields)
+    top_level = {n for n in fields if n not in sections and
+                 (not n.startswith("_") or n.startswith("_fake"))}
+    nested = _nest(values, sections, top_level, problems, spelling, skip_others=False)
+    hints = typing.get_type_hints(cls)
+    clean: dict[str, Any] = {}
+    for key, value in nested.items():
+        if key in sections:
+            section_cls = _section_type(hints[key])
+            assert section_cls is not None
+            default = fields[key].default_factory()  # type: ignore[misc]
+            loaded = _load_section(section_cls, value, f"{key}.", default, problems,
+                                   spelling, strict=True)
+            if loaded is not None:
+                clean[key] = loaded
             continue
         coerced, problem = _check_type(key, value, hints[key])
         if problem:

@@ -21,17 +21,21 @@ Gradients (RLlib's convention)
     trainable policies in the batch. ``apply_gradients`` takes either form.
     ``learn_on_batch`` always returns ``{policy_id: info}``.
 
-Config keys (plain dict, RLlib names; other keys pass through to the policies' configs):
-see :data:`WORKER_DEFAULTS`. ``multiagent.policies`` maps policy id ->
-``(policy_cls or "pkg.module:Class" or None, obs_space or None, action_space or None,
-config_overrides)``; ``None`` class means the worker's ``policy`` argument, ``None`` spaces
-are taken from the env's agents mapped to that policy. ``policy_mapping_fn(agent_id) ->
-policy_id`` (a callable or a path) is called once per agent per episode. Each policy's
-config also gets ``worker_index`` and ``num_workers`` (e.g. for per-worker exploration).
+Config: a :class:`~actorrl.config.WorkerConfig` (its ``rollout`` section,
+:class:`~actorrl.config.RolloutConfig`, and its ``policy`` section, the policy class's
+``config_class``), or a mapping loaded into one by :func:`~actorrl.config.load_worker_config`
+(RLlib flat names or sections; unknown keys refused). ``multiagent.policies`` maps policy
+id -> ``(policy_cls or "pkg.module:Class" or None, obs_space or None, action_space or
+None, config_overrides)``; ``None`` class means the worker's ``policy`` argument, ``None``
+spaces are taken from the env's agents mapped to that policy; the overrides are keys of
+that policy's config. ``policy_mapping_fn(agent_id) -> policy_id`` (a callable or a path)
+is called once per agent per episode. Each policy's config gets the worker's
+``worker_index`` and ``num_workers`` where it has those fields (per-worker exploration).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +46,13 @@ import torch
 
 from actorrl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from actorrl.classpath import resolve_callable
+from actorrl.config import (
+    ConfigSection,
+    RolloutConfig,
+    WorkerConfig,
+    load_component,
+    load_worker_config,
+)
 from actorrl.envs import (
     ALL_AGENTS,
     EnvSpec,
@@ -51,19 +62,7 @@ from actorrl.envs import (
     make_vector_env,
 )
 from actorrl.policy.base import TorchPolicy
-
-WORKER_DEFAULTS: dict[str, Any] = {
-    "num_envs_per_worker": 1,           # envs per worker, stepped in a loop
-    "rollout_fragment_length": 200,     # env steps per env per sample() (truncate mode)
-    "batch_mode": "truncate_episodes",  # or "complete_episodes"
-    "env_config": {},                   # passed to the env factory / gymnasium.make
-    "seed": None,                       # env i of worker w: seed + 1000 w + i; torch: seed + w
-    "explore": True,                    # sample actions (False: most likely actions)
-    "clip_actions": True,               # clip Box actions to the space before env.step
-    "multiagent": {},                   # policies, policy_mapping_fn, policies_to_train
-}
-BATCH_MODES = ("truncate_episodes", "complete_episodes")
-MULTIAGENT_KEYS = ("policies", "policy_mapping_fn", "policies_to_train")
+from actorrl.policy.config import PolicyConfig
 
 PolicyClass = type[TorchPolicy]
 
@@ -77,27 +76,32 @@ class RolloutWorker:
     remote ones; ``seed`` overrides ``config['seed']``.
     """
 
-    def __init__(self, env: EnvSpec, policy: PolicyClass | str | None, config: Mapping[str, Any],
-                 *, worker_index: int = 0, num_workers: int = 0, seed: int | None = None
-                 ) -> None:
-        self.config = resolve_worker_config(config)
+    def __init__(self, env: EnvSpec, policy: PolicyClass | str | None,
+                 config: WorkerConfig | Mapping[str, Any], *, worker_index: int = 0,
+                 num_workers: int = 0, seed: int | None = None) -> None:
+        default_cls = None if policy is None else resolve_callable(policy, "policy class")
+        policy_config_cls = (default_cls.config_class if isinstance(default_cls, type)
+                             and issubclass(default_cls, TorchPolicy) else PolicyConfig)
+        self.config = load_worker_config(config, policy_config_cls)
+        rollout: RolloutConfig = self.config.rollout
+        self.rollout_config = rollout
         self.worker_index = worker_index
         self.num_workers = num_workers
-        seed = self.config["seed"] if seed is None else seed
+        seed = rollout.seed if seed is None else seed
+        self.seed = seed
         if seed is not None:
             torch.manual_seed(int(seed) + worker_index)
         self.env = make_vector_env(
-            env, self.config["env_config"], num_envs=self.config["num_envs_per_worker"],
+            env, rollout.env_config, num_envs=rollout.num_envs_per_worker,
             worker_index=worker_index, num_workers=num_workers, seed=seed)
-        default_cls = None if policy is None else resolve_callable(policy, "policy class")
-        multiagent = self.config["multiagent"]
+        multiagent = rollout.multiagent
         self.policy_map: dict[str, TorchPolicy] = {}
         rng = np.random.default_rng(None if seed is None else int(seed) + worker_index)
         sampler_args = dict(
-            fragment_length=int(self.config["rollout_fragment_length"]),
-            complete_episodes=self.config["batch_mode"] == "complete_episodes",
-            explore=bool(self.config["explore"]),
-            clip_actions=bool(self.config["clip_actions"]),
+            fragment_length=rollout.rollout_fragment_length,
+            complete_episodes=rollout.batch_mode == "complete_episodes",
+            explore=rollout.explore,
+            clip_actions=rollout.clip_actions,
             rng=rng,
         )
         if isinstance(self.env, MultiAgentVectorEnv):
@@ -112,7 +116,8 @@ class RolloutWorker:
             if default_cls is None:
                 raise ValueError("RolloutWorker needs a policy class for a single-agent env")
             self.policy_map[DEFAULT_POLICY_ID] = default_cls(
-                self.env.observation_space, self.env.action_space, self._policy_config({}))
+                self.env.observation_space, self.env.action_space,
+                self._policy_config(default_cls, None, "policy"))
             self.sampler = _SingleAgentSampler(self.env, self.policy_map[DEFAULT_POLICY_ID],
                                                **sampler_args)
         to_train = multiagent.get("policies_to_train")
@@ -124,9 +129,21 @@ class RolloutWorker:
         self.num_env_steps_sampled = 0
 
     # ---- construction helpers ----------------------------------------------------------
-    def _policy_config(self, overrides: Mapping[str, Any]) -> dict[str, Any]:
-        return {**self.config, **overrides, "worker_index": self.worker_index,
-                "num_workers": self.num_workers}
+    def _policy_config(self, cls: PolicyClass, overrides: Mapping[str, Any] | None,
+                       where: str) -> ConfigSection:
+        """``cls``'s config: the worker's policy section (or, for another config class,
+        that class's defaults) with ``overrides`` (keys of that config) applied, and this
+        worker's index, worker count and seed where the class has those fields."""
+        config_cls = getattr(cls, "config_class", PolicyConfig)
+        base = self.config.policy
+        if not isinstance(base, config_cls):
+            base = load_component(config_cls, {}, section="policy")
+        if overrides:
+            base = config_cls.load(overrides, path=f"{where}.", base=base)
+        context = {"worker_index": self.worker_index, "num_workers": self.num_workers,
+                   "seed": self.seed}
+        names = {f.name for f in dataclasses.fields(base)}
+        return base.replace(**{k: v for k, v in context.items() if k in names})
 
     def _build_multiagent_policies(self, default_cls: PolicyClass | None,
                                    multiagent: Mapping[str, Any]) -> Callable[[str], str]:
@@ -162,8 +179,8 @@ class RolloutWorker:
                                      f"of {env.possible_agents} maps to it")
                 obs_space = obs_space or env.observation_spaces[agents[0]]
                 action_space = action_space or env.action_spaces[agents[0]]
-            self.policy_map[pid] = cls(obs_space, action_space,
-                                       self._policy_config(overrides or {}))
+            self.policy_map[pid] = cls(obs_space, action_space, self._policy_config(
+                cls, overrides, f"multiagent.policies[{pid!r}]"))
         return mapping_fn
 
     # ---- sampling ----------------------------------------------------------------------
@@ -259,24 +276,6 @@ class RolloutWorker:
     def stop(self) -> None:
         """Close the envs."""
         self.env.close()
-
-
-def resolve_worker_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """``WORKER_DEFAULTS`` overridden by ``config``, validated (``ValueError`` names the key,
-    the value and what is allowed)."""
-    cfg = {**WORKER_DEFAULTS, **config}
-    if cfg["batch_mode"] not in BATCH_MODES:
-        raise ValueError(f"batch_mode must be one of {BATCH_MODES}, got {cfg['batch_mode']!r}")
-    for key in ("rollout_fragment_length", "num_envs_per_worker"):
-        if not isinstance(cfg[key], int) or cfg[key] < 1:
-            raise ValueError(f"{key} must be an int >= 1, got {cfg[key]!r}")
-    multiagent = dict(cfg["multiagent"] or {})
-    unknown = sorted(set(multiagent) - set(MULTIAGENT_KEYS))
-    if unknown:
-        raise ValueError(f"unknown multiagent key(s) {unknown}; allowed: {list(MULTIAGENT_KEYS)}")
-    cfg["multiagent"] = multiagent
-    cfg["env_config"] = dict(cfg["env_config"] or {})
-    return cfg
 
 
 # ---- trajectory collection ---------------------------------------------------------------

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from actorrl.batch import MultiAgentBatch, SampleBatch
+from actorrl.config import WorkerConfig
 from actorrl.envs import EpisodeMetrics
 from actorrl.messages import GradientsReply, SampleReply
 from actorrl.rollout import RolloutWorker
@@ -27,10 +28,12 @@ def weights_of(payload: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 class RolloutWorkerActor:
-    """Remote rollout worker; constructor arguments as :class:`RolloutWorker`."""
+    """Remote rollout worker; constructor arguments as :class:`RolloutWorker` (the config
+    arrives as ``WorkerConfig.to_dict()`` and is loaded back strictly)."""
 
-    def __init__(self, env: str, policy: str, config: Mapping[str, Any], worker_index: int = 0,
-                 num_workers: int = 0, seed: int | None = None) -> None:
+    def __init__(self, env: str, policy: str, config: WorkerConfig | Mapping[str, Any],
+                 worker_index: int = 0, num_workers: int = 0, seed: int | None = None
+                 ) -> None:
         self.worker = RolloutWorker(env, policy, config, worker_index=worker_index,
                                     num_workers=num_workers, seed=seed)
         self.worker_index = worker_index

@@ -295,7 +295,7 @@ def test_epsilon_linear_schedule() -> None:
     for t, eps in [(0, 1.0), (2500, 0.755), (5000, 0.51), (10000, 0.02), (50000, 0.02)]:
         policy.on_global_timestep(t)
         assert policy.current_epsilon() == pytest.approx(eps, abs=1e-12)
-    defaults = DQNPolicyConfig.from_dict({}).exploration_config
+    defaults = DQNPolicyConfig.load({}).exploration_config
     assert (defaults.initial_epsilon, defaults.final_epsilon,
             defaults.epsilon_timesteps) == (1.0, 0.02, 10000)
 
@@ -401,9 +401,9 @@ def test_conv_trunk_for_images() -> None:
 def test_invalid_config_names_the_key() -> None:
     """Bad values and unknown exploration keys are reported by name."""
     with pytest.raises(ValueError, match="n_step must be >= 1"):
-        DQNPolicyConfig.from_dict({"n_step": 0})
+        DQNPolicyConfig.load({"n_step": 0})
     with pytest.raises(ValueError, match="did you mean 'final_epsilon'"):
-        DQNPolicyConfig.from_dict({"exploration_config": {"final_epsilonn": 0.1}})
+        DQNPolicyConfig.load({"exploration_config": {"final_epsilonn": 0.1}})
     with pytest.raises(ValueError, match="Discrete action space"):
         DQNPolicy(CARTPOLE_OBS, gym.spaces.Box(-1, 1, (2,)), {})
 

@@ -247,9 +247,9 @@ def test_rmsprop_settings() -> None:
 def test_invalid_config_names_the_key() -> None:
     """Bad values are reported by key."""
     with pytest.raises(ValueError, match="opt_type must be 'adam' or 'rmsprop'"):
-        ImpalaPolicyConfig.from_dict({"opt_type": "sgd"})
+        ImpalaPolicyConfig.load({"opt_type": "sgd"})
     with pytest.raises(ValueError, match="rollout_fragment_length must be >= 1"):
-        ImpalaPolicyConfig.from_dict({"rollout_fragment_length": 0})
+        ImpalaPolicyConfig.load({"rollout_fragment_length": 0})
 
 
 def test_continuous_actions() -> None:

@@ -340,8 +340,8 @@ def test_multi_agent_policy_map_spaces_and_overrides():
     worker = pair_worker()
     pa, pb = worker.get_policy("pa"), worker.get_policy("pb")
     assert pa.action_space == gym.spaces.Discrete(2) and pb.action_space == gym.spaces.Discrete(3)
-    assert pb.config["lr"] == 0.5 and pa.config["lr"] != 0.5
-    assert pa.config["worker_index"] == 1 and pa.config["num_workers"] == 3
+    assert pb.config.lr == 0.5 and pa.config.lr != 0.5
+    assert worker.worker_index == 1 and worker.num_workers == 3
     with pytest.raises(KeyError, match="no policy 'pc'.*'pa', 'pb'"):
         worker.get_policy("pc")
 
@@ -422,7 +422,7 @@ def test_turn_based_rewards_accumulate_until_the_agent_observes_again():
 # ---- configuration errors ---------------------------------------------------------------
 
 @pytest.mark.parametrize("config, message", [
-    ({"batch_mode": "whole"}, "batch_mode must be one of"),
+    ({"batch_mode": "whole"}, "batch_mode must be .truncate_episodes. or"),
     ({"rollout_fragment_length": 0}, "rollout_fragment_length must be an int >= 1, got 0"),
     ({"multiagent": {"policy": {}}}, "unknown multiagent key"),
     ({"multiagent": {"policies": {"p": (None, None, None, {})}}},

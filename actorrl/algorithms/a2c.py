@@ -15,11 +15,12 @@ class A2CConfig(ActorCriticConfig):
     """A2C settings; the defaults are tuned to solve CartPole-v1 on a 2-core machine."""
 
     train_batch_size: int = 512
+    """Rows per applied update (gradients of microbatches accumulate to it)."""
     microbatch_size: int = 256
     """Env steps per gradient computation; gradients accumulate to ``train_batch_size``."""
-    min_iter_time_s: float = 2.0
 
     def validate(self) -> list[str]:
+        """1 <= microbatch_size < train_batch_size."""
         problems = super().validate()
         if self.microbatch_size < 1:
             problems.append(f"microbatch_size must be >= 1, got {self.microbatch_size}")

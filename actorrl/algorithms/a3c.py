@@ -3,52 +3,40 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from actorrl.algorithms.trainer import AlgorithmSpec, Trainer
-from actorrl.config import AlgorithmConfig
+from actorrl.config import AlgorithmConfig, RolloutConfig
+from actorrl.learner.config import LearnerConfig
 from actorrl.pipelines.a3c import AsyncGradientsOptimizer
+from actorrl.policy.config import ActorCriticPolicyConfig
 
 
-def _ac_model() -> dict[str, Any]:
-    return {"fcnet_hiddens": [64, 64], "fcnet_activation": "tanh"}
+def _ac_rollout() -> RolloutConfig:
+    return RolloutConfig(num_envs_per_worker=8, rollout_fragment_length=16)
+
+
+def _ac_policy() -> ActorCriticPolicyConfig:
+    return ActorCriticPolicyConfig(
+        lr=3e-3, grad_clip=0.5, lambda_=0.95,
+        model={"fcnet_hiddens": [64, 64], "fcnet_activation": "tanh"})
 
 
 @dataclass(frozen=True, kw_only=True)
 class ActorCriticConfig(AlgorithmConfig):
     """Settings shared by A3C and A2C (actor-critic losses, GAE)."""
 
-    num_envs_per_worker: int = 8
-    rollout_fragment_length: int = 16
-    lr: float = 3e-3
-    grad_clip: float | None = 0.5
-    model: dict[str, Any] = field(default_factory=_ac_model)
-    use_gae: bool = True
-    """Generalized advantage estimation (False: discounted returns minus the baseline)."""
-    use_critic: bool = True
-    """Learn a value baseline (False: plain policy gradient)."""
-    vf_loss_coeff: float = 0.5
-    """Weight of the value loss."""
-    entropy_coeff: float = 0.01
-    """Weight of the entropy bonus."""
-    lambda_: float = 0.95
-    """GAE lambda (config key ``lambda``; a Python keyword, hence the field name)."""
+    rollout: RolloutConfig = field(default_factory=_ac_rollout)
+    """How the rollout workers sample."""
+    policy: ActorCriticPolicyConfig = field(default_factory=_ac_policy)
+    """Actor-critic losses and GAE."""
 
     def validate(self) -> list[str]:
+        """Sampling runs on remote workers."""
         problems = super().validate()
-        if self.vf_loss_coeff < 0:
-            problems.append(f"vf_loss_coeff must be >= 0, got {self.vf_loss_coeff}")
         if self.num_workers < 1:
             problems.append(f"{type(self).__name__} needs num_workers >= 1 (sampling runs on "
                             "remote workers)")
-        if not 0 <= self.lambda_ <= 1:
-            problems.append(f"lambda must be in [0, 1], got {self.lambda_}")
         return problems
-
-    def to_dict(self) -> dict[str, Any]:
-        out = super().to_dict()
-        out["lambda"] = out.pop("lambda_")
-        return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,18 +45,18 @@ class A3CConfig(ActorCriticConfig):
 
     grads_per_step: int = 100
     """Gradients applied per pipeline step."""
-    min_iter_time_s: float = 2.0
 
     def validate(self) -> list[str]:
+        """grads_per_step >= 1."""
         problems = super().validate()
         if self.grads_per_step < 1:
             problems.append(f"grads_per_step must be >= 1, got {self.grads_per_step}")
         return problems
 
 
-def learner_config(config: AlgorithmConfig) -> dict[str, Any]:
-    """A3C and A2C learners only apply gradients they are handed."""
-    return {"train_batch_size": config.train_batch_size}
+def learner_config(config: AlgorithmConfig) -> LearnerConfig:
+    """A3C and A2C learners only apply gradients they are handed (no learner section)."""
+    return LearnerConfig(train_batch_size=config.train_batch_size)
 
 
 async def build_pipeline(trainer: Trainer) -> AsyncGradientsOptimizer:

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from actorrl.config import AlgorithmConfig
 from actorrl.envs import EpisodeMetrics, EpisodeWindow
+from actorrl.learner.config import LearnerConfig
 from actorrl.runtime import ActorDiedError, ActorHandle, DriverLike, Runtime
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ class AlgorithmSpec:
     config_cls: type[AlgorithmConfig]
     policy: str
     build_pipeline: Callable[[Trainer], Awaitable[Pipeline]]
-    learner_config: Callable[[Any], dict[str, Any]] | None = None
+    learner_config: Callable[[Any], LearnerConfig] | None = None
     """Learner settings from the config; None: the algorithm has no learner process."""
     learner_thread: bool = True
     """Whether the learner learns from an in-queue in its own thread (Ape-X, IMPALA) or
@@ -77,7 +78,7 @@ class Trainer:
         self.time_total_s = 0.0
         self.timesteps_offset = 0
         self.trained_offset = 0
-        self.worker_config = config.to_dict()
+        self.worker_config = config.worker_config().to_dict()
         self.num_worker_restarts = 0
         self.learner_side_actors: list[ActorHandle] = []
 
@@ -117,7 +118,8 @@ class Trainer:
             num_gpus = 1.0  # the learner uses CUDA when the machine has it
         return await self.driver.create_actor(
             LEARNER_CLASS,
-            args=(self.config.env, self.spec.policy, self.worker_config, learner_config),
+            args=(self.config.env, self.spec.policy, self.worker_config,
+                  learner_config.to_dict()),
             kwargs={"start_thread": self.spec.learner_thread}, num_cpus=1, num_gpus=num_gpus,
             name="learner")
 

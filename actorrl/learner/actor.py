@@ -21,10 +21,13 @@ from typing import Any
 import torch
 
 from actorrl.batch import SampleBatch, as_multi_agent
+from actorrl.classpath import resolve_callable
+from actorrl.config import WorkerConfig, load_worker_config
 from actorrl.learner.config import LearnerConfig
 from actorrl.learner.thread import LearnerResult, make_learner_thread
 from actorrl.learner.towers import move_policy_to
 from actorrl.messages import EnqueueReply, GradientsApplied, TrainedBatch, TrainedNotice
+from actorrl.policy.config import PolicyConfig
 from actorrl.rollout import RolloutWorker
 from actorrl.runtime import ObjectRef, Runtime
 from transport.timeouts import wait_for
@@ -53,13 +56,17 @@ class LearnerActor:
     """Actor wrapper of the learner. Construct with the same env / policy / worker config as
     the rollout workers, plus the learner's own settings (see :class:`LearnerConfig`)."""
 
-    def __init__(self, env: str, policy: str, worker_config: Mapping[str, Any],
-                 learner_config: Mapping[str, Any], start_thread: bool = True) -> None:
-        config = dict(worker_config)
-        config["num_envs_per_worker"] = 1
-        self.worker = RolloutWorker(env, policy, config, worker_index=0,
-                                    num_workers=int(worker_config.get("num_workers", 0)))
-        self.config = LearnerConfig(**learner_config)
+    def __init__(self, env: str, policy: str, worker_config: WorkerConfig | Mapping[str, Any],
+                 learner_config: LearnerConfig | Mapping[str, Any],
+                 start_thread: bool = True) -> None:
+        policy_cls = resolve_callable(policy, "policy class")
+        config = load_worker_config(worker_config, getattr(policy_cls, "config_class",
+                                                           PolicyConfig))
+        config = config.replace(rollout=config.rollout.replace(num_envs_per_worker=1))
+        self.worker = RolloutWorker(env, policy_cls, config, worker_index=0,
+                                    num_workers=int(getattr(config.policy, "num_workers", 0)))
+        self.config = (learner_config if isinstance(learner_config, LearnerConfig)
+                       else LearnerConfig.load(learner_config))
         if not self.config.multi_tower and torch.cuda.is_available():
             # A learner only sees CUDA when its node gave it a GPU: learn there.
             self.worker.foreach_policy(lambda p, _pid: move_policy_to(p, torch.device("cuda")))

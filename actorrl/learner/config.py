@@ -5,35 +5,38 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from actorrl.config import ALGORITHM, ConfigSection, derived
+
 
 @dataclass(frozen=True, kw_only=True)
-class LearnerConfig:
-    """How the learner process learns."""
+class LearnerConfig(ConfigSection):
+    """How the learner process learns (the ``learner`` section of Ape-X and IMPALA)."""
 
-    train_batch_size: int = 500
-    """Rows per SGD step (split evenly across towers)."""
-    num_gpus: float = 0.0
-    """Devices for data-parallel towers: 0 = one CPU learner; 0.5 = one GPU shared; 2 = two
-    GPUs (two towers). With ``_fake_gpus`` the towers are CPU replicas (for testing)."""
-    _fake_gpus: bool = False
-    """Build ``num_gpus`` towers on the CPU instead of CUDA devices."""
     num_sgd_iter: int = 1
     """Passes over each train batch."""
     minibatch_buffer_size: int = 1
     """Slots of the minibatch buffer (single-tower learner)."""
     learner_queue_size: int = 16
-    """Bound of the learner's in-queue of train batches."""
+    """Bound of the learner's in-queue of train batches (drops beyond it)."""
     learner_queue_timeout: float = 300.0
     """Seconds without any batch before the learner raises."""
     num_multi_gpu_tower_stacks: int = 1
     """Pre-loaded batch stacks per device (multi-tower learner)."""
     num_data_load_threads: int = 1
     """Threads loading batches into tower stacks (multi-tower learner)."""
-    tower_rows_multiple: int = 1
+    train_batch_size: int = derived(500, "train_batch_size")
+    """Rows per SGD step (split evenly across towers)."""
+    num_gpus: float = derived(0.0, "num_gpus")
+    """Devices for data-parallel towers: 0 = one CPU learner; 0.5 = one GPU shared; 2 = two
+    GPUs (two towers). With ``_fake_gpus`` the towers are CPU replicas (for testing)."""
+    _fake_gpus: bool = derived(False, "_fake_gpus")
+    """Build ``num_gpus`` towers on the CPU instead of CUDA devices."""
+    tower_rows_multiple: int = derived(1, ALGORITHM)
     """Each tower's shard must be a multiple of this many rows (IMPALA: the sequence
     length, so no sequence is cut); set by the algorithm."""
 
-    def __post_init__(self) -> None:
+    def validate(self) -> list[str]:
+        """Sizes >= 1, a positive timeout, a batch that splits across the towers."""
         problems = []
         if self.train_batch_size < 1:
             problems.append(f"train_batch_size must be >= 1, got {self.train_batch_size}")
@@ -49,6 +52,8 @@ class LearnerConfig:
         if self.learner_queue_timeout <= 0:
             problems.append(
                 f"learner_queue_timeout must be > 0, got {self.learner_queue_timeout}")
+        if problems:
+            return problems
         towers = self.num_towers
         if towers > 1 or self.num_gpus > 0:
             if self.train_batch_size < towers:
@@ -57,8 +62,7 @@ class LearnerConfig:
             elif self.train_batch_size % towers:
                 problems.append(f"train_batch_size ({self.train_batch_size}) must divide "
                                 f"evenly across {towers} towers (num_gpus={self.num_gpus})")
-        if problems:
-            raise ValueError("invalid learner config: " + "; ".join(problems))
+        return problems
 
     @property
     def num_towers(self) -> int:

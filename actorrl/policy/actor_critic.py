@@ -15,6 +15,7 @@ their union.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -24,19 +25,8 @@ import torch
 from actorrl.batch import SampleBatch
 from actorrl.policy.action_dist import dist_class_for
 from actorrl.policy.base import LossOutput, TorchPolicy
+from actorrl.policy.config import ActorCriticPolicyConfig
 from actorrl.policy.models import make_model
-
-ACTOR_CRITIC_DEFAULTS: dict[str, Any] = {
-    "gamma": 0.99,            # discount factor
-    "lambda": 1.0,            # GAE lambda (1.0: discounted returns minus the baseline)
-    "use_gae": True,          # generalized advantage estimation (needs use_critic)
-    "use_critic": True,       # learn a value function; False: REINFORCE on returns
-    "vf_loss_coeff": 0.5,     # weight of the value loss
-    "entropy_coeff": 0.01,    # weight of the entropy bonus
-    "lr": 1e-4,               # Adam learning rate
-    "grad_clip": 40.0,        # global gradient norm clip (None: no clipping)
-    "model": {},              # model options, see actorrl.policy.models.MODEL_DEFAULTS
-}
 
 # Tuned for single-process A2C on CartPole-v1 (one RolloutWorker, one update per sampled
 # batch of 8 x 16 env steps); worker and policy keys together. On the 2-core dev machine a
@@ -102,7 +92,7 @@ def explained_variance(targets: torch.Tensor, predictions: torch.Tensor) -> torc
 
 
 class ActorCriticPolicy(TorchPolicy):
-    """A2C/A3C policy; config keys and defaults in :data:`ACTOR_CRITIC_DEFAULTS`.
+    """A2C/A3C policy; settings in :class:`~actorrl.policy.config.ActorCriticPolicyConfig`.
 
     The model follows :mod:`actorrl.policy.models`' interface (``forward(obs) ->
     (dist_inputs, value)``). ``compute_actions`` stores ``action_logp``, ``vf_preds`` and
@@ -110,14 +100,12 @@ class ActorCriticPolicy(TorchPolicy):
     ``vf_explained_var``, ``total_loss`` and ``grad_gnorm`` (before clipping).
     """
 
+    config_class = ActorCriticPolicyConfig
+    config: ActorCriticPolicyConfig
+
     def __init__(self, observation_space: gym.Space, action_space: gym.Space,
-                 config: dict[str, Any], device: str | torch.device = "cpu") -> None:
-        config = {**ACTOR_CRITIC_DEFAULTS, **config}
-        if config["use_gae"] and not config["use_critic"]:
-            raise ValueError("use_gae=True needs use_critic=True (got use_critic=False)")
-        for key in ("gamma", "lambda"):
-            if not 0.0 <= float(config[key]) <= 1.0:
-                raise ValueError(f"{key} must be in [0, 1], got {config[key]}")
+                 config: ActorCriticPolicyConfig | Mapping[str, Any],
+                 device: str | torch.device = "cpu") -> None:
         self.dist_class = dist_class_for(action_space)
         self.grad_gnorm = float("nan")
         super().__init__(observation_space, action_space, config, device)
@@ -126,7 +114,7 @@ class ActorCriticPolicy(TorchPolicy):
         """The catalog model with the distribution's number of outputs."""
         num_outputs = self.dist_class.required_outputs(self.action_space)
         return make_model(self.observation_space, self.action_space, num_outputs,
-                          self.config.get("model"))
+                          self.config.model)
 
     @torch.no_grad()
     def compute_actions(self, obs: np.ndarray, explore: bool = True
@@ -156,7 +144,7 @@ class ActorCriticPolicy(TorchPolicy):
     def postprocess_trajectory(self, batch: SampleBatch) -> SampleBatch:
         """Add ``advantages`` and ``value_targets`` (bootstrapping as in the module doc)."""
         terminated = bool(batch[SampleBatch.TERMINATEDS][-1])
-        use_critic = bool(self.config["use_critic"])
+        use_critic = self.config.use_critic
         last_value = 0.0
         if not terminated and use_critic:
             last_value = float(self.compute_values(batch[SampleBatch.NEXT_OBS][-1:])[0])
@@ -164,9 +152,9 @@ class ActorCriticPolicy(TorchPolicy):
             batch[SampleBatch.REWARDS],
             batch[SampleBatch.VF_PREDS] if use_critic else None,
             last_value,
-            gamma=float(self.config["gamma"]),
-            lambda_=float(self.config["lambda"]),
-            use_gae=bool(self.config["use_gae"]),
+            gamma=self.config.gamma,
+            lambda_=self.config.lambda_,
+            use_gae=self.config.use_gae,
             use_critic=use_critic,
         )
         batch[SampleBatch.ADVANTAGES] = advantages
@@ -181,13 +169,13 @@ class ActorCriticPolicy(TorchPolicy):
         advantages = batch[SampleBatch.ADVANTAGES].float()
         policy_loss = -(logp * advantages).mean()
         entropy = dist.entropy().mean()
-        total = policy_loss - float(self.config["entropy_coeff"]) * entropy
+        total = policy_loss - self.config.entropy_coeff * entropy
         stats: dict[str, Any] = {"policy_loss": policy_loss.detach(),
                                  "entropy": entropy.detach()}
-        if self.config["use_critic"]:
+        if self.config.use_critic:
             targets = batch[SampleBatch.VALUE_TARGETS].float()
             vf_loss = 0.5 * (values - targets).pow(2).mean()
-            total = total + float(self.config["vf_loss_coeff"]) * vf_loss
+            total = total + self.config.vf_loss_coeff * vf_loss
             stats["vf_loss"] = vf_loss.detach()
             stats["vf_explained_var"] = explained_variance(targets, values.detach())
         stats["total_loss"] = total.detach()

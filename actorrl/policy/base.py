@@ -11,14 +11,17 @@ Policies import neither asyncio nor transport: plain code, plain tests.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
 import torch
 
 from actorrl.batch import SampleBatch
+from actorrl.config import load_component
+from actorrl.policy.config import PolicyConfig
 
 
 @dataclass
@@ -38,16 +41,21 @@ class LossOutput:
 class TorchPolicy:
     """Base class of all torch policies. See the module docstring for the contract.
 
-    ``config`` is a plain dict of the algorithm's resolved settings (RLlib key names:
-    ``lr``, ``gamma``, ``grad_clip``, ``model`` ...). ``device`` defaults to CPU; the
-    learner builds its own copy on CUDA when present.
+    ``config`` is the policy's :attr:`config_class` instance. A mapping is accepted too
+    (an algorithm-style config with RLlib key names, e.g. a checkpoint's): it is loaded
+    with :func:`actorrl.config.load_component`, which refuses unknown keys. ``device``
+    defaults to CPU; the learner builds its own copy on CUDA when present.
     """
 
+    config_class: ClassVar[type[PolicyConfig]] = PolicyConfig
+    """The config dataclass this policy reads."""
+
     def __init__(self, observation_space: gym.Space, action_space: gym.Space,
-                 config: dict[str, Any], device: str | torch.device = "cpu") -> None:
+                 config: PolicyConfig | Mapping[str, Any],
+                 device: str | torch.device = "cpu") -> None:
         self.observation_space = observation_space
         self.action_space = action_space
-        self.config = config
+        self.config = load_component(self.config_class, config, section="policy")
         self.device = torch.device(device)
         self.global_timestep = 0
         self.model = self.make_model().to(self.device)
@@ -78,8 +86,8 @@ class TorchPolicy:
 
     # ---- optional hooks -----------------------------------------------------------
     def make_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
-        """The optimizer; Adam with ``config['lr']`` unless overridden."""
-        return torch.optim.Adam(model.parameters(), lr=float(self.config.get("lr", 5e-4)))
+        """The optimizer; Adam with ``config.lr`` unless overridden."""
+        return torch.optim.Adam(model.parameters(), lr=self.config.lr)
 
     def postprocess_trajectory(self, batch: SampleBatch) -> SampleBatch:
         """Per-trajectory processing on the rollout worker (n-step, GAE...). ``batch`` holds
@@ -145,7 +153,7 @@ class TorchPolicy:
         return info
 
     def _clip_and_step(self) -> None:
-        clip = self.config.get("grad_clip")
+        clip = self.config.grad_clip
         if clip:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), float(clip))
         self.optimizer.step()

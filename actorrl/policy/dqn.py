@@ -21,9 +21,7 @@ priorities (``worker_side_prioritization``) computed with the current network.
 from __future__ import annotations
 
 import copy
-import difflib
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
 from typing import Any
 
 import gymnasium as gym
@@ -33,6 +31,7 @@ from torch import nn
 
 from actorrl.batch import SampleBatch
 from actorrl.policy.base import LossOutput, TorchPolicy
+from actorrl.policy.config import DQNPolicyConfig, ExplorationConfig
 from actorrl.policy.models import build_encoder, build_mlp, make_model, resolve_model_config
 
 N_STEPS = "n_steps"
@@ -85,142 +84,7 @@ APEX_CARTPOLE_DEFAULTS: dict[str, Any] = {
 }
 
 # ---- config ------------------------------------------------------------------------------
-@dataclass(frozen=True, kw_only=True)
-class ExplorationConfig:
-    """Epsilon-greedy exploration (RLlib's ``exploration_config``)."""
-
-    type: str = "EpsilonGreedy"
-    """``EpsilonGreedy`` (linear schedule) or ``PerWorkerEpsilonGreedy`` (Ape-X epsilons)."""
-    initial_epsilon: float = 1.0
-    """Epsilon at global timestep 0."""
-    final_epsilon: float = 0.02
-    """Epsilon from ``epsilon_timesteps`` on."""
-    epsilon_timesteps: int = 10000
-    """Env steps over which epsilon falls linearly from initial to final."""
-
-    def __post_init__(self) -> None:
-        if self.type not in ("EpsilonGreedy", "PerWorkerEpsilonGreedy"):
-            raise ValueError(
-                "exploration_config.type must be 'EpsilonGreedy' or 'PerWorkerEpsilonGreedy', "
-                f"got {self.type!r}"
-            )
-        for name in ("initial_epsilon", "final_epsilon"):
-            value = getattr(self, name)
-            if not 0.0 <= value <= 1.0:
-                raise ValueError(f"exploration_config.{name} must be in [0, 1], got {value}")
-        if self.epsilon_timesteps < 1:
-            raise ValueError(
-                f"exploration_config.epsilon_timesteps must be >= 1, got {self.epsilon_timesteps}"
-            )
-
-
-@dataclass(frozen=True, kw_only=True)
-class DQNPolicyConfig:
-    """The settings :class:`DQNPolicy` reads from its config dict (RLlib key names).
-
-    The dict is the algorithm's whole config, so keys not listed here are ignored.
-    """
-
-    lr: float = 5e-4
-    """Adam learning rate."""
-    adam_epsilon: float = 1e-8
-    """Adam epsilon."""
-    gamma: float = 0.99
-    """Discount factor."""
-    n_step: int = 1
-    """Length of the n-step returns built in ``postprocess_trajectory``."""
-    double_q: bool = True
-    """Pick the next action with the online net and evaluate it with the target net."""
-    dueling: bool = True
-    """Separate value and advantage streams, Q = V + A - mean(A)."""
-    hiddens: tuple[int, ...] = (256,)
-    """Hidden layers of each head (advantage, and value when dueling), after the trunk."""
-    huber_threshold: float = 1.0
-    """Huber loss delta: quadratic below, linear above."""
-    grad_clip: float | None = 40.0
-    """Global gradient-norm clip; ``None`` disables it."""
-    target_network_update_freq: int = 500
-    """Trained rows between two target-network syncs."""
-    train_batch_size: int = 32
-    """Rows per update; counts the rows of gradients applied from elsewhere."""
-    exploration_config: ExplorationConfig = field(default_factory=ExplorationConfig)
-    """Epsilon-greedy schedule."""
-    per_worker_exploration: bool = False
-    """Ape-X: worker i of N uses eps = 0.4 ** (1 + 7 (i-1)/(N-1)); worker 0 acts greedily."""
-    worker_index: int = 0
-    """0 for the learner / local worker, 1..num_workers for rollout workers."""
-    num_workers: int = 0
-    """Number of rollout workers."""
-    worker_side_prioritization: bool = False
-    """Postprocessing stores initial priorities ``|td_error| + eps`` in ``weights``."""
-    prioritized_replay_eps: float = 1e-6
-    """Added to ``|td_error|`` to make priorities."""
-    seed: int | None = None
-    """Seed of the exploration RNG (offset by ``worker_index``)."""
-    model: Mapping[str, Any] = field(default_factory=dict)
-    """Trunk config (``actorrl.policy.models.MODEL_DEFAULTS``): ``fcnet_hiddens``
-    [256, 256], ``fcnet_activation`` (relu here), ``conv_filters``, ``custom_model``."""
-
-    def __post_init__(self) -> None:
-        checks = [
-            ("lr", self.lr > 0, "> 0"),
-            ("gamma", 0.0 <= self.gamma <= 1.0, "in [0, 1]"),
-            ("n_step", self.n_step >= 1, ">= 1"),
-            ("huber_threshold", self.huber_threshold > 0, "> 0"),
-            ("grad_clip", self.grad_clip is None or self.grad_clip > 0, "> 0 or None"),
-            ("target_network_update_freq", self.target_network_update_freq >= 1, ">= 1"),
-            ("train_batch_size", self.train_batch_size >= 1, ">= 1"),
-            ("worker_index", self.worker_index >= 0, ">= 0"),
-            ("num_workers", self.num_workers >= 0, ">= 0"),
-            ("prioritized_replay_eps", self.prioritized_replay_eps >= 0, ">= 0"),
-        ]
-        problems = [f"{name} must be {allowed}, got {getattr(self, name)!r}"
-                    for name, ok, allowed in checks if not ok]
-        if any(h < 1 for h in self.hiddens):
-            problems.append(f"hiddens must be positive layer sizes, got {list(self.hiddens)}")
-        if self.per_worker_exploration and self.worker_index > max(self.num_workers, 1):
-            problems.append(
-                f"worker_index must be <= num_workers ({self.num_workers}) with "
-                f"per_worker_exploration, got {self.worker_index}"
-            )
-        if problems:
-            raise ValueError("invalid DQN policy config: " + "; ".join(problems))
-
-    @classmethod
-    def from_dict(cls, config: Mapping[str, Any]) -> DQNPolicyConfig:
-        """Read the known keys of an algorithm config dict (others are ignored)."""
-        known = {f.name for f in fields(cls)}
-        kwargs = {k: v for k, v in config.items() if k in known}
-        if "hiddens" in kwargs:
-            kwargs["hiddens"] = tuple(int(h) for h in kwargs["hiddens"])
-        if kwargs.get("grad_clip") is not None:
-            kwargs["grad_clip"] = float(kwargs["grad_clip"])
-        kwargs["exploration_config"] = _exploration_from(kwargs.get("exploration_config"))
-        return cls(**kwargs)
-
-    @property
-    def per_worker(self) -> bool:
-        """Whether Ape-X per-worker epsilons are in use."""
-        return (self.per_worker_exploration
-                or self.exploration_config.type == "PerWorkerEpsilonGreedy")
-
-
-def _exploration_from(value: Any) -> ExplorationConfig:
-    if value is None or isinstance(value, ExplorationConfig):
-        return value or ExplorationConfig()
-    if not isinstance(value, Mapping):
-        raise ValueError(f"exploration_config must be a dict, got {type(value).__name__}")
-    known = [f.name for f in fields(ExplorationConfig)]
-    unknown = [k for k in value if k not in known]
-    if unknown:
-        hints = []
-        for key in unknown:
-            close = difflib.get_close_matches(key, known, n=1)
-            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-        raise ValueError(
-            f"exploration_config has unknown keys {', '.join(hints)}; allowed: {known}"
-        )
-    return ExplorationConfig(**value)
+# DQNPolicyConfig and ExplorationConfig live in actorrl.policy.config (torch-free).
 
 
 def apex_worker_epsilon(worker_index: int, num_workers: int) -> float:
@@ -345,14 +209,15 @@ class DQNPolicy(TorchPolicy):
     """DQN / Ape-X DQN policy for discrete action spaces. See the module docstring for the
     target network and :class:`DQNPolicyConfig` for the settings."""
 
+    config_class = DQNPolicyConfig
+    config: DQNPolicyConfig
+
     def __init__(self, observation_space: gym.Space, action_space: gym.Space,
-                 config: dict[str, Any], device: str | torch.device = "cpu") -> None:
+                 config: DQNPolicyConfig | Mapping[str, Any],
+                 device: str | torch.device = "cpu") -> None:
         if not isinstance(action_space, gym.spaces.Discrete):
             raise ValueError(f"DQNPolicy needs a Discrete action space, got {action_space}")
-        self.dqn_config = DQNPolicyConfig.from_dict(config)
-        resolved = {"lr": self.dqn_config.lr, "grad_clip": self.dqn_config.grad_clip,
-                    **config}
-        super().__init__(observation_space, action_space, resolved, device)
+        super().__init__(observation_space, action_space, config, device)
         self.target_model = copy.deepcopy(self.model)
         self.target_model.requires_grad_(False)
         self.target_model.eval()
@@ -360,26 +225,26 @@ class DQNPolicy(TorchPolicy):
         self.last_target_update_steps = 0
         self.num_target_updates = 0
         self._pending_rows = 0
-        seed = self.dqn_config.seed
+        seed = self.config.seed
         self._rng = np.random.default_rng(
-            None if seed is None else [seed, self.dqn_config.worker_index])
+            None if seed is None else [seed, self.config.worker_index])
 
     # ---- model and acting ----------------------------------------------------------------
     def make_model(self) -> nn.Module:
         """The Q network (see :class:`QNetwork`)."""
         return build_q_network(self.observation_space, int(self.action_space.n),
-                               self.dqn_config)
+                               self.config)
 
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         """Adam with ``lr`` and ``adam_epsilon``."""
-        return torch.optim.Adam(model.parameters(), lr=self.dqn_config.lr,
-                                eps=self.dqn_config.adam_epsilon)
+        return torch.optim.Adam(model.parameters(), lr=self.config.lr,
+                                eps=self.config.adam_epsilon)
 
     def current_epsilon(self) -> float:
         """The exploration epsilon now: Ape-X's fixed per-worker value (0 on the learner,
         worker 0) with per-worker exploration, else the linear schedule at
         ``global_timestep``."""
-        cfg = self.dqn_config
+        cfg = self.config
         if cfg.per_worker:
             if cfg.worker_index == 0:
                 return 0.0
@@ -410,7 +275,7 @@ class DQNPolicy(TorchPolicy):
         ``weights`` column: ones, or with ``worker_side_prioritization`` the initial replay
         priorities ``|td_error| + prioritized_replay_eps`` (RLlib's convention: the replay
         actor reads priorities of new rows from ``weights``)."""
-        cfg = self.dqn_config
+        cfg = self.config
         out = adjust_nstep(batch, cfg.n_step, cfg.gamma)
         if cfg.worker_side_prioritization and out.count > 0:
             td_error = self.compute_td_error(out)
@@ -425,7 +290,7 @@ class DQNPolicy(TorchPolicy):
                   ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(td_error, q_t)``: ``Q(s, a) - target`` per row (target detached) and the
         online Q-values of ``obs``."""
-        cfg = self.dqn_config
+        cfg = self.config
         obs, new_obs = batch[SampleBatch.OBS], batch[SampleBatch.NEXT_OBS]
         count = obs.shape[0]
         if cfg.double_q:
@@ -459,7 +324,7 @@ class DQNPolicy(TorchPolicy):
         discount is ``gamma ** n_step`` (RLlib's rule). Missing ``weights`` count as 1."""
         td_error, q_t = self._td_error(model, batch)
         weights = batch.get(SampleBatch.WEIGHTS)
-        per_row = huber_loss(td_error, self.dqn_config.huber_threshold)
+        per_row = huber_loss(td_error, self.config.huber_threshold)
         if weights is not None:
             per_row = weights.float() * per_row
         loss = per_row.mean()
@@ -499,11 +364,11 @@ class DQNPolicy(TorchPolicy):
     def after_update(self, num_updates: int) -> None:
         """Count the rows of the update just applied and sync the target network when
         ``target_network_update_freq`` rows were trained since the last sync."""
-        rows = self._pending_rows or self.dqn_config.train_batch_size
+        rows = self._pending_rows or self.config.train_batch_size
         self._pending_rows = 0
         self.num_steps_trained += rows
         since = self.num_steps_trained - self.last_target_update_steps
-        if since >= self.dqn_config.target_network_update_freq:
+        if since >= self.config.target_network_update_freq:
             self.update_target()
 
     def update_target(self) -> None:
@@ -516,7 +381,7 @@ class DQNPolicy(TorchPolicy):
         """Load online weights; on a rollout worker (``worker_index >= 1``) the target
         network follows them."""
         super().set_weights(weights)
-        if self.dqn_config.worker_index >= 1:
+        if self.config.worker_index >= 1:
             self.target_model.load_state_dict(self.model.state_dict())
 
     def get_state(self) -> dict[str, Any]:

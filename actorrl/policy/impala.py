@@ -26,7 +26,6 @@ Loss (means over the batch rows; RLlib sums, which only rescales the gradient be
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
 from typing import Any
 
 import gymnasium as gym
@@ -37,6 +36,7 @@ from torch import nn
 from actorrl.batch import SampleBatch
 from actorrl.policy.action_dist import dist_class_for
 from actorrl.policy.base import LossOutput, TorchPolicy
+from actorrl.policy.config import ImpalaPolicyConfig
 from actorrl.policy.models import make_model
 from actorrl.policy.vtrace import vtrace_from_importance_weights
 
@@ -58,71 +58,6 @@ IMPALA_CARTPOLE_DEFAULTS: dict[str, Any] = {
     "vtrace_clip_pg_rho_threshold": 1.0,
     "model": {"fcnet_hiddens": [64, 64], "fcnet_activation": "tanh"},
 }
-
-
-@dataclass(frozen=True, kw_only=True)
-class ImpalaPolicyConfig:
-    """The settings :class:`ImpalaPolicy` reads from its config dict (RLlib key names).
-
-    The dict is the algorithm's whole config, so keys not listed here are ignored.
-    """
-
-    lr: float = 5e-4
-    """Learning rate."""
-    gamma: float = 0.99
-    """Discount factor."""
-    rollout_fragment_length: int = 50
-    """Length T of the V-trace sequences the train batch is cut into."""
-    vtrace_clip_rho_threshold: float | None = 1.0
-    """rho-bar: clip of the importance weights in the value targets (None: no clip)."""
-    vtrace_clip_pg_rho_threshold: float | None = 1.0
-    """Clip of the importance weights in the policy-gradient advantages (None: no clip)."""
-    vf_loss_coeff: float = 0.5
-    """Weight of the value loss."""
-    entropy_coeff: float = 0.01
-    """Weight of the entropy bonus."""
-    grad_clip: float | None = 40.0
-    """Global gradient-norm clip; ``None`` disables it."""
-    opt_type: str = "adam"
-    """``adam`` or ``rmsprop``."""
-    decay: float = 0.99
-    """RMSProp decay (torch's ``alpha``)."""
-    momentum: float = 0.0
-    """RMSProp momentum."""
-    epsilon: float = 0.1
-    """RMSProp epsilon."""
-    model: Mapping[str, Any] = field(default_factory=dict)
-    """Model options (``actorrl.policy.models.MODEL_DEFAULTS``, ``custom_model``)."""
-
-    def __post_init__(self) -> None:
-        checks = [
-            ("lr", self.lr > 0, "> 0"),
-            ("gamma", 0.0 <= self.gamma <= 1.0, "in [0, 1]"),
-            ("rollout_fragment_length", self.rollout_fragment_length >= 1, ">= 1"),
-            ("vtrace_clip_rho_threshold",
-             self.vtrace_clip_rho_threshold is None or self.vtrace_clip_rho_threshold > 0,
-             "> 0 or None"),
-            ("vtrace_clip_pg_rho_threshold",
-             self.vtrace_clip_pg_rho_threshold is None or self.vtrace_clip_pg_rho_threshold > 0,
-             "> 0 or None"),
-            ("vf_loss_coeff", self.vf_loss_coeff >= 0, ">= 0"),
-            ("entropy_coeff", self.entropy_coeff >= 0, ">= 0"),
-            ("grad_clip", self.grad_clip is None or self.grad_clip > 0, "> 0 or None"),
-            ("opt_type", self.opt_type in ("adam", "rmsprop"), "'adam' or 'rmsprop'"),
-            ("decay", 0.0 <= self.decay < 1.0, "in [0, 1)"),
-            ("momentum", self.momentum >= 0, ">= 0"),
-            ("epsilon", self.epsilon > 0, "> 0"),
-        ]
-        problems = [f"{name} must be {allowed}, got {getattr(self, name)!r}"
-                    for name, ok, allowed in checks if not ok]
-        if problems:
-            raise ValueError("invalid IMPALA policy config: " + "; ".join(problems))
-
-    @classmethod
-    def from_dict(cls, config: Mapping[str, Any]) -> ImpalaPolicyConfig:
-        """Read the known keys of an algorithm config dict (others are ignored)."""
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in config.items() if k in known})
 
 
 def trajectory_ends(terminateds: torch.Tensor, truncateds: torch.Tensor | None,
@@ -161,24 +96,30 @@ class ImpalaPolicy(TorchPolicy):
     returns ``action_logp`` and ``action_dist_inputs`` (the behaviour policy's outputs).
     """
 
+    config_class = ImpalaPolicyConfig
+    config: ImpalaPolicyConfig
+
     def __init__(self, observation_space: gym.Space, action_space: gym.Space,
-                 config: dict[str, Any], device: str | torch.device = "cpu") -> None:
-        self.impala_config = ImpalaPolicyConfig.from_dict(config)
+                 config: ImpalaPolicyConfig | Mapping[str, Any],
+                 device: str | torch.device = "cpu") -> None:
         self.dist_class = dist_class_for(action_space)
-        resolved = {"lr": self.impala_config.lr, "grad_clip": self.impala_config.grad_clip,
-                    **config}
-        super().__init__(observation_space, action_space, resolved, device)
+        super().__init__(observation_space, action_space, config, device)
+
+    @property
+    def impala_config(self) -> ImpalaPolicyConfig:
+        """The policy's config (``self.config``)."""
+        return self.config
 
     def make_model(self) -> nn.Module:
         """The catalog's actor-critic model (or ``model.custom_model``): ``forward(obs) ->
         (action_dist_inputs, value)``."""
         num_outputs = self.dist_class.required_outputs(self.action_space)
         return make_model(self.observation_space, self.action_space, num_outputs,
-                          self.impala_config.model)
+                          self.config.model)
 
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         """Adam, or RMSProp with ``decay``, ``momentum`` and ``epsilon`` (``opt_type``)."""
-        cfg = self.impala_config
+        cfg = self.config
         if cfg.opt_type == "rmsprop":
             return torch.optim.RMSprop(model.parameters(), lr=cfg.lr, alpha=cfg.decay,
                                        momentum=cfg.momentum, eps=cfg.epsilon)
@@ -202,7 +143,7 @@ class ImpalaPolicy(TorchPolicy):
 
     def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput:
         """The V-trace actor-critic loss on ``batch`` (layout: see the module docstring)."""
-        cfg = self.impala_config
+        cfg = self.config
         count = batch[SampleBatch.OBS].shape[0]
         horizon = cfg.rollout_fragment_length
         dist_inputs, values = model(batch[SampleBatch.OBS])
@@ -232,6 +173,8 @@ class ImpalaPolicy(TorchPolicy):
             discounts = torch.where(ends, torch.zeros_like(rewards),
                                     torch.full_like(rewards, cfg.gamma))
             log_rhos = target_logp.detach() - behaviour_logp
+            if not cfg.vtrace:  # importance ratios taken as 1: on-policy n-step targets
+                log_rhos = torch.zeros_like(log_rhos)
             vtrace = vtrace_from_importance_weights(
                 log_rhos=to_time_major(log_rhos, horizon),
                 discounts=to_time_major(discounts, horizon),

@@ -1,6 +1,7 @@
 """Replay shards as actors (RLlib's ReplayActor and BatchReplayActor).
 
-A shard holds ``buffer_size / num_shards`` rows and starts replaying once it has seen
+A shard receives its :class:`~actorrl.replay.config.ReplayConfig` (or that config's
+mapping). It holds ``buffer_size / num_shards`` rows and starts replaying once it has seen
 ``learning_starts / num_shards`` env steps. Samples arrive as refs and are fetched straight
 from the rollout worker that produced them (and freed there). Every method is ``async``
 so all of them run on the shard's event loop, one at a time: the buffers need no locks.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import random
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -17,6 +19,7 @@ import numpy as np
 from actorrl.batch import MultiAgentBatch, SampleBatch, as_multi_agent
 from actorrl.metrics import TimerStat
 from actorrl.replay.buffer import PrioritizedReplayBuffer, ReplayBuffer
+from actorrl.replay.config import ReplayConfig
 from actorrl.replay.frame_buffer import FramePrioritizedReplayBuffer, FrameReplayBuffer
 from actorrl.runtime import ObjectRef, Runtime
 
@@ -29,22 +32,49 @@ def _shard_share(total: int, num_shards: int, what: str) -> int:
     return total // num_shards
 
 
+_LEGACY_ORDER = ("num_replay_buffer_shards", "learning_starts", "buffer_size",
+                 "train_batch_size", "prioritized_replay_alpha", "prioritized_replay_beta",
+                 "prioritized_replay_eps", "prioritized_replay")
+
+
+def replay_config_of(config: ReplayConfig | Mapping[str, Any] | int, legacy: tuple,
+                     legacy_kwargs: Mapping[str, Any]) -> ReplayConfig:
+    """A shard's :class:`ReplayConfig`: given, loaded from its mapping (strict), or from the
+    older positional form ``(num_shards, learning_starts, buffer_size, train_batch_size,
+    alpha, beta, eps, prioritized)`` plus keyword settings."""
+    if isinstance(config, ReplayConfig):
+        if legacy or legacy_kwargs:
+            raise TypeError("a replay shard takes a ReplayConfig and seed=..., nothing else")
+        return config
+    if isinstance(config, Mapping):
+        if legacy or legacy_kwargs:
+            raise TypeError("a replay shard takes a ReplayConfig mapping and seed=..., "
+                            "nothing else")
+        return ReplayConfig.load(config, path="replay.")
+    positional = (config, *legacy)
+    if len(positional) > len(_LEGACY_ORDER):
+        raise TypeError(f"a replay shard takes at most {len(_LEGACY_ORDER)} positional "
+                        f"settings ({', '.join(_LEGACY_ORDER)}), got {len(positional)}")
+    values = dict(zip(_LEGACY_ORDER, positional))
+    values.update(legacy_kwargs)
+    return ReplayConfig.load(values, path="replay.")
+
+
 class ReplayActor:
     """A prioritized (or uniform) replay shard with one buffer per policy."""
 
-    def __init__(
-        self,
-        num_shards: int,
-        learning_starts: int,
-        buffer_size: int,
-        train_batch_size: int,
-        prioritized_replay_alpha: float = 0.6,
-        prioritized_replay_beta: float = 0.4,
-        prioritized_replay_eps: float = 1e-6,
-        prioritized_replay: bool = True,
-        seed: int | None = None,
-        worker_side_prioritization: bool = False,
-    ) -> None:
+    def __init__(self, config: ReplayConfig | Mapping[str, Any] | int, *legacy: Any,
+                 seed: int | None = None, **legacy_kwargs: Any) -> None:
+        cfg = replay_config_of(config, legacy, legacy_kwargs)
+        self.config = cfg
+        num_shards, buffer_size = cfg.num_replay_buffer_shards, cfg.buffer_size
+        learning_starts = cfg.learning_starts
+        train_batch_size = cfg.train_batch_size
+        prioritized_replay_alpha = cfg.prioritized_replay_alpha
+        prioritized_replay_beta = cfg.prioritized_replay_beta
+        prioritized_replay_eps = cfg.prioritized_replay_eps
+        prioritized_replay = cfg.prioritized_replay
+        worker_side_prioritization = cfg.worker_side_prioritization
         self.replay_starts = _shard_share(learning_starts, num_shards, "learning_starts")
         self.buffer_size = _shard_share(buffer_size, num_shards, "buffer_size")
         self.worker_side_prioritization = worker_side_prioritization
@@ -145,19 +175,12 @@ class BatchReplayActor:
     oldest once ``buffer_size / num_shards`` steps are held) and replays a random whole
     batch. Priorities are ignored."""
 
-    def __init__(
-        self,
-        num_shards: int,
-        learning_starts: int,
-        buffer_size: int,
-        train_batch_size: int,
-        prioritized_replay_alpha: float = 0.6,
-        prioritized_replay_beta: float = 0.4,
-        prioritized_replay_eps: float = 1e-6,
-        prioritized_replay: bool = False,
-        seed: int | None = None,
-        worker_side_prioritization: bool = False,
-    ) -> None:
+    def __init__(self, config: ReplayConfig | Mapping[str, Any] | int, *legacy: Any,
+                 seed: int | None = None, **legacy_kwargs: Any) -> None:
+        cfg = replay_config_of(config, legacy, legacy_kwargs)
+        self.config = cfg
+        num_shards, buffer_size = cfg.num_replay_buffer_shards, cfg.buffer_size
+        learning_starts, train_batch_size = cfg.learning_starts, cfg.train_batch_size
         self.replay_starts = _shard_share(learning_starts, num_shards, "learning_starts")
         self.buffer_size = _shard_share(buffer_size, num_shards, "buffer_size")
         self.train_batch_size = train_batch_size

@@ -1,0 +1,50 @@
+"""The replay shards' settings (the ``replay`` section of Ape-X), RLlib key names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from actorrl.config import ConfigSection, derived
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplayConfig(ConfigSection):
+    """How the replay shards store and replay (``actorrl.replay.actor.ReplayActor``)."""
+
+    buffer_size: int = 50_000
+    """Replay capacity in rows, split across the shards."""
+    learning_starts: int = 1000
+    """Env steps sampled before replay starts (split across the shards)."""
+    prioritized_replay: bool = True
+    """Proportional prioritized replay (False: uniform)."""
+    prioritized_replay_alpha: float = 0.6
+    """Priority exponent."""
+    prioritized_replay_beta: float = 0.4
+    """Importance-weight exponent."""
+    prioritized_replay_eps: float = 1e-6
+    """Added to ``|td_error|`` for priorities."""
+    num_replay_buffer_shards: int = 1
+    """Replay shard actors."""
+    batch_replay: bool = False
+    """Replay whole sample batches (recurrent models); no prioritization."""
+    worker_side_prioritization: bool = False
+    """Workers compute initial priorities before sending samples; shards use them."""
+    train_batch_size: int = derived(32, "train_batch_size")
+    """Rows per replayed batch."""
+
+    def validate(self) -> list[str]:
+        """Shards >= 1 with at least one row each, non-negative starts and exponents."""
+        problems = []
+        if self.num_replay_buffer_shards < 1:
+            problems.append(f"num_replay_buffer_shards must be >= 1, got "
+                            f"{self.num_replay_buffer_shards}")
+        elif self.buffer_size < self.num_replay_buffer_shards:
+            problems.append(f"buffer_size ({self.buffer_size}) must be at least "
+                            f"num_replay_buffer_shards ({self.num_replay_buffer_shards})")
+        for key in ("learning_starts", "prioritized_replay_alpha", "prioritized_replay_beta",
+                    "prioritized_replay_eps"):
+            if getattr(self, key) < 0:
+                problems.append(f"{key} must be >= 0, got {getattr(self, key)}")
+        if self.train_batch_size < 1:
+            problems.append(f"train_batch_size must be >= 1, got {self.train_batch_size}")
+        return problems
