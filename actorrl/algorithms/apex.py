@@ -63,10 +63,13 @@ class ApexConfig(AlgorithmConfig):
         return problems
 
     def derived_values(self, section: str) -> dict[str, Any]:
-        """Ape-X learns on one device when the GPUs are fake (no DQN towers on the CPU)."""
-        if section == "learner" and self._fake_gpus:
-            return {"num_gpus": 0.0, "_fake_gpus": False}
-        return {}
+        """The learner cuts no sequences (rows are independent transitions), and learns
+        on one device when the GPUs are fake (no DQN towers on the CPU)."""
+        if section != "learner":
+            return {}
+        if self._fake_gpus:
+            return {"tower_rows_multiple": 1, "num_gpus": 0.0, "_fake_gpus": False}
+        return {"tower_rows_multiple": 1}
 
 
 def learner_config(config: ApexConfig) -> LearnerConfig:

@@ -1,0 +1,251 @@
+"""Every key of every algorithm's config reaches the component that uses it, unchanged.
+
+Each algorithm's config is built from RLlib flat keys with a non-default value for every
+key it has (a new key without a value here fails the coverage check). Then the dataclasses
+each component receives (worker: rollout + policy; learner; replay shards) and the objects
+built from them must carry those values: no second default can hide a setting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import pytest
+
+from actorrl.algorithms import get_algorithm
+from actorrl.config import (
+    ALGORITHM,
+    FLAT_KEYS,
+    WORKER,
+    AlgorithmConfig,
+    ConfigError,
+    ConfigSection,
+    load_config,
+    load_worker_config,
+)
+from actorrl.learner.config import LearnerConfig
+from actorrl.replay.actor import ReplayActor, replay_config_of
+from actorrl.rollout import RolloutWorker
+
+COMMON = {
+    "env": "Acrobot-v1", "env_config": {"k": 1}, "num_workers": 3, "seed": 7,
+    "num_gpus": 2.0, "_fake_gpus": True, "min_iter_time_s": 0.5,
+    "timesteps_per_iteration": 10, "metrics_smoothing_episodes": 7, "debug": True,
+    "num_envs_per_worker": 3, "rollout_fragment_length": 10, "explore": False,
+    "clip_actions": False, "multiagent": {"policies_to_train": ["default_policy"]},
+    "lr": 0.123, "gamma": 0.9, "grad_clip": 3.0,
+    "model": {"fcnet_hiddens": [7], "fcnet_activation": "relu"},
+}
+LEARNER = {"num_sgd_iter": 2, "minibatch_buffer_size": 2, "learner_queue_size": 5,
+           "learner_queue_timeout": 9.0, "num_multi_gpu_tower_stacks": 2,
+           "num_data_load_threads": 2}
+ACTOR_CRITIC = {"lambda": 0.5, "use_gae": False, "use_critic": False,
+                "vf_loss_coeff": 0.25, "entropy_coeff": 0.02,
+                "batch_mode": "complete_episodes"}
+NON_DEFAULT: dict[str, dict[str, Any]] = {
+    "apex": {
+        **COMMON, **LEARNER, "batch_mode": "complete_episodes", "train_batch_size": 40,
+        "adam_epsilon": 1e-3, "n_step": 2, "double_q": False, "dueling": False,
+        "hiddens": [5], "huber_threshold": 2.0, "target_network_update_freq": 77,
+        "exploration_config": {"type": "PerWorkerEpsilonGreedy", "initial_epsilon": 0.5,
+                               "final_epsilon": 0.1, "epsilon_timesteps": 99},
+        "per_worker_exploration": True, "buffer_size": 999, "learning_starts": 11,
+        "prioritized_replay": False, "prioritized_replay_alpha": 0.5,
+        "prioritized_replay_beta": 0.3, "prioritized_replay_eps": 1e-3,
+        "num_replay_buffer_shards": 3, "batch_replay": True,
+        "worker_side_prioritization": True, "max_weight_sync_delay": 33,
+        "training_intensity": 2.0,
+    },
+    "impala": {
+        **COMMON, **LEARNER, "train_batch_size": 40, "vtrace": False,
+        "vtrace_clip_rho_threshold": 2.0, "vtrace_clip_pg_rho_threshold": 3.0,
+        "vf_loss_coeff": 0.25, "entropy_coeff": 0.02, "opt_type": "rmsprop", "decay": 0.9,
+        "momentum": 0.1, "epsilon": 0.2, "max_sample_requests_in_flight_per_worker": 3,
+        "broadcast_interval": 2,
+    },
+    "a3c": {**COMMON, **ACTOR_CRITIC, "train_batch_size": 40, "grads_per_step": 7},
+    "a2c": {**COMMON, **ACTOR_CRITIC, "train_batch_size": 40, "microbatch_size": 20},
+}
+FIXED = {"impala": {"batch_mode"}}
+"""Keys with one valid value for an algorithm (IMPALA needs truncated fragments)."""
+TRAINER_KEYS = {"env", "num_workers", "seed", "num_gpus", "_fake_gpus", "min_iter_time_s",
+                "timesteps_per_iteration", "metrics_smoothing_episodes", "debug",
+                "train_batch_size", "max_weight_sync_delay", "training_intensity",
+                "max_sample_requests_in_flight_per_worker", "broadcast_interval",
+                "grads_per_step", "microbatch_size", "learning_starts",
+                "learner_queue_size", "num_replay_buffer_shards", "batch_replay"}
+"""Keys the trainer or the pipeline reads (straight from the algorithm config)."""
+
+
+def plain(value: Any) -> Any:
+    """Comparable form: sections as dicts, tuples as lists."""
+    if isinstance(value, ConfigSection):
+        return value.to_dict()
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+def leaf_keys(config: AlgorithmConfig) -> set[str]:
+    """The flat (RLlib) name of every setting of ``config``."""
+    out = set()
+    for key, value in config.to_dict().items():
+        if key in type(config).SECTIONS:
+            out.update(value)
+        else:
+            out.add(key)
+    return out
+
+
+def components(name: str, config: AlgorithmConfig) -> dict[str, ConfigSection]:
+    """The dataclass each component of ``config`` receives, by section name."""
+    spec = get_algorithm(name)
+    worker = config.worker_config()
+    out: dict[str, ConfigSection] = {"rollout": worker.rollout, "policy": worker.policy}
+    if "learner" in type(config).SECTIONS:
+        assert spec.learner_config is not None
+        out["learner"] = spec.learner_config(config)
+    if "replay" in type(config).SECTIONS:
+        out["replay"] = config.component("replay")
+    return out
+
+
+def expected_value(config: AlgorithmConfig, section: str, f: dataclasses.Field,
+                   values: dict[str, Any]) -> Any:
+    """What field ``f`` of component ``section`` must hold for the config built from
+    ``values`` (the same value the user gave, wherever it is read)."""
+    key = f.name.rstrip("_") if not f.name.startswith("_") else f.name
+    origin = f.metadata.get("derived_from")
+    overrides = config.derived_values(section)
+    if f.name in overrides:
+        return overrides[f.name]
+    if origin in (None,):
+        assert FLAT_KEYS[key] == f"{section}.{key}"
+        return values[key]
+    assert origin not in (WORKER, ALGORITHM), f"{section}.{f.name} needs an override"
+    return values[origin.rsplit(".", 1)[-1]]
+
+
+@pytest.mark.parametrize("name", sorted(NON_DEFAULT))
+def test_every_key_reaches_its_component_with_the_same_value(name: str) -> None:
+    spec = get_algorithm(name)
+    values = NON_DEFAULT[name]
+    config = load_config(spec.config_cls, values)
+    assert leaf_keys(config) - FIXED.get(name, set()) == set(values), (
+        "give every key a non-default value here")
+    defaults = spec.config_cls()
+    for key, value in values.items():
+        assert plain(getattr(config, key)) == value, key
+        assert plain(getattr(defaults, key)) != value, f"{key}: pick a non-default value"
+    reached: set[str] = set()
+    for section, component in components(name, config).items():
+        for f in dataclasses.fields(component):
+            if f.metadata.get("derived_from") == WORKER or f.name in FIXED.get(name, ()):
+                continue
+            expected = expected_value(config, section, f, values)
+            assert plain(getattr(component, f.name)) == expected, f"{section}.{f.name}"
+            reached.add(f.name.rstrip("_") if not f.name.startswith("_") else f.name)
+    assert set(values) - reached - TRAINER_KEYS == set()
+    if "learner" not in type(config).SECTIONS and spec.learner_config is not None:
+        # A3C/A2C learners only apply gradients: of their settings only the batch size
+        assert spec.learner_config(config).train_batch_size == values["train_batch_size"]
+
+
+@pytest.mark.parametrize("name", sorted(NON_DEFAULT))
+def test_components_built_from_the_wire_form_keep_every_value(name: str) -> None:
+    """What the actors receive (``to_dict()`` over the wire) loads back to the same
+    dataclasses, and the objects built from them carry them."""
+    spec = get_algorithm(name)
+    config = load_config(spec.config_cls, {**NON_DEFAULT[name], "env": "CartPole-v1",
+                                           "env_config": {}})
+    parts = components(name, config)
+    worker_dict = config.worker_config().to_dict()
+    policy_cls = RolloutWorker("CartPole-v1", spec.policy, worker_dict).get_policy()
+    worker = RolloutWorker("CartPole-v1", spec.policy, worker_dict, worker_index=2,
+                           num_workers=3)
+    try:
+        assert worker.rollout_config == parts["rollout"]
+        policy_config = worker.get_policy().config
+        fields = {f.name for f in dataclasses.fields(policy_config)}
+        context = {k: v for k, v in {"worker_index": 2, "num_workers": 3}.items()
+                   if k in fields}
+        assert policy_config == parts["policy"].replace(**context)
+    finally:
+        worker.stop()
+    policy = type(policy_cls)(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2),
+                              parts["policy"])
+    assert policy.config is parts["policy"]
+    assert load_worker_config(worker_dict, type(parts["policy"])) == config.worker_config()
+    if "learner" in parts:
+        assert LearnerConfig.load(parts["learner"].to_dict()) == parts["learner"]
+    if "replay" in parts:
+        assert replay_config_of(parts["replay"].to_dict(), (), {}) == parts["replay"]
+        shard = ReplayActor(parts["replay"].to_dict(), seed=0)
+        assert shard.config == parts["replay"]
+        assert shard.buffer_size == 999 // 3 and shard.replay_starts == 11 // 3
+
+
+def test_the_flat_key_table_matches_the_algorithm_configs() -> None:
+    """Each algorithm's every setting has exactly its own entry in FLAT_KEYS, and every
+    entry is a setting of some algorithm."""
+    used = set()
+    for name in NON_DEFAULT:
+        config = get_algorithm(name).config_cls()
+        for key, value in config.to_dict().items():
+            if key in type(config).SECTIONS:
+                for leaf in value:
+                    assert FLAT_KEYS[leaf] == f"{key}.{leaf}", leaf
+                    used.add(leaf)
+            else:
+                assert FLAT_KEYS[key] == key
+                used.add(key)
+    assert used == set(FLAT_KEYS)
+
+
+def test_unknown_keys_are_refused_with_their_path_and_suggestions() -> None:
+    apex = get_algorithm("apex").config_cls
+    cases = {
+        "replay.alpha": ({"replay": {"alpha": 0.5}}, "prioritized_replay_alpha"),
+        "buffer_sise": ({"buffer_sise": 10}, "buffer_size"),
+        "exploration_config.final_epsilonn": (
+            {"exploration_config": {"final_epsilonn": 0.1}}, "final_epsilon"),
+        "model.fcnet_hiden": ({"model": {"fcnet_hiden": [3]}}, "fcnet_hiddens"),
+        "policy.model.fcnet_hiden": ({"policy": {"model": {"fcnet_hiden": [3]}}},
+                                     "fcnet_hiddens"),
+        "learner.num_sgd_iters": ({"learner": {"num_sgd_iters": 2}}, "num_sgd_iter"),
+    }
+    for path, (values, suggestion) in cases.items():
+        with pytest.raises(ConfigError) as info:
+            load_config(apex, values)
+        assert re.search(rf"'?{re.escape(path)}'?", str(info.value)), str(info.value)
+        assert suggestion in str(info.value)
+    with pytest.raises(ConfigError, match="'policy.train_batch_size' is not set here"):
+        load_config(apex, {"policy": {"train_batch_size": 3}})
+    with pytest.raises(ConfigError, match="unknown config key 'vtrace'"):
+        load_config(apex, {"vtrace": False})  # an IMPALA key
+    with pytest.raises(ConfigError, match="unknown config key 'replay'"):
+        load_config(get_algorithm("impala").config_cls, {"replay": {}})
+
+
+def test_flat_dicts_and_saved_configs_load_to_the_same_config() -> None:
+    """Old flat (RLlib-style) checkpoint configs and ``to_dict()`` output both load; a
+    flat key next to its section overrides it (``--set`` over a file)."""
+    cls = get_algorithm("a3c").config_cls
+    flat = {"lr": 0.01, "lambda": 0.9, "model": {"fcnet_hiddens": [8]},
+            "num_envs_per_worker": 2, "train_batch_size": 100}
+    config = load_config(cls, flat)
+    assert config.policy.lambda_ == 0.9 and config.rollout.num_envs_per_worker == 2
+    assert load_config(cls, config.to_dict()) == config
+    assert load_config(cls, {**config.to_dict(), "lr": 0.5}).policy.lr == 0.5
+    assert config.replace(lr=0.5).policy.lr == 0.5 and config.lr == 0.01
+
+
+def test_no_from_dict_drops_keys() -> None:
+    """The component configs have no lenient ``from_dict`` left."""
+    root = Path(__file__).resolve().parent.parent / "actorrl"
+    offenders = [str(p) for p in root.rglob("*.py") if "def from_dict" in p.read_text()]
+    assert offenders == []
