@@ -110,3 +110,47 @@ async def test_death_reports_are_checked_and_bounded(tmp_path) -> None:
         assert len(coordinator._early_deaths["c"]) == MAX_REASON_CHARS
         with pytest.raises(ValueError, match="actor_died takes"):
             await coordinator._rpc_actor_died(node.node_id, ["c"], 3)
+
+
+def _long_dir(tmp_path) -> str:
+    path = tmp_path / ("d" * 90)
+    path.mkdir()
+    return str(path)
+
+
+async def test_socket_fallback_folders_are_private_and_removed(tmp_path) -> None:
+    """A session directory too long for ipc paths puts its sockets in a per-user folder
+    of mode 0700, removed when the session ends (they used to pile up, mode 0755)."""
+    from actorrl.runtime.core import ipc_fallback_dir
+
+    session = _long_dir(tmp_path)
+    async with Driver.start(session) as driver:
+        actor = await driver.create_actor("tests.actors.basic:Counter")
+        assert await driver.get(actor.add.remote(3), timeout_s=30) == 3
+        folder = ipc_fallback_dir(session, create=False)
+        assert actor.endpoint.startswith(f"ipc://{folder}/")
+        info = os.stat(folder)
+        assert info.st_uid == os.getuid() and info.st_mode & 0o777 == 0o700
+    assert not os.path.exists(folder)
+
+
+def test_a_socket_folder_others_can_enter_is_refused(tmp_path) -> None:
+    """A fallback folder planted with mode 0777 (or owned by someone else) is refused
+    with a message naming it; a stale one whose session is gone is cleaned up."""
+    from actorrl.runtime.core import ipc_fallback_dir, remove_ipc_fallback
+
+    session = _long_dir(tmp_path)
+    planted = ipc_fallback_dir(session, create=False)
+    os.mkdir(planted)
+    os.chmod(planted, 0o777)
+    try:
+        with pytest.raises(PermissionError, match="not a private folder"):
+            ipc_fallback_dir(session)
+    finally:
+        os.rmdir(planted)
+    gone = str(tmp_path / "gone")
+    os.mkdir(gone)
+    stale = ipc_fallback_dir(gone)
+    os.rmdir(gone)  # its session ended without cleaning up (a SIGKILL, say)
+    remove_ipc_fallback(session)
+    assert not os.path.exists(stale)

@@ -33,6 +33,8 @@ import itertools
 import logging
 import os
 import queue
+import shutil
+import stat
 import tempfile
 import threading
 from collections import deque
@@ -99,17 +101,64 @@ def estimate_size(value: Any, budget: int = 256) -> int:
     return total
 
 
+IPC_FALLBACK_PREFIX = "actorrl-ipc-"
+_FALLBACK_MARKER = "for"
+
+
 def ipc_address(address_dir: str, name: str) -> str:
     """``ipc://`` endpoint for socket ``name`` in ``address_dir``. Unix socket paths are
-    limited to 107 bytes, so a long directory falls back to a short per-directory folder
-    under the system temp dir."""
+    limited to 107 bytes, so a long directory falls back to a short private folder under
+    the system temp dir (:func:`ipc_fallback_dir`)."""
     path = os.path.join(address_dir, f"{name}.sock")
     if len(path.encode()) > 100:
-        digest = hashlib.blake2b(os.path.abspath(address_dir).encode(), digest_size=6).hexdigest()
-        short_dir = os.path.join(tempfile.gettempdir(), f"actorrl-{digest}")
-        os.makedirs(short_dir, exist_ok=True)
-        path = os.path.join(short_dir, f"{name[:40]}.sock")
+        path = os.path.join(ipc_fallback_dir(address_dir), f"{name[:40]}.sock")
     return f"ipc://{path}"
+
+
+def ipc_fallback_dir(address_dir: str, create: bool = True) -> str:
+    """The short socket folder standing in for ``address_dir``: one per user and
+    directory (every process of a session finds the same one), created mode 0700 and
+    refused unless this user owns it and no one else may enter it (another user could
+    otherwise plant or read sockets there). Removed by :func:`remove_ipc_fallback`."""
+    absolute = os.path.abspath(address_dir)
+    digest = hashlib.blake2b(absolute.encode(), digest_size=6).hexdigest()
+    path = os.path.join(tempfile.gettempdir(), f"{IPC_FALLBACK_PREFIX}{os.getuid()}-{digest}")
+    if not create:
+        return path
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise PermissionError(
+            f"socket folder {path} is not a private folder of this user (owner uid "
+            f"{info.st_uid}, mode {oct(info.st_mode & 0o777)}); remove it, or use a "
+            "shorter session directory")
+    marker = os.path.join(path, _FALLBACK_MARKER)
+    if not os.path.exists(marker):
+        with open(marker, "w") as f:
+            f.write(absolute)
+    return path
+
+
+def remove_ipc_fallback(address_dir: str) -> None:
+    """Remove ``address_dir``'s socket folder (when its session ends), and every other
+    one of this user whose session directory no longer exists (left by a killed run)."""
+    shutil.rmtree(ipc_fallback_dir(address_dir, create=False), ignore_errors=True)
+    prefix = f"{IPC_FALLBACK_PREFIX}{os.getuid()}-"
+    root = tempfile.gettempdir()
+    for entry in os.listdir(root):
+        if not entry.startswith(prefix):
+            continue
+        folder = os.path.join(root, entry)
+        try:
+            with open(os.path.join(folder, _FALLBACK_MARKER)) as f:
+                owner_dir = f.read()
+        except OSError:
+            continue
+        if not os.path.isdir(owner_dir):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _raise_for(status: int, value: Any, ref: ObjectRef) -> Any:

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from actorrl.runtime.actor import ActorHandle, ActorSpec
-from actorrl.runtime.core import Runtime
+from actorrl.runtime.core import Runtime, remove_ipc_fallback
 from actorrl.runtime.node import DEFAULT_START_TIMEOUT_S, LocalNode
 from actorrl.runtime.refs import ObjectRef
 from actorrl.runtime.serial import SerialNode
@@ -185,5 +185,6 @@ class Driver(ObjectOps):
             await self.node.shutdown(timeout_s)
         finally:
             self.runtime.close()
+            remove_ipc_fallback(self.session_dir)
             if self._owns_session_dir:
                 shutil.rmtree(self.session_dir, ignore_errors=True)

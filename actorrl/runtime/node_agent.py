@@ -31,7 +31,7 @@ from typing import Any
 
 from actorrl.runtime.actor import ActorHandle
 from actorrl.runtime.coordinator import DEFAULT_HEARTBEAT_S, serve_async, spec_from_wire
-from actorrl.runtime.core import Runtime
+from actorrl.runtime.core import Runtime, remove_ipc_fallback
 from actorrl.runtime.network import Network
 from actorrl.runtime.node import LocalNode
 from transport.auth import load_public_key
@@ -125,6 +125,7 @@ class NodeAgent:
             if self._coord is not None:
                 self._coord.close()
             runtime.close()
+            remove_ipc_fallback(self.session_dir)
             if self._owns_session_dir:
                 shutil.rmtree(self.session_dir, ignore_errors=True)
 
