@@ -154,3 +154,47 @@ def test_a_socket_folder_others_can_enter_is_refused(tmp_path) -> None:
     os.rmdir(gone)  # its session ended without cleaning up (a SIGKILL, say)
     remove_ipc_fallback(session)
     assert not os.path.exists(stale)
+
+
+def test_key_generation_never_follows_a_planted_symlink(tmp_path) -> None:
+    """``keys generate --force`` replaces a symlink planted at a secret's path instead of
+    writing the secret through it; a secret that is a symlink is refused when loading."""
+    from transport.auth import KeyFileError, generate_keys, load_keypair
+
+    keys = str(tmp_path / "keys")
+    generate_keys(keys, ["client"])
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    secret = os.path.join(keys, "client.secret")
+    os.unlink(secret)
+    os.symlink(victim, secret)
+    with pytest.raises(KeyFileError, match="not a regular file"):
+        load_keypair(keys, "client")
+    generate_keys(keys, ["client"], overwrite=True)
+    assert victim.read_text() == "precious"
+    assert not os.path.islink(secret) and os.stat(secret).st_mode & 0o777 == 0o600
+    assert load_keypair(keys, "client").public
+
+
+def test_keys_in_a_directory_others_can_write_are_refused(tmp_path) -> None:
+    """A 0777 keys directory (anyone could plant an allowed key) is not trusted."""
+    from transport.auth import KeyFileError, generate_keys, load_allowed_keys, load_keypair
+
+    keys = str(tmp_path / "keys")
+    generate_keys(keys, ["client"])
+    os.chmod(keys, 0o777)
+    for load in (lambda: load_allowed_keys(keys), lambda: load_keypair(keys, "client"),
+                 lambda: generate_keys(keys, ["node"])):
+        with pytest.raises(KeyFileError, match="writable by others"):
+            load()
+
+
+def test_state_directories_are_private(tmp_path) -> None:
+    """The coordinator's state directory and its jobs/ are created (or tightened) 0700."""
+    from actorrl.cluster.service import make_private_dir
+
+    fresh, loose = str(tmp_path / "fresh" / "state"), str(tmp_path / "loose")
+    os.makedirs(loose, mode=0o755)
+    for path in (fresh, loose):
+        make_private_dir(path)
+        assert os.stat(path).st_mode & 0o777 == 0o700

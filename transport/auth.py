@@ -19,6 +19,7 @@ Rule enforced by :func:`check_bind`: binding tcp on a non-loopback address requi
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import stat
@@ -96,12 +97,31 @@ def _check_key(text: bytes, path: str) -> bytes:
 
 
 def _write(path: str, data: bytes, mode: int) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    """Write a key file afresh: an existing file (or a symlink planted in its place) is
+    unlinked first and the new one created exclusively, never followed."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     try:
         os.fchmod(fd, mode)
         os.write(fd, data + b"\n")
     finally:
         os.close(fd)
+
+
+def check_private_dir(path: str) -> None:
+    """KeyFileError unless ``path`` is a real directory (not a symlink) of this user that
+    no one else may write (a keys directory others can write lets them plant keys)."""
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode):
+        raise KeyFileError(f"{path} is not a directory (a symlink or file); keys need a "
+                           "real directory")
+    if info.st_uid != os.getuid():
+        raise KeyFileError(f"{path} belongs to uid {info.st_uid}, not this user; use a "
+                           "keys directory of your own")
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise KeyFileError(f"{path} is writable by others (mode "
+                           f"{stat.S_IMODE(info.st_mode):o}); run `chmod 700 {path}`")
 
 
 def generate_keys(keys_dir: str, names: Iterable[str] = DEFAULT_IDENTITIES,
@@ -112,6 +132,7 @@ def generate_keys(keys_dir: str, names: Iterable[str] = DEFAULT_IDENTITIES,
     every host that still has the old ones.
     """
     os.makedirs(keys_dir, mode=0o700, exist_ok=True)
+    check_private_dir(keys_dir)
     names = list(names)
     if not overwrite:
         existing = [n for n in names if os.path.exists(os.path.join(keys_dir, f"{n}.secret"))
@@ -142,13 +163,19 @@ def load_public_key(keys_dir: str, name: str) -> bytes:
 
 
 def load_keypair(keys_dir: str, name: str) -> KeyPair:
-    """The key pair ``name`` from ``keys_dir`` (the secret must be mode 0600 or stricter)."""
+    """The key pair ``name`` from ``keys_dir`` (the secret must be a regular file of mode
+    0600 or stricter, in a directory only this user may write)."""
     path = os.path.join(keys_dir, f"{name}.secret")
+    if os.path.isdir(keys_dir):
+        check_private_dir(keys_dir)
     try:
-        info = os.stat(path)
+        info = os.lstat(path)
     except FileNotFoundError:
         raise KeyFileError(f"no secret key {path}; this host needs the {name!r} identity "
                         f"(run `actorrl keys generate {keys_dir}` and copy it here)") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise KeyFileError(f"{path} is not a regular file (a symlink?); regenerate it with "
+                           "`actorrl keys generate --force`")
     if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise KeyFileError(f"{path} is readable by others (mode {stat.S_IMODE(info.st_mode):o}); "
                         f"run `chmod 600 {path}`")
@@ -165,6 +192,7 @@ def load_allowed_keys(keys_dir: str) -> frozenset[bytes]:
     """Every public key (``*.public``) in ``keys_dir``: the peers allowed to connect."""
     if not os.path.isdir(keys_dir):
         raise KeyFileError(f"keys directory {keys_dir} does not exist")
+    check_private_dir(keys_dir)
     keys = set()
     for entry in sorted(os.listdir(keys_dir)):
         if entry.endswith(".public"):

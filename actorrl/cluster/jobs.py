@@ -170,7 +170,7 @@ class Job:
         self.task: asyncio.Task | None = None
         self.changed = asyncio.Event()
         self.stop_reason = ""
-        os.makedirs(directory, exist_ok=True)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
 
     @property
     def num_results(self) -> int:
@@ -299,7 +299,7 @@ class JobManager:
         self.coordinator = coordinator
         self.state_dir = state_dir
         self.jobs: dict[str, Job] = {}
-        os.makedirs(os.path.join(state_dir, "jobs"), exist_ok=True)
+        os.makedirs(os.path.join(state_dir, "jobs"), mode=0o700, exist_ok=True)
         self._router = _JobLogRouter()
         self._router.setFormatter(logging.Formatter(
             "%(asctime)s %(levelname)s %(name)s: %(message)s"))

@@ -48,6 +48,14 @@ STATE_FILE = "coordinator.json"
 DEFAULT_BIND = "tcp://127.0.0.1:7450"
 
 
+
+def make_private_dir(path: str) -> None:
+    """Create ``path`` (and parents) mode 0700, or tighten an existing one of this user to
+    0700: job records, checkpoints and logs are this user's alone."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    if os.stat(path).st_uid == os.getuid():
+        os.chmod(path, 0o700)
+
 def default_state_dir() -> str:
     """``$ACTORRL_STATE_DIR`` or ``~/.actorrl``."""
     return os.environ.get("ACTORRL_STATE_DIR") or os.path.join(os.path.expanduser("~"),
@@ -108,7 +116,7 @@ async def serve_coordinator(bind: str = DEFAULT_BIND, *, keys_dir: str | None = 
                             stop: asyncio.Event | None = None) -> None:
     """Run a coordinator until ``coord.shutdown``, SIGTERM/SIGINT or ``stop`` is set."""
     state_dir = os.path.abspath(state_dir or default_state_dir())
-    os.makedirs(state_dir, exist_ok=True)
+    make_private_dir(state_dir)
     security = Security.from_dir(keys_dir, "coordinator") if keys_dir else None
     check_bind(bind, security)
     state = read_state(state_dir)
@@ -206,7 +214,7 @@ def run_coordinator(bind: str = DEFAULT_BIND, *, keys_dir: str | None = None,
 def start_daemon(argv: list[str], state_dir: str, timeout_s: float = 60.0) -> str:
     """Start ``python -m actorrl.cli_cluster coordinator start ARGV`` detached (new session,
     output to ``STATE_DIR/coordinator.log``); return its address once it serves."""
-    os.makedirs(state_dir, exist_ok=True)
+    make_private_dir(state_dir)
     read_fd, write_fd = os.pipe()
     log_path = os.path.join(state_dir, "coordinator.log")
     with open(log_path, "ab") as log_file:
