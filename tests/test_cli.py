@@ -252,8 +252,8 @@ def test_train_writes_a_complete_results_folder(trained: dict) -> None:
     assert run.name.startswith("apex_CartPole-v1_")
     config = json.loads((run / "config.json").read_text())
     assert config["algorithm"] == "apex"
-    assert config["train_batch_size"] == 64 and config["learning_starts"] == 400
-    assert config["lr"] == 0.001  # --set wins over the file
+    assert config["train_batch_size"] == 64 and config["replay"]["learning_starts"] == 400
+    assert config["policy"]["lr"] == 0.001  # --set wins over the file
     assert config["num_workers"] == 1 and config["seed"] == 3
 
     results = read_jsonl(run / "result.jsonl")
@@ -577,8 +577,8 @@ class Client:
     def __init__(self, address, keys_dir=None, *, bind_host="auto", connect_timeout_s=10.0):
         print("FAKE client", address, keys_dir, flush=True)
     def submit(self, config):
-        print("FAKE submit", json.dumps({k: config[k] for k in (
-            "algorithm", "env", "lr", "stop")}), flush=True)
+        print("FAKE submit", json.dumps({**{k: config[k] for k in (
+            "algorithm", "env", "stop")}, "lr": config["policy"]["lr"]}), flush=True)
         return Job(config)
     def close(self):
         print("FAKE closed", flush=True)
