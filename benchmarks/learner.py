@@ -36,6 +36,7 @@ import torch  # noqa: E402
 
 from actorrl.algorithms.impala import ImpalaConfig  # noqa: E402
 from actorrl.batch import SampleBatch  # noqa: E402
+from actorrl.config import load_config  # noqa: E402
 from actorrl.learner.config import LearnerConfig  # noqa: E402
 from actorrl.learner.thread import LearnerThread, make_learner_thread  # noqa: E402
 from actorrl.rollout import RolloutWorker  # noqa: E402
@@ -51,9 +52,10 @@ WORKLOADS = {
 
 def workload_config(hiddens: list[int], train_batch: int) -> dict:
     """IMPALA config for one workload (one sample() gives exactly one train batch)."""
-    return {**ImpalaConfig(num_envs_per_worker=train_batch // FRAGMENT,
-                           rollout_fragment_length=FRAGMENT, train_batch_size=train_batch,
-                           model={"fcnet_hiddens": hiddens}).to_dict(), "seed": 0}
+    return {**load_config(ImpalaConfig, {
+        "num_envs_per_worker": train_batch // FRAGMENT, "rollout_fragment_length": FRAGMENT,
+        "train_batch_size": train_batch, "model": {"fcnet_hiddens": hiddens}}).to_dict(),
+        "seed": 0}
 
 
 def make_batch(config: dict) -> SampleBatch:
@@ -122,7 +124,7 @@ def run_workload(config: dict, tower_counts: list[int], rounds: int, slice_s: fl
     overhead = median["1"] / median["2"] if "2" in median else None
     return {
         "train_batch_size": config["train_batch_size"],
-        "fcnet_hiddens": config["model"]["fcnet_hiddens"],
+        "fcnet_hiddens": config["policy"]["model"]["fcnet_hiddens"],
         "samples_per_s": {k: round(v, 1) for k, v in median.items() if k != "plain"},
         "plain_samples_per_s": round(median["plain"], 1),
         "tower_overhead": round(overhead, 3) if overhead else None,
