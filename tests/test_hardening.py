@@ -198,3 +198,23 @@ def test_state_directories_are_private(tmp_path) -> None:
     for path in (fresh, loose):
         make_private_dir(path)
         assert os.stat(path).st_mode & 0o777 == 0o700
+
+
+async def test_a_call_waiting_on_its_ref_arguments_blocks_only_its_caller(tmp_path) -> None:
+    """The driver's call whose ref argument is not ready holds back the driver's later
+    calls (its order is kept) but not another caller's: a relay actor's call on the same
+    actor answers at once (it used to wait behind the held call)."""
+    async with Driver.start(str(tmp_path / "s")) as driver:
+        gate = await driver.create_actor("tests.actors.basic:Gate", num_cpus=0)
+        counter = await driver.create_actor("tests.actors.basic:Counter", num_cpus=0)
+        relay = await driver.create_actor("tests.actors.basic:Relay", num_cpus=0)
+        held = gate.wait_for.remote("k", 7)  # not ready until the gate opens
+        echoed = counter.echo.remote(held)
+        after = counter.add.remote(1)  # the driver's next call: waits behind `echoed`
+        other = relay.call.remote(counter, "add", [10])
+        assert await driver.get(other, timeout_s=10) == 10
+        done, _ = await driver.wait([after], num_returns=1, timeout_s=0.5)
+        assert done == [], "the driver's own order was not kept"
+        await driver.get(gate.open.remote("k"), timeout_s=10)
+        assert await driver.get(echoed, timeout_s=10) == 7
+        assert await driver.get(after, timeout_s=10) == 11

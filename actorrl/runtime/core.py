@@ -101,6 +101,8 @@ def estimate_size(value: Any, budget: int = 256) -> int:
     return total
 
 
+REF_ARGS_TIMEOUT_S = 300.0
+"""How long an actor call waits for the values of its ref arguments before it fails."""
 IPC_FALLBACK_PREFIX = "actorrl-ipc-"
 _FALLBACK_MARKER = "for"
 
@@ -174,7 +176,8 @@ def _raise_for(status: int, value: Any, ref: ObjectRef) -> Any:
 
 
 class _Call:
-    """An actor call received by this process, waiting to run in submission order."""
+    """An actor call received by this process, waiting to run in its caller's submission
+    order."""
 
     __slots__ = ("request", "object_id", "method", "args", "kwargs", "resolution")
 
@@ -310,8 +313,9 @@ class Runtime:
         self._frees: deque[tuple[str, bytes]] = deque()
         self._free_flush_scheduled = False
         self.actor: Any = None
-        self._calls: deque[_Call] = deque()
-        self._pumping = False
+        self._calls: dict[bytes, deque[_Call]] = {}
+        """Calls not started yet, per caller (the connection they came on)."""
+        self._pumping: set[bytes] = set()
         self._executor: _ActorExecutor | None = None
         self._local_hosts: dict[str, LocalHost] = {}
         self.exit_event = asyncio.Event()
@@ -820,32 +824,46 @@ class Runtime:
         refs = [a for a in (*args, *kwargs.values()) if isinstance(a, ObjectRef)]
         if refs:
             call.resolution = self.loop.create_task(self._resolve_args(call))
-        self._calls.append(call)
-        if not self._pumping:
-            self._pump()
+        self._calls.setdefault(request.peer, deque()).append(call)
+        self._pump(request.peer)
 
     async def _resolve_args(self, call: _Call) -> None:
+        """Replace ``call``'s ref arguments by their values, within
+        :data:`REF_ARGS_TIMEOUT_S` (a missing object or a slow owner fails this call
+        only, with an error that says so)."""
         async def resolve(value: Any) -> Any:
             return await self._get_one(value) if isinstance(value, ObjectRef) else value
 
-        call.args = list(await asyncio.gather(*(resolve(a) for a in call.args)))
-        for key, value in call.kwargs.items():
-            call.kwargs[key] = await resolve(value)
+        async def resolve_all() -> None:
+            call.args = list(await asyncio.gather(*(resolve(a) for a in call.args)))
+            for key, value in call.kwargs.items():
+                call.kwargs[key] = await resolve(value)
 
-    def _pump(self) -> None:
-        """Start calls in arrival order; a call waiting for its ref arguments holds back
-        the calls behind it (submission order is kept)."""
-        self._pumping = True
         try:
-            while self._calls:
-                call = self._calls[0]
+            await wait_for(resolve_all(), REF_ARGS_TIMEOUT_S)
+        except TimeoutError:
+            raise GetTimeoutError(
+                f"the ref arguments of {call.method}() were not available within "
+                f"{REF_ARGS_TIMEOUT_S:g} s (their owner is slow or gone)") from None
+
+    def _pump(self, caller: bytes) -> None:
+        """Start ``caller``'s calls in its submission order. A call waiting for its ref
+        arguments holds back that caller's later calls only: other callers go on."""
+        if caller in self._pumping:
+            return
+        self._pumping.add(caller)
+        try:
+            queue = self._calls.get(caller)
+            while queue:
+                call = queue[0]
                 if call.resolution is not None and not call.resolution.done():
-                    call.resolution.add_done_callback(lambda _f: self._pump())
+                    call.resolution.add_done_callback(lambda _f, c=caller: self._pump(c))
                     return
-                self._calls.popleft()
+                queue.popleft()
                 self._start(call)
+            self._calls.pop(caller, None)
         finally:
-            self._pumping = False
+            self._pumping.discard(caller)
 
     def _start(self, call: _Call) -> None:
         if call.resolution is not None and call.resolution.exception() is not None:
