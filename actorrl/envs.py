@@ -265,7 +265,24 @@ class VectorStep:
         return self.terminateds | self.truncateds
 
 
-class VectorEnv:
+class _EnvSet:
+    """What both vector envs share: their envs and the episode metrics they gather."""
+
+    envs: list[Any]
+    metrics: EpisodeMetrics
+
+    def pop_metrics(self) -> EpisodeMetrics:
+        """Episodes finished since the last call."""
+        metrics, self.metrics = self.metrics, EpisodeMetrics()
+        return metrics
+
+    def close(self) -> None:
+        """Close every env."""
+        for env in self.envs:
+            env.close()
+
+
+class VectorEnv(_EnvSet):
     """``num_envs`` single-agent gymnasium envs stepped in a loop, reset by hand.
 
     Records each finished episode's reward and length in :attr:`metrics`.
@@ -332,16 +349,6 @@ class VectorEnv:
             obs=next_obs_arr if obs is None else np.stack(obs),
         )
 
-    def pop_metrics(self) -> EpisodeMetrics:
-        """Episodes finished since the last call."""
-        metrics, self.metrics = self.metrics, EpisodeMetrics()
-        return metrics
-
-    def close(self) -> None:
-        """Close every env."""
-        for env in self.envs:
-            env.close()
-
 
 def _env_seeds(seed: int | None, worker_index: int, num_envs: int) -> list[int | None]:
     if seed is None:
@@ -373,7 +380,7 @@ class MultiAgentStep:
         return bool(self.terminateds[ALL_AGENTS] or self.truncateds[ALL_AGENTS])
 
 
-class MultiAgentVectorEnv:
+class MultiAgentVectorEnv(_EnvSet):
     """``num_envs`` :class:`MultiAgentEnv` stepped in a loop, reset by hand when
     ``"__all__"`` ends an episode. An episode's reward is the sum over all agents."""
 
@@ -420,16 +427,6 @@ class MultiAgentVectorEnv:
                 step.reset_obs = dict(env.reset()[0])
             out.append(step)
         return out
-
-    def pop_metrics(self) -> EpisodeMetrics:
-        """Episodes finished since the last call."""
-        metrics, self.metrics = self.metrics, EpisodeMetrics()
-        return metrics
-
-    def close(self) -> None:
-        """Close every env."""
-        for env in self.envs:
-            env.close()
 
 
 def make_vector_env(spec: EnvSpec, env_config: Mapping[str, Any] | None = None, *,

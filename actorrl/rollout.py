@@ -97,7 +97,7 @@ class RolloutWorker:
         multiagent = rollout.multiagent
         self.policy_map: dict[str, TorchPolicy] = {}
         rng = np.random.default_rng(None if seed is None else int(seed) + worker_index)
-        sampler_args = dict(
+        sampling = _SamplingOptions(
             fragment_length=rollout.rollout_fragment_length,
             complete_episodes=rollout.batch_mode == "complete_episodes",
             explore=rollout.explore,
@@ -107,7 +107,7 @@ class RolloutWorker:
         if isinstance(self.env, MultiAgentVectorEnv):
             mapping_fn = self._build_multiagent_policies(default_cls, multiagent)
             self.sampler: _SingleAgentSampler | _MultiAgentSampler = _MultiAgentSampler(
-                self.env, self.policy_map, mapping_fn, **sampler_args)
+                self.env, self.policy_map, mapping_fn, sampling)
         else:
             if multiagent.get("policies"):
                 raise ValueError("multiagent.policies is set but env makes single-agent "
@@ -119,7 +119,7 @@ class RolloutWorker:
                 self.env.observation_space, self.env.action_space,
                 self._policy_config(default_cls, None, "policy"))
             self.sampler = _SingleAgentSampler(self.env, self.policy_map[DEFAULT_POLICY_ID],
-                                               **sampler_args)
+                                               sampling)
         to_train = multiagent.get("policies_to_train")
         self.policies_to_train = list(self.policy_map) if to_train is None else list(to_train)
         unknown = sorted(set(self.policies_to_train) - set(self.policy_map))
@@ -313,23 +313,40 @@ def _env_actions(action_space: gym.Space, actions: np.ndarray, clip: bool) -> An
     return actions
 
 
-class _SingleAgentSampler:
+@dataclass(frozen=True)
+class _SamplingOptions:
+    """How a sampler collects (from the rollout config)."""
+
+    fragment_length: int
+    complete_episodes: bool
+    explore: bool
+    clip_actions: bool
+    rng: np.random.Generator
+
+
+class _Sampler:
+    """The settings both samplers read, as attributes."""
+
+    def __init__(self, options: _SamplingOptions) -> None:
+        self.fragment_length = options.fragment_length
+        self.complete_episodes = options.complete_episodes
+        self.explore = options.explore
+        self.clip_actions = options.clip_actions
+        self.rng = options.rng
+
+
+class _SingleAgentSampler(_Sampler):
     """Collects from a :class:`VectorEnv` with one policy."""
 
-    def __init__(self, env: VectorEnv, policy: TorchPolicy, *, fragment_length: int,
-                 complete_episodes: bool, explore: bool, clip_actions: bool,
-                 rng: np.random.Generator) -> None:
+    def __init__(self, env: VectorEnv, policy: TorchPolicy, options: _SamplingOptions
+                 ) -> None:
+        super().__init__(options)
         self.env = env
         self.policy = policy
-        self.fragment_length = fragment_length
-        self.complete_episodes = complete_episodes
-        self.explore = explore
-        self.clip_actions = clip_actions
-        self.rng = rng
         n = env.num_envs
         self.obs: np.ndarray | None = None
         self.trajectories = [_Trajectory() for _ in range(n)]
-        self.eps_ids = rng.integers(0, 2**62, size=n)
+        self.eps_ids = self.rng.integers(0, 2**62, size=n)
         self.episode_steps = np.zeros(n, dtype=np.int64)
         self.agent_index = np.zeros(n, dtype=np.int64)
 
@@ -392,21 +409,15 @@ class _PendingAction:
     policy_id: str
 
 
-class _MultiAgentSampler:
+class _MultiAgentSampler(_Sampler):
     """Collects from a :class:`MultiAgentVectorEnv`, one batched forward per policy."""
 
     def __init__(self, env: MultiAgentVectorEnv, policies: Mapping[str, TorchPolicy],
-                 mapping_fn: Callable[[str], str], *, fragment_length: int,
-                 complete_episodes: bool, explore: bool, clip_actions: bool,
-                 rng: np.random.Generator) -> None:
+                 mapping_fn: Callable[[str], str], options: _SamplingOptions) -> None:
+        super().__init__(options)
         self.env = env
         self.policies = policies
         self.mapping_fn = mapping_fn
-        self.fragment_length = fragment_length
-        self.complete_episodes = complete_episodes
-        self.explore = explore
-        self.clip_actions = clip_actions
-        self.rng = rng
         n = env.num_envs
         self.obs: list[dict[str, Any]] | None = None
         self.trajectories: list[dict[str, _Trajectory]] = [{} for _ in range(n)]
@@ -415,7 +426,7 @@ class _MultiAgentSampler:
         self.agent_index: list[dict[str, int]] = [{} for _ in range(n)]
         self.agent_steps: list[dict[str, int]] = [{} for _ in range(n)]
         self.done_agents: list[set[str]] = [set() for _ in range(n)]
-        self.eps_ids = rng.integers(0, 2**62, size=n)
+        self.eps_ids = self.rng.integers(0, 2**62, size=n)
         self.episode_steps = [0] * n
         # postprocessed pieces of each env's current episode, per policy
         self.episode_pieces: list[list[tuple[str, SampleBatch]]] = [[] for _ in range(n)]

@@ -16,6 +16,7 @@ from actorrl.pipelines.a3c import AsyncGradientsOptimizer
 from actorrl.pipelines.apex import SAMPLE_QUEUE_DEPTH, AsyncReplayOptimizer
 from actorrl.rollout import RolloutWorker
 from actorrl.runtime import Driver
+from tests.a3c_actors import a3c_actors
 from tests.actors.failing import SampleFailure
 
 DQN = "actorrl.policy.dqn:DQNPolicy"
@@ -92,13 +93,7 @@ async def test_a3c_apply_time_is_the_learners_apply(tmp_path):
     local.apply_gradients(grads)  # warm up (optimizer state)
     local_apply_ms = 1000 * min(_timed(local.apply_gradients, grads) for _ in range(5))
     async with Driver.start(str(tmp_path / "s")) as driver:
-        workers = [await driver.create_actor(
-            "actorrl.rollout_actor:RolloutWorkerActor", args=("CartPole-v1", AC, config),
-            kwargs={"worker_index": i + 1}) for i in range(2)]
-        learner = await driver.create_actor(
-            "actorrl.learner.actor:LearnerActor", args=("CartPole-v1", AC, config,
-                                                        {"train_batch_size": 10}),
-            kwargs={"start_thread": False})
+        workers, learner = await a3c_actors(driver, config, 10)
         pipeline = AsyncGradientsOptimizer(driver.runtime, workers, learner, grads_per_step=6)
         await pipeline.step()  # warm-up
         started = time.perf_counter()

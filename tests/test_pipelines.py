@@ -22,6 +22,7 @@ from actorrl.pipelines.impala import AsyncSamplesOptimizer
 from actorrl.pipelines.microbatch import MicrobatchOptimizer
 from actorrl.rollout import RolloutWorker
 from actorrl.runtime import Driver
+from tests.a3c_actors import a3c_actors
 
 DQN = "actorrl.policy.dqn:DQNPolicy"
 AC = "actorrl.policy.actor_critic:ActorCriticPolicy"
@@ -228,13 +229,7 @@ async def test_a3c_applies_grads_per_step_gradients(tmp_path, serial):
     async with Driver.start(str(tmp_path / "s"), serial=serial) as driver:
         config = {**A3CConfig().to_dict(), "num_envs_per_worker": 2,
                   "rollout_fragment_length": 10}
-        workers = [await driver.create_actor(
-            "actorrl.rollout_actor:RolloutWorkerActor", args=("CartPole-v1", AC, config),
-            kwargs={"worker_index": i + 1}) for i in range(2)]
-        learner = await driver.create_actor(
-            "actorrl.learner.actor:LearnerActor", args=("CartPole-v1", AC, config,
-                                                        {"train_batch_size": 20}),
-            kwargs={"start_thread": False})
+        workers, learner = await a3c_actors(driver, config, 20)
         pipeline = AsyncGradientsOptimizer(driver.runtime, workers, learner, grads_per_step=7)
         before = (await driver.get(learner.get_weights.remote()))["version"]
         await pipeline.step()
