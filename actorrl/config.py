@@ -347,14 +347,16 @@ _ROLLOUT_KEYS = ("num_envs_per_worker", "rollout_fragment_length", "batch_mode",
                  "clip_actions", "multiagent")
 _REPLAY_KEYS = ("buffer_size", "learning_starts", "prioritized_replay",
                 "prioritized_replay_alpha", "prioritized_replay_beta", "prioritized_replay_eps",
-                "num_replay_buffer_shards", "batch_replay", "worker_side_prioritization")
+                "num_replay_buffer_shards", "batch_replay", "worker_side_prioritization",
+                "compress_observations")
 _LEARNER_KEYS = ("num_sgd_iter", "minibatch_buffer_size", "learner_queue_size",
                  "learner_queue_timeout", "num_multi_gpu_tower_stacks", "num_data_load_threads")
 _TOP_LEVEL_KEYS = (
     "env", "env_config", "num_workers", "train_batch_size", "seed", "num_gpus", "_fake_gpus",
     "min_iter_time_s", "timesteps_per_iteration", "metrics_smoothing_episodes", "debug",
     "max_weight_sync_delay", "training_intensity", "max_sample_requests_in_flight_per_worker",
-    "broadcast_interval", "grads_per_step", "microbatch_size")
+    "broadcast_interval", "grads_per_step", "microbatch_size", "num_cpus_per_worker",
+    "num_cpus_for_driver")
 
 FLAT_KEYS: dict[str, str] = {
     **{key: key for key in _TOP_LEVEL_KEYS},
@@ -529,6 +531,12 @@ class AlgorithmConfig(ConfigSection):
     """GPUs for the learner (towers); 0 = CPU."""
     _fake_gpus: bool = False
     """Build ``num_gpus`` learner towers on the CPU (testing)."""
+    num_cpus_per_worker: float = 1.0
+    """CPUs each rollout worker asks for; its torch runs that many intra-op threads."""
+    num_cpus_for_driver: float = 1.0
+    """CPUs the learner process asks for (RLlib's learner runs in its driver); its torch
+    runs that many intra-op threads. With paced workers (``training_intensity``) the
+    learner is the bottleneck: 2 on a 2-core machine nearly doubles its rate."""
     seed: int | None = None
     """Seed for envs and torch (per worker: seed + worker index)."""
     min_iter_time_s: float = 2.0
@@ -566,6 +574,8 @@ class AlgorithmConfig(ConfigSection):
         positive("num_workers", allow_zero=True)
         positive("train_batch_size")
         positive("num_gpus", allow_zero=True)
+        positive("num_cpus_per_worker", allow_zero=True)
+        positive("num_cpus_for_driver", allow_zero=True)
         positive("min_iter_time_s", allow_zero=True)
         positive("timesteps_per_iteration", allow_zero=True)
         positive("metrics_smoothing_episodes")

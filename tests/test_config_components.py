@@ -34,6 +34,7 @@ from actorrl.rollout import RolloutWorker
 COMMON = {
     "env": "Acrobot-v1", "env_config": {"k": 1}, "num_workers": 3, "seed": 7,
     "num_gpus": 2.0, "_fake_gpus": True, "min_iter_time_s": 0.5,
+    "num_cpus_per_worker": 0.5, "num_cpus_for_driver": 2.0,
     "timesteps_per_iteration": 10, "metrics_smoothing_episodes": 7, "debug": True,
     "num_envs_per_worker": 3, "rollout_fragment_length": 10, "explore": False,
     "clip_actions": False, "multiagent": {"policies_to_train": ["default_policy"]},
@@ -58,6 +59,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "prioritized_replay_beta": 0.3, "prioritized_replay_eps": 1e-3,
         "num_replay_buffer_shards": 3, "batch_replay": True,
         "worker_side_prioritization": True, "max_weight_sync_delay": 33,
+        "compress_observations": True,
         "training_intensity": 2.0,
     },
     "impala": {
@@ -77,7 +79,8 @@ TRAINER_KEYS = {"env", "num_workers", "seed", "num_gpus", "_fake_gpus", "min_ite
                 "train_batch_size", "max_weight_sync_delay", "training_intensity",
                 "max_sample_requests_in_flight_per_worker", "broadcast_interval",
                 "grads_per_step", "microbatch_size", "learning_starts",
-                "learner_queue_size", "num_replay_buffer_shards", "batch_replay"}
+                "learner_queue_size", "num_replay_buffer_shards", "batch_replay",
+                "num_cpus_per_worker", "num_cpus_for_driver"}
 """Keys the trainer or the pipeline reads (straight from the algorithm config)."""
 
 

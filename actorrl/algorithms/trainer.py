@@ -107,7 +107,7 @@ class Trainer:
             WORKER_CLASS,
             args=(self.config.env, self.spec.policy, self.worker_config),
             kwargs={"worker_index": index, "num_workers": self.config.num_workers},
-            num_cpus=1, name=f"worker-{index}")
+            num_cpus=self.config.num_cpus_per_worker, name=f"worker-{index}")
 
     async def _start_learner(self) -> ActorHandle:
         assert self.spec.learner_config is not None
@@ -120,8 +120,8 @@ class Trainer:
             LEARNER_CLASS,
             args=(self.config.env, self.spec.policy, self.worker_config,
                   learner_config.to_dict()),
-            kwargs={"start_thread": self.spec.learner_thread}, num_cpus=1, num_gpus=num_gpus,
-            name="learner")
+            kwargs={"start_thread": self.spec.learner_thread},
+            num_cpus=self.config.num_cpus_for_driver, num_gpus=num_gpus, name="learner")
 
     async def broadcast_learner_weights(self, workers: list[ActorHandle] | None = None
                                         ) -> None:

@@ -98,9 +98,11 @@ class ReplayActor:
                     alpha=prioritized_replay_alpha,
                     eps=prioritized_replay_eps,
                     unpack=False,
+                    compress=cfg.compress_observations,
                     seed=rng,
                 )
-            return FrameReplayBuffer(self.buffer_size, unpack=False, seed=rng)
+            return FrameReplayBuffer(self.buffer_size, unpack=False,
+                                     compress=cfg.compress_observations, seed=rng)
 
         self.replay_buffers: dict[str, ReplayBuffer] = collections.defaultdict(new_buffer)
         self.add_batch_timer = TimerStat()
