@@ -3,6 +3,7 @@ or take over a node): crafted names, dtype strings and tensor messages."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import struct
 import subprocess
@@ -218,3 +219,49 @@ async def test_a_call_waiting_on_its_ref_arguments_blocks_only_its_caller(tmp_pa
         await driver.get(gate.open.remote("k"), timeout_s=10)
         assert await driver.get(echoed, timeout_s=10) == 7
         assert await driver.get(after, timeout_s=10) == 11
+
+
+async def test_failed_actors_are_replaced_concurrently() -> None:
+    """Two failures at once start both replacements before either finishes (one at a time,
+    recovery took twice a start time); an actor failing twice is replaced once."""
+    from actorrl.pipelines.pieces import Fleet
+
+    started: list[str] = []
+    release = asyncio.Event()
+
+    async def replace(actor):
+        started.append(actor)
+        await release.wait()
+        return f"new-{actor}"
+
+    fleet = Fleet(["a", "b", "c"], replace, "rollout worker")  # type: ignore[arg-type]
+    failures = [("a", RuntimeError("x")), ("c", RuntimeError("y")), ("a", RuntimeError("z"))]
+    task = asyncio.ensure_future(fleet.failed_all(failures, lambda _a: None))
+    async def both_started() -> None:
+        while len(started) < 2:
+            await asyncio.sleep(0)
+    await asyncio.wait_for(both_started(), 5)
+    assert not task.done()
+    release.set()
+    assert sorted(await task) == ["new-a", "new-c"]
+    assert fleet.actors == ["new-a", "b", "new-c"] and fleet.num_failures == 2
+
+
+async def test_placement_avoids_a_node_that_missed_its_heartbeats(tmp_path) -> None:
+    """Of two equal nodes, the one whose heartbeats stopped (dying with its actors) is
+    picked last, so a replacement does not try it first."""
+    import time as _time
+
+    from actorrl.runtime.actor import ActorSpec
+    from actorrl.runtime.coordinator import Coordinator
+
+    async with Driver.start(str(tmp_path / "s")) as driver:
+        coordinator = Coordinator(driver.runtime, heartbeat_s=1.0)
+        dying = coordinator.add_node("n1", "dying", "ipc://a", "127.0.0.1", 4, 0,
+                                     conn=None)  # type: ignore[arg-type]
+        alive = coordinator.add_node("n2", "alive", "ipc://b", "127.0.0.1", 2, 0,
+                                     conn=None)  # type: ignore[arg-type]
+        spec = ActorSpec("tests.actors.basic:Counter", (), {}, 1.0, 0.0, "w", {})
+        assert coordinator.choose_node(spec) is dying  # more free CPUs
+        dying.last_heartbeat = _time.monotonic() - 5.0
+        assert coordinator.choose_node(spec) is alive

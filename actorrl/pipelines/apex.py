@@ -183,10 +183,8 @@ class AsyncReplayOptimizer(StepCountersMixin):
                 if self.pacer.admit(worker, sample_steps):
                     self.sample_tasks.add(worker, worker.sample_ref.remote())
             self.counters.num_steps_sampled += sample_steps
-        for worker, exc in died:
-            new = await self.worker_fleet.failed(worker, exc, self._forget_worker)
-            if new is not None:
-                self._set_workers([new])
+        if died:
+            self._set_workers(await self.worker_fleet.failed_all(died, self._forget_worker))
         if error is not None:
             raise error
 

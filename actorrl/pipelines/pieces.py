@@ -279,6 +279,7 @@ class Fleet:
         self.replace = replace
         self.role = role
         self.num_failures = 0
+        self._replacing: set[ActorHandle] = set()
 
     def __iter__(self) -> Iterator[ActorHandle]:
         return iter(self.actors)
@@ -294,15 +295,31 @@ class Fleet:
         """Handle ``actor``'s failure once: ``forget(actor)`` drops the caller's state for
         it, then a replacement takes its slot. Returns the replacement (None: already
         handled, or none could be started)."""
-        if actor not in self.actors:
+        if actor not in self.actors or actor in self._replacing:
             return None  # already handled (it had several calls in flight)
+        self._replacing.add(actor)
         self.num_failures += 1
         log.warning("%s %r failed: %s", self.role, actor, exc)
         forget(actor)
-        new = await self.replace(actor) if self.replace is not None else None
+        try:
+            new = await self.replace(actor) if self.replace is not None else None
+        finally:
+            self._replacing.discard(actor)
         index = self.actors.index(actor)
         if new is None:
             self.actors.pop(index)
         else:
             self.actors[index] = new
         return new
+
+    async def failed_all(self, failures: Iterable[tuple[ActorHandle, BaseException]],
+                         forget: Callable[[ActorHandle], None]) -> list[ActorHandle]:
+        """:meth:`failed` for several actors at once, their replacements started
+        concurrently (one at a time, recovery took as many start times as failures).
+        Returns the replacements started."""
+        first: dict[ActorHandle, BaseException] = {}
+        for actor, exc in failures:  # an actor with several calls in flight fails each
+            first.setdefault(actor, exc)
+        news = await asyncio.gather(*(self.failed(actor, exc, forget)
+                                      for actor, exc in first.items()))
+        return [new for new in news if new is not None]

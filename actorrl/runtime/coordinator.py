@@ -539,9 +539,15 @@ class Coordinator:
         if not fitting:
             return None
 
+        now = time.monotonic()
+
         def key(n: NodeState) -> tuple:
+            # A node that missed its last heartbeats may be dying (its actors just died
+            # with it): others first, so a replacement does not try it and time out.
+            responsive = isinstance(n.conn, InProcessNode) or \
+                now - n.last_heartbeat <= 2 * self.heartbeat_s
             keeps_gpus_free = spec.num_gpus > 0 or n.free_gpus <= _EPS
-            return (keeps_gpus_free, n.free_cpus, -n.seq)
+            return (responsive, keeps_gpus_free, n.free_cpus, -n.seq)
 
         return max(fitting, key=key)
 
