@@ -12,6 +12,27 @@ A request's codec body is ``[method, args, kwargs]``; a reply's is the value (ki
 The server never dies of bad input: a message it cannot parse is answered with an error
 when its request id can be read, and dropped and logged otherwise; oversize messages
 (``max_message_bytes``) are refused with an error reply before decoding.
+
+Socket-level limits (what libzmq enforces before Python sees anything):
+
+- ``max_frame_bytes`` (``ZMQ_MAXMSGSIZE``, on every server and client socket): a peer that
+  announces a frame larger than this is disconnected by libzmq when it reads the frame's
+  size, before any of it is buffered; this holds before CURVE authentication too (the
+  handshake commands go through the same decoder). libzmq applies it per frame, not per
+  multipart message. The default, :data:`DEFAULT_MAX_FRAME_BYTES`, is the largest frame a
+  default :class:`~transport.codec.Codec` ever sends: an array frame of up to
+  ``MAX_ARRAY_BYTES`` (2 GiB - 1; a header frame is at most ``max_header_bytes``, 1 MiB).
+  Processes that send larger arrays (``Codec(allow_large=True)``) must raise it on both
+  ends; processes that only ever receive control messages can lower it.
+- ``handshake_timeout_s`` (``ZMQ_HANDSHAKE_IVL``, servers): a connection that has not
+  completed the ZMTP (and CURVE) handshake within this time is closed, so idle
+  unauthenticated connections do not hold file descriptors for long.
+
+libzmq has no cap on the number of peers of a ROUTER and no call that closes one accepted
+connection: ``ZMQ_BACKLOG`` bounds only the kernel's queue of connections not yet
+accepted, and libzmq accepts eagerly. :attr:`RpcServer.peers` counts connected peers (from
+the socket monitor) and a warning names the count past ``max_peers``; refusing a peer
+beyond it would need closing a descriptor libzmq owns, which races with its reuse.
 """
 
 from __future__ import annotations
@@ -27,8 +48,14 @@ from typing import Any
 
 import zmq
 
-from transport.codec import Codec, DecodeError, EncodeError
-from transport.errors import CallTimeoutError, PeerLostError, RemoteError
+from transport.codec import (
+    DEFAULT_MAX_HEADER_BYTES,
+    MAX_ARRAY_BYTES,
+    Codec,
+    DecodeError,
+    EncodeError,
+)
+from transport.errors import AuthenticationError, CallTimeoutError, PeerLostError, RemoteError
 from transport.sockets import AsyncSocket, context
 
 log = logging.getLogger(__name__)
@@ -39,6 +66,16 @@ KIND_OK = 3
 KIND_ERROR = 4
 _PREFIX = struct.Struct("<BQ")
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024**3
+DEFAULT_MAX_FRAME_BYTES = max(MAX_ARRAY_BYTES, DEFAULT_MAX_HEADER_BYTES)
+"""``ZMQ_MAXMSGSIZE`` of every socket: the largest frame a default Codec sends (one array
+of up to 2 GiB - 1; headers are capped at 1 MiB). Larger frames are dropped by libzmq, with
+the connection, before they are buffered."""
+DEFAULT_HANDSHAKE_TIMEOUT_S = 10.0
+"""Servers close connections that have not finished the ZMTP/CURVE handshake by then
+(libzmq's default is 30 s)."""
+DEFAULT_MAX_PEERS = 1000
+"""Past this many connected peers a server logs a warning naming the count (libzmq
+cannot refuse a connection; see the module docstring)."""
 ZAP_DOMAIN = b"actorrl"
 
 
@@ -89,17 +126,39 @@ class RpcServer:
 
     def __init__(self, handler: RequestHandler, codec: Codec | None = None,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                 curve_server_secret_key: bytes | None = None) -> None:
+                 curve_server_secret_key: bytes | None = None, *,
+                 max_frame_bytes: int | None = DEFAULT_MAX_FRAME_BYTES,
+                 handshake_timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S,
+                 max_peers: int = DEFAULT_MAX_PEERS) -> None:
+        """``max_message_bytes``: the largest message (all body frames) decoded, checked
+        once it arrived; ``max_frame_bytes``: ``ZMQ_MAXMSGSIZE``, the largest frame libzmq
+        reads at all (None: no limit); ``handshake_timeout_s``: ``ZMQ_HANDSHAKE_IVL``;
+        ``max_peers``: connected peers past which a warning is logged."""
         self.handler = handler
         self.codec = codec or Codec()
         self.max_message_bytes = max_message_bytes
+        self.max_frame_bytes = max_frame_bytes
+        self.max_peers = max_peers
+        self.peers = 0
+        """Connections accepted and not yet closed (all endpoints together)."""
         sock = context().socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDHWM, 0)  # never drop a reply; callers bound their in-flight
-        sock.setsockopt(zmq.RCVHWM, 0)
-        if curve_server_secret_key is not None:
-            sock.curve_server = True
-            sock.curve_secretkey = curve_server_secret_key
+        try:
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, 0)  # never drop a reply; callers bound their in-flight
+            sock.setsockopt(zmq.RCVHWM, 0)
+            # Security options are copied into each listener at bind time: set them first.
+            sock.setsockopt(zmq.MAXMSGSIZE, -1 if max_frame_bytes is None else max_frame_bytes)
+            sock.setsockopt(zmq.HANDSHAKE_IVL, max(1, int(handshake_timeout_s * 1000)))
+            if curve_server_secret_key is not None:
+                sock.curve_server = True
+                sock.curve_secretkey = curve_server_secret_key
+            self._monitor: zmq.Socket = sock.get_monitor_socket(
+                zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+        except BaseException:
+            sock.close(linger=0)
+            raise
+        self._monitor_async: AsyncSocket | None = None
+        self._warned_peers = False
         self._sock = sock
         self.endpoints: list[str] = []
         self._async: AsyncSocket | None = None
@@ -136,7 +195,22 @@ class RpcServer:
 
     def start(self) -> None:
         """Start serving on the running event loop."""
+        self._monitor_async = AsyncSocket(self._monitor, self._on_monitor_event)
         self._async = AsyncSocket(self._sock, self._on_message)
+
+    def _on_monitor_event(self, frames: list[Any]) -> None:
+        event, _value = struct.unpack("=hi", frames[0].bytes[:6])
+        if event == zmq.EVENT_ACCEPTED:
+            self.peers += 1
+            if self.peers > self.max_peers and not self._warned_peers:
+                self._warned_peers = True
+                log.warning("%d peers are connected to %s, more than the %d expected (libzmq "
+                            "cannot refuse connections: check for a connection flood)",
+                            self.peers, ", ".join(self.endpoints), self.max_peers)
+        elif event == zmq.EVENT_DISCONNECTED:
+            self.peers = max(0, self.peers - 1)
+            if self.peers <= self.max_peers // 2:
+                self._warned_peers = False
 
     def _on_message(self, frames: list[Any]) -> None:
         self.bytes_received += sum(_frame_len(f) for f in frames)
@@ -213,7 +287,13 @@ class RpcServer:
             log.warning("could not send reply: %s", exc)
 
     def close(self) -> None:
-        """Stop serving and close the socket."""
+        """Stop serving and close the socket and its monitor."""
+        with contextlib.suppress(Exception):
+            self._sock.disable_monitor()
+        if self._monitor_async is not None:
+            self._monitor_async.close()
+        else:
+            self._monitor.close(linger=0)
         if self._async is not None:
             self._async.close()
         else:
@@ -236,7 +316,10 @@ class RpcClient:
     def __init__(self, endpoint: str, codec: Codec | None = None,
                  connect_timeout_s: float = 30.0,
                  curve_keys: tuple[bytes, bytes, bytes] | None = None,
-                 heartbeat_s: float = 1.0, heartbeat_timeout_s: float = 5.0) -> None:
+                 heartbeat_s: float = 1.0, heartbeat_timeout_s: float = 5.0,
+                 max_frame_bytes: int | None = DEFAULT_MAX_FRAME_BYTES) -> None:
+        """``max_frame_bytes``: ``ZMQ_MAXMSGSIZE``, the largest reply frame libzmq reads
+        (a server sending more is disconnected; None: no limit)."""
         self.endpoint = endpoint
         self.codec = codec or Codec()
         self.loop = asyncio.get_running_loop()
@@ -248,6 +331,7 @@ class RpcClient:
         try:  # a failed connect (bad endpoint) closes both sockets: no fd leaks per try
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.RCVHWM, 0)
+            sock.setsockopt(zmq.MAXMSGSIZE, -1 if max_frame_bytes is None else max_frame_bytes)
             if endpoint.startswith("tcp://"):
                 sock.setsockopt(zmq.HEARTBEAT_IVL, int(heartbeat_s * 1000))
                 sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(heartbeat_timeout_s * 1000))
@@ -274,6 +358,9 @@ class RpcClient:
         self._monitor, self._monitor_async = monitor, monitor_async
         self._async = AsyncSocket(sock, self._on_message)
         self.connected = False
+        """Whether the peer is reachable: for CURVE, once the handshake succeeded (a TCP
+        connect alone may still be refused by the server's key check)."""
+        self._curve = curve_keys is not None
         self.lost: PeerLostError | None = None
         self.bytes_sent = 0
         self.bytes_received = 0
@@ -281,17 +368,31 @@ class RpcClient:
                                                    connect_timeout_s)
 
     def _on_monitor_event(self, frames: list[Any]) -> None:
-        event, _value = struct.unpack("=hi", frames[0].bytes[:6])
-        if event in (zmq.EVENT_CONNECTED, zmq.EVENT_HANDSHAKE_SUCCEEDED):
+        event, value = struct.unpack("=hi", frames[0].bytes[:6])
+        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED or (
+                event == zmq.EVENT_CONNECTED and not self._curve):
             self.connected = True
             self._connect_timer.cancel()
         elif event == zmq.EVENT_DISCONNECTED and self.connected:
             self.connected = False
             self._async.drain()  # replies received before the disconnect still count
             self._fail_all(PeerLostError(f"connection to {self.endpoint} was lost"))
-        elif event in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):
-            self._fail_all(PeerLostError(
-                f"{self.endpoint} refused the connection (authentication failed)"))
+        elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            self._fail_all(AuthenticationError(
+                f"{self.endpoint} refused this client's key (CURVE authentication failed, "
+                f"ZAP status {value}): its public key is not on that server's allow-list",
+                key_refused=True))
+        elif event in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+                       zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL) and not self.connected:
+            if self._curve:
+                self._fail_all(AuthenticationError(
+                    f"the CURVE handshake with {self.endpoint} failed: the server dropped "
+                    "it, so the server public key this client uses is most likely not that "
+                    "server's (or it does not serve CURVE there)", key_refused=False))
+            elif event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+                self._fail_all(AuthenticationError(
+                    f"the handshake with {self.endpoint} failed (protocol error {value:#x}): "
+                    "the server probably requires CURVE keys", key_refused=False))
 
     def _connect_timed_out(self, timeout_s: float) -> None:
         if not self.connected:
