@@ -17,6 +17,17 @@ class PeerLostError(TransportError):
     """The peer of a call went away (disconnected, or never reachable) before replying."""
 
 
+class AuthenticationError(PeerLostError):
+    """A CURVE handshake failed: the server refused this client's key
+    (``key_refused``), or dropped the handshake (most likely: the client was given a
+    server public key that is not the server's). Retrying without changing keys does not
+    help."""
+
+    def __init__(self, message: str, *, key_refused: bool = False) -> None:
+        super().__init__(message)
+        self.key_refused = key_refused
+
+
 class CallTimeoutError(TransportError, TimeoutError):
     """A call's deadline passed before its reply arrived."""
 

@@ -55,7 +55,12 @@ from transport.codec import (
     DecodeError,
     EncodeError,
 )
-from transport.errors import AuthenticationError, CallTimeoutError, PeerLostError, RemoteError
+from transport.errors import (
+    AuthenticationError,
+    CallTimeoutError,
+    PeerLostError,
+    RemoteError,
+)
 from transport.sockets import AsyncSocket, context
 
 log = logging.getLogger(__name__)
@@ -342,7 +347,8 @@ class RpcClient:
                 sock.curve_secretkey = secret
             monitor = sock.get_monitor_socket(
                 zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-                | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+                | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                | zmq.EVENT_HANDSHAKE_SUCCEEDED)
             monitor_async = AsyncSocket(monitor, self._on_monitor_event)
             sock.connect(endpoint)
         except BaseException:
@@ -382,14 +388,15 @@ class RpcClient:
                 f"{self.endpoint} refused this client's key (CURVE authentication failed, "
                 f"ZAP status {value}): its public key is not on that server's allow-list",
                 key_refused=True))
-        elif event in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
-                       zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL) and not self.connected:
-            if self._curve:
+        elif event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL or (
+                event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and self._curve
+                and not self.connected):
+            if self._curve:  # a wrong server key: the server cannot read our HELLO
                 self._fail_all(AuthenticationError(
                     f"the CURVE handshake with {self.endpoint} failed: the server dropped "
                     "it, so the server public key this client uses is most likely not that "
                     "server's (or it does not serve CURVE there)", key_refused=False))
-            elif event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+            else:
                 self._fail_all(AuthenticationError(
                     f"the handshake with {self.endpoint} failed (protocol error {value:#x}): "
                     "the server probably requires CURVE keys", key_refused=False))
