@@ -265,3 +265,20 @@ async def test_placement_avoids_a_node_that_missed_its_heartbeats(tmp_path) -> N
         assert coordinator.choose_node(spec) is dying  # more free CPUs
         dying.last_heartbeat = _time.monotonic() - 5.0
         assert coordinator.choose_node(spec) is alive
+
+
+async def test_waits_for_unannounced_objects_are_bounded() -> None:
+    """Waits for ids nobody announced expire, and beyond MAX_UNKNOWN_WAITS such ids a new
+    one is answered "missing" at once (any peer could otherwise park unbounded waits)."""
+    from actorrl.runtime.refs import MAX_UNKNOWN_WAITS, STATUS_MISSING, ObjectStore
+
+    store = ObjectStore(asyncio.get_running_loop(), unknown_wait_s=60.0)
+    answers: list[int] = []
+    for i in range(MAX_UNKNOWN_WAITS):
+        store.when_ready(i.to_bytes(16, "big"), lambda status, _v: answers.append(status))
+    assert answers == []
+    store.when_ready(b"\xff" * 16, lambda status, _v: answers.append(status))
+    assert answers == [STATUS_MISSING]
+    store.add_pending(b"\xfe" * 16)  # an announced object still waits as long as it takes
+    store.when_ready(b"\xfe" * 16, lambda status, _v: answers.append(status))
+    assert answers == [STATUS_MISSING]

@@ -102,6 +102,10 @@ register_type(ObjectRef, "actorrl.ObjectRef", _ref_to_wire, lambda s: ObjectRef(
 Waiter = Callable[[int, Any], None]
 
 
+MAX_UNKNOWN_WAITS = 10_000
+"""Ids asked for before anyone announced them that wait at once (each until its expiry);
+beyond that a wait for an unknown id is answered "missing" immediately."""
+
 class ObjectStore:
     """Objects owned by this process: id -> (status, value), plus waiters for pending ids.
 
@@ -160,7 +164,9 @@ class ObjectStore:
             waiter(*found)
         elif object_id in self._pending:
             self._pending[object_id].append(waiter)
-        elif object_id in self._freed or self._loop is None:
+        elif (object_id in self._freed or self._loop is None
+              or len(self._unknown_timers) >= MAX_UNKNOWN_WAITS):
+            # (a flood of waits for ids nobody announced is answered "missing" at once)
             waiter(STATUS_MISSING, None)
         else:
             self._pending[object_id] = [waiter]
