@@ -19,7 +19,7 @@ def check_model(model: dict[str, Any]) -> list[tuple[str, str]]:
     (``actorrl.policy.models.resolve_model_config``) does not know, with suggestions."""
     import difflib
 
-    from actorrl.policy.models import resolve_model_config  # torch: only when checked
+    from actorrl.policy.model_config import resolve_model_config
 
     known = list(resolve_model_config({}))
     problems = []
