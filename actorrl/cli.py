@@ -259,14 +259,21 @@ def _train_local(plan: TrainPlan, args: argparse.Namespace) -> int:
 
 
 def _train_remote(plan: TrainPlan, args: argparse.Namespace) -> int:
-    from actorrl.experiment.remote import RemoteRun, load_client_class
+    from actorrl.experiment.remote import RemoteRun, connect_client, load_client_class
 
     client_class = load_client_class()
-    run_dir = _create_run_dir(plan)
     keys = args.keys or os.environ.get("ACTORRL_KEYS_DIR")
-    run = RemoteRun(plan, run_dir, _start_display(plan, args, run_dir), address=args.address,
-                    keys_dir=os.path.expanduser(keys) if keys else None,
-                    client_class=client_class)
+    # The first contact before anything is written: no results folder for a run that
+    # never reached its coordinator.
+    client = connect_client(client_class, args.address,
+                            os.path.expanduser(keys) if keys else None)
+    try:
+        run_dir = _create_run_dir(plan)
+        run = RemoteRun(plan, run_dir, _start_display(plan, args, run_dir),
+                        address=args.address, client=client)
+    except BaseException:
+        client.close()
+        raise
     return _run(run, args)
 
 

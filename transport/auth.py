@@ -219,17 +219,23 @@ class ZapAuthenticator:
     plain ipc/loopback listeners sharing a socket with a CURVE one). It answers from its
     own thread (handshakes only, a set lookup each), so it serves every runtime of the
     process whatever event loop they run on, and keeps serving while a loop is busy.
-    Refusals are logged with the peer address.
+    A refusal is logged once per peer (address and key) as a warning naming the address,
+    the key and why; that peer's further refusals (a node retrying) are counted in
+    :attr:`refused` and logged at debug level only. At most ``MAX_LOGGED_PEERS`` peers
+    are remembered (the oldest forgotten first), so a flood of keys costs bounded memory.
 
     CURVE binds set a ZAP domain and ``ZMQ_ZAP_ENFORCE_DOMAIN``
     (:meth:`transport.rpc.RpcServer.bind`): should this handler be missing, ZeroMQ refuses
     the handshake instead of admitting any client.
     """
 
+    MAX_LOGGED_PEERS = 1024
+
     def __init__(self, allowed: Iterable[bytes]) -> None:
         self.allowed: frozenset[bytes] = frozenset(allowed)
         self.accepted = 0
         self.refused = 0
+        self._logged: dict[tuple[bytes, bytes, bytes], None] = {}
         self._control_address = f"inproc://actorrl-zap-control-{id(self):x}"
         ctx = context()
         self._sock = ctx.socket(zmq.ROUTER)
@@ -295,16 +301,37 @@ class ZapAuthenticator:
                 status, text, user = b"200", b"OK", key
             else:
                 text = b"unknown key"
+                user = key  # for the log line only; not sent back
         if mechanism == b"NULL":
             pass
         elif status == b"200":
             self.accepted += 1
         else:
             self.refused += 1
-            log.warning("refused a %s connection from %s: %s",
-                        mechanism.decode(errors="replace"), address.decode(errors="replace"),
-                        text.decode())
+            self._log_refusal(mechanism, address, user, text)
+            user = b""
         self._sock.send_multipart([peer, b"", b"1.0", request_id, status, text, user, b""])
+
+    def _log_refusal(self, mechanism: bytes, address: bytes, key: bytes, why: bytes) -> None:
+        """A warning the first time this peer (address, key) is refused; debug after."""
+        peer = (mechanism, address, key)
+        who = address.decode(errors="replace")[:64].encode("unicode_escape").decode()
+        what = f" with key {key.decode()}" if key else ""
+        if peer in self._logged:
+            log.debug("refused a %s connection from %s%s again: %s",
+                      mechanism.decode(errors="replace")[:16], who, what, why.decode())
+            return
+        if len(self._logged) >= self.MAX_LOGGED_PEERS:
+            del self._logged[next(iter(self._logged))]
+        self._logged[peer] = None
+        if why == b"unknown key":
+            hint = ("unknown key (not on this host's allow-list, the *.public files of its "
+                    "keys directory: add it there and restart to admit that peer)")
+        else:
+            hint = why.decode()
+        log.warning("refused a %s connection from %s%s: %s; further refusals of this peer "
+                    "are not logged", mechanism.decode(errors="replace")[:16].encode(
+                        "unicode_escape").decode(), who, what, hint)
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop answering (CURVE handshakes are then refused) and join the thread."""

@@ -388,18 +388,18 @@ class RpcClient:
                 f"{self.endpoint} refused this client's key (CURVE authentication failed, "
                 f"ZAP status {value}): its public key is not on that server's allow-list",
                 key_refused=True))
-        elif event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL or (
-                event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and self._curve
-                and not self.connected):
+        elif event in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+                       zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
             if self._curve:  # a wrong server key: the server cannot read our HELLO
                 self._fail_all(AuthenticationError(
                     f"the CURVE handshake with {self.endpoint} failed: the server dropped "
                     "it, so the server public key this client uses is most likely not that "
                     "server's (or it does not serve CURVE there)", key_refused=False))
-            else:
+            else:  # before DISCONNECTED, so pending calls get this reason
                 self._fail_all(AuthenticationError(
-                    f"the handshake with {self.endpoint} failed (protocol error {value:#x}): "
-                    "the server probably requires CURVE keys", key_refused=False))
+                    f"the handshake with {self.endpoint} failed: the server closed the "
+                    "connection (it probably requires CURVE keys, and this client has "
+                    "none)", key_refused=False))
 
     def _connect_timed_out(self, timeout_s: float) -> None:
         if not self.connected:

@@ -11,6 +11,9 @@ stops the job (a criterion met locally first, SIGINT, SIGTERM) it asks for a che
 (``job.checkpoint()``) and then calls ``job.stop()``. Checkpoints live on the
 coordinator's host; ``run.json`` records their path. No process is started on this machine.
 
+The coordinator is contacted first (:func:`connect_client`); only once it answered is the
+results folder created, so an unreachable coordinator or refused keys leave nothing behind.
+
 The client is synchronous; its calls run in worker threads so the event loop (and the
 signal handling on it) stays responsive.
 """
@@ -51,6 +54,20 @@ def job_submission(plan: TrainPlan) -> dict[str, Any]:
             "stop": plan.stop.to_mapping()}
 
 
+def connect_client(client_class: type, address: str, keys_dir: str | None) -> Any:
+    """A client of the coordinator at ``address``, its first contact made (the client's
+    constructor says hello). Its failure (unreachable, keys refused) propagates with a
+    message naming ``address``."""
+    try:
+        return client_class(address, keys_dir=keys_dir, bind_host=None,
+                            connect_timeout_s=CONNECT_TIMEOUT_S)
+    except ConnectionError:
+        raise
+    except OSError as exc:  # e.g. a name that does not resolve: say which address
+        raise ConnectionError(f"cannot reach the coordinator at {address}: "
+                              f"{exc.strerror or exc}") from None
+
+
 class FollowedJob:
     """A submitted job as a :class:`~actorrl.algorithms.run_loop.Trainable`: each
     :meth:`train` is the job's next streamed result."""
@@ -69,23 +86,21 @@ class FollowedJob:
 
 
 class RemoteRun(TrainingRun):
-    """A training run submitted to the coordinator at ``address`` and followed here."""
+    """A training run submitted to the coordinator at ``address`` and followed here,
+    through ``client`` (connected by :func:`connect_client`; the run closes it)."""
 
     def __init__(self, plan: TrainPlan, run_dir: RunDirectory, display: ProgressDisplay,
-                 *, address: str, keys_dir: str | None, client_class: type) -> None:
+                 *, address: str, client: Any) -> None:
         super().__init__(plan, run_dir, display)
         self.address = address
-        self.keys_dir = keys_dir
-        self.client_class = client_class
+        self.client = client
 
     def status_fields(self) -> dict[str, Any]:
         """The coordinator's address."""
         return {"address": self.address}
 
     async def _execute(self) -> None:
-        client = await asyncio.to_thread(self.client_class, self.address,
-                                         keys_dir=self.keys_dir, bind_host=None,
-                                         connect_timeout_s=CONNECT_TIMEOUT_S)
+        client = self.client
         try:
             await self._follow(client)
         finally:

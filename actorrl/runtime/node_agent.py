@@ -5,7 +5,10 @@
 1. starts a runtime bound to ipc (for its own actors) and ``tcp://HOST:0`` (CURVE with
    keys), and a :class:`LocalNode` whose actor processes bind the same way, so handles and
    refs of actors here carry endpoints other hosts can reach;
-2. registers with the coordinator (retrying until it answers) and heartbeats;
+2. registers with the coordinator (retrying until it answers) and heartbeats; a
+   coordinator that refuses this node's key, or whose key is not the one in
+   ``coordinator.public``, is retried with backoff ``auth_attempts`` times, then the agent
+   fails with :class:`NodeJoinError` naming the address and the key problem;
 3. serves ``node.start_actor`` / ``node.stop_actor`` / ``node.kill_actor`` /
    ``node.release`` / ``node.actor_log``, and reports every unasked actor death with an
    acknowledged call;
@@ -13,7 +16,8 @@
    actors (their jobs are the coordinator's to recreate) and tries to register again, so a
    restarted coordinator gets its nodes back.
 
-SIGTERM/SIGINT: leave the cluster, stop the actors, exit.
+SIGTERM/SIGINT: leave the cluster, stop the actors, exit. However :meth:`NodeAgent.run`
+ends (a failed start included), the temporary session directory it made is removed.
 """
 
 from __future__ import annotations
@@ -36,16 +40,54 @@ from actorrl.runtime.network import Network
 from actorrl.runtime.node import LocalNode
 from transport.auth import load_public_key
 from transport.endpoint import Endpoint
+from transport.errors import AuthenticationError
 from transport.rpc import RpcClient
 from transport.timeouts import wait_for
 
 log = logging.getLogger(__name__)
 
+DEFAULT_AUTH_ATTEMPTS = 5
+"""Registration tries refused by CURVE authentication before a node gives up."""
+DEFAULT_AUTH_RETRY_S = 0.5
+"""First wait after an authentication failure; doubled after each one."""
+
+
+class NodeJoinError(ConnectionError):
+    """A node gave up joining its coordinator: the keys were refused again and again (the
+    message names the address and what to fix)."""
+
+
+class CoordinatorAddressError(ConnectionError):
+    """A coordinator address whose host does not resolve or cannot be routed to (the
+    message names the address)."""
+
+
+def coordinator_host(address: str) -> str:
+    """The host part of ``tcp://HOST:PORT`` (brackets of IPv6 literals removed)."""
+    return address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+
+
+def check_resolvable(address: str) -> None:
+    """:class:`CoordinatorAddressError` naming ``address`` unless its host resolves (ipc
+    addresses and IP literals always do)."""
+    if not address.startswith("tcp://"):
+        return
+    host = coordinator_host(address)
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        reason = exc.strerror if isinstance(exc, socket.gaierror) and exc.strerror else exc
+        raise CoordinatorAddressError(
+            f"cannot resolve the coordinator host {host!r} of {address}: {reason}; check "
+            "the address (tcp://HOST:PORT) and this host's DNS") from None
+
 
 def coordinator_endpoint(address: str, keys_dir: str | None) -> str:
     """The coordinator's endpoint for callers: with keys, its CURVE public key
     (``coordinator.public``) rides along so the connection is encrypted and the
-    coordinator authenticated."""
+    coordinator authenticated. A host that does not resolve raises
+    :class:`CoordinatorAddressError` naming ``address``."""
+    check_resolvable(address)
     if keys_dir is None:
         return address
     return str(Endpoint(address, load_public_key(keys_dir, "coordinator")))
@@ -53,14 +95,20 @@ def coordinator_endpoint(address: str, keys_dir: str | None) -> str:
 
 def route_host(address: str) -> str:
     """This host's IP on the route to ``address`` (no packet is sent); loopback targets
-    give 127.0.0.1."""
-    host = address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+    give 127.0.0.1. Failures raise :class:`CoordinatorAddressError` naming ``address``."""
+    host = coordinator_host(address)
     if host in ("localhost", "") or host.startswith("127."):
         return "127.0.0.1"
+    check_resolvable(address)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_DGRAM) as probe:
-        probe.connect((host, 9))
-        return probe.getsockname()[0]
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, 9))
+            return probe.getsockname()[0]
+    except OSError as exc:
+        raise CoordinatorAddressError(
+            f"no route to the coordinator host {host!r} of {address}: "
+            f"{exc.strerror or exc}; check the address or pass --host IP") from None
 
 
 class NodeAgent:
@@ -69,7 +117,11 @@ class NodeAgent:
     def __init__(self, coordinator: str, *, name: str | None = None, host: str | None = None,
                  num_cpus: float | None = None, num_gpus: float | None = None,
                  keys_dir: str | None = None, identity: str = "node",
-                 session_dir: str | None = None, connect_timeout_s: float = 5.0) -> None:
+                 session_dir: str | None = None, connect_timeout_s: float = 5.0,
+                 auth_attempts: int = DEFAULT_AUTH_ATTEMPTS,
+                 auth_retry_s: float = DEFAULT_AUTH_RETRY_S) -> None:
+        """Nothing is created until :meth:`run`; a coordinator address that does not
+        resolve and missing keys fail here."""
         self.coordinator_address = coordinator
         self.host = host or route_host(coordinator)
         self.name = name or f"{socket.gethostname()}-{uuid.uuid4().hex[:4]}"
@@ -78,9 +130,12 @@ class NodeAgent:
         self.keys_dir = keys_dir
         self.identity = identity
         self.connect_timeout_s = connect_timeout_s
+        self.auth_attempts = max(1, auth_attempts)
+        self.auth_retry_s = auth_retry_s
         self._owns_session_dir = session_dir is None
-        self.session_dir = os.path.abspath(session_dir) if session_dir else \
-            tempfile.mkdtemp(prefix="actorrl-node-")
+        self.session_dir = os.path.abspath(session_dir) if session_dir else ""
+        """The node's sockets and actor logs; without ``session_dir`` a temporary directory
+        made by :meth:`run` (and removed when it ends)."""
         self.node_id = ""
         self.registered_name = ""
         self.runtime: Runtime | None = None
@@ -95,21 +150,28 @@ class NodeAgent:
 
     # ---- lifecycle ----------------------------------------------------------------------
     async def run(self) -> None:
-        """Join, serve and heartbeat until :meth:`stop` (or SIGTERM in the CLI)."""
+        """Join, serve and heartbeat until :meth:`stop` (or SIGTERM in the CLI).
+
+        Raises :class:`NodeJoinError` when the coordinator keeps refusing the keys; whatever
+        ends it, the actors are stopped and a temporary session directory is removed."""
         network = Network.create(self.host, f"node-{uuid.uuid4().hex[:12]}", self.keys_dir,
                                  self.identity)
-        os.makedirs(self.session_dir, exist_ok=True)
-        runtime = self.runtime = Runtime.start(self.session_dir, "node", network=network)
-        local = self.local = LocalNode(runtime, self.session_dir, self.num_cpus,
-                                       self.num_gpus, child_env=network.to_env())
-        local.on_death.append(self._on_actor_death)
-        serve_async(runtime, "node.start_actor", self._start_actor)
-        serve_async(runtime, "node.stop_actor", self._stop_actor)
-        serve_async(runtime, "node.kill_actor", self._kill_actor)
-        serve_async(runtime, "node.release", self._release)
-        runtime.serve("node.info", lambda r: r.reply(self.info()))
-        runtime.serve("node.actor_log", lambda r: r.reply(self._actor_log(*r.args)))
+        if self._owns_session_dir:
+            self.session_dir = tempfile.mkdtemp(prefix="actorrl-node-")
+        local: LocalNode | None = None
+        runtime: Runtime | None = None
         try:
+            os.makedirs(self.session_dir, exist_ok=True)
+            runtime = self.runtime = Runtime.start(self.session_dir, "node", network=network)
+            local = self.local = LocalNode(runtime, self.session_dir, self.num_cpus,
+                                           self.num_gpus, child_env=network.to_env())
+            local.on_death.append(self._on_actor_death)
+            serve_async(runtime, "node.start_actor", self._start_actor)
+            serve_async(runtime, "node.stop_actor", self._stop_actor)
+            serve_async(runtime, "node.kill_actor", self._kill_actor)
+            serve_async(runtime, "node.release", self._release)
+            runtime.serve("node.info", lambda r: r.reply(self.info()))
+            runtime.serve("node.actor_log", lambda r: r.reply(self._actor_log(*r.args)))
             while not self.stop_event.is_set():
                 if not await self._register():
                     break
@@ -121,13 +183,18 @@ class NodeAgent:
             await self._leave()
             self.joined.clear()
         finally:
-            await local.shutdown()
-            if self._coord is not None:
-                self._coord.close()
-            runtime.close()
-            remove_ipc_fallback(self.session_dir)
-            if self._owns_session_dir:
-                shutil.rmtree(self.session_dir, ignore_errors=True)
+            try:
+                if local is not None:
+                    await local.shutdown()
+                if self._coord is not None:
+                    self._coord.close()
+                    self._coord = None
+                if runtime is not None:
+                    runtime.close()
+            finally:
+                remove_ipc_fallback(self.session_dir)
+                if self._owns_session_dir:
+                    shutil.rmtree(self.session_dir, ignore_errors=True)
 
     def stop(self) -> None:
         """Leave the cluster and exit :meth:`run`."""
@@ -153,9 +220,12 @@ class NodeAgent:
         return self._coord
 
     async def _register(self) -> bool:
-        """Register (new node id each time), retrying until it works or we stop."""
+        """Register (new node id each time), retrying until it works or we stop; an
+        authentication failure is retried with backoff ``auth_attempts`` times in a row,
+        then raises :class:`NodeJoinError`."""
         assert self.runtime is not None and self.local is not None
         delay = 0.2
+        auth_failures = 0
         self.node_id = uuid.uuid4().hex
         while not self.stop_event.is_set():
             client = self._fresh_client()
@@ -165,7 +235,22 @@ class NodeAgent:
                     [self.node_id, self.name, self.runtime.address, self.host,
                      self.local.num_cpus, self.local.num_gpus],
                     timeout_s=self.connect_timeout_s)
+            except AuthenticationError as exc:
+                auth_failures += 1
+                problem = self._key_problem(exc)
+                if auth_failures >= self.auth_attempts:
+                    raise NodeJoinError(f"cannot join the coordinator at "
+                                        f"{self.coordinator_address}: {problem} (gave up "
+                                        f"after {auth_failures} tries)") from None
+                wait_s = self.auth_retry_s * 2 ** (auth_failures - 1)
+                log.error("cannot join the coordinator at %s: %s (try %d of %d; retrying in "
+                          "%.1f s)", self.coordinator_address, problem, auth_failures,
+                          self.auth_attempts, wait_s)
+                with contextlib.suppress(TimeoutError):
+                    await wait_for(self.stop_event.wait(), wait_s)
+                continue
             except Exception as exc:
+                auth_failures = 0
                 log.warning("could not register with %s: %s (retrying in %.1f s)",
                             self.coordinator_address, exc, delay)
                 with contextlib.suppress(TimeoutError):
@@ -179,6 +264,22 @@ class NodeAgent:
             self.joined.set()
             return True
         return False
+
+    def _key_problem(self, exc: AuthenticationError) -> str:
+        """What is wrong with the keys, and how to fix it, for an authentication failure."""
+        keys = self.keys_dir
+        if keys is None:
+            return ("it closed the connection during the handshake, so it most likely "
+                    "requires CURVE keys and this node has none: join with --keys DIR (the "
+                    "directory `actorrl keys generate` made, copied from the coordinator's "
+                    "host)")
+        if exc.key_refused:
+            return (f"it refused this node's key ({keys}/{self.identity}.public is not on its "
+                    "allow-list): copy that file into the coordinator's keys directory and "
+                    "restart the coordinator, or join with the keys directory it uses")
+        return (f"the CURVE handshake failed ({keys}/coordinator.public is most likely not "
+                "the key of the coordinator at that address): copy coordinator.public from "
+                "the coordinator's keys directory")
 
     async def _heartbeat_until_lost(self) -> None:
         last_ok = time.monotonic()

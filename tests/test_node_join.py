@@ -1,0 +1,175 @@
+"""Joining a cluster when something is wrong (issue 13, items 10 and 13), on loopback.
+
+Authentication failures are reported as such on both sides, retried with backoff and
+given up; a failed ``node join`` leaves no temporary directory; network errors name the
+endpoint; ``train --address`` writes nothing before it reached its coordinator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from actorrl.runtime.node_agent import CoordinatorAddressError, NodeAgent, NodeJoinError
+from tests.test_cli import run_cli, run_dirs
+from tests.test_cluster import read, start_coordinator
+from transport.auth import generate_keys
+
+CLUSTER_CLI = [sys.executable, "-m", "actorrl.cli_cluster"]
+REPO = Path(__file__).resolve().parent.parent
+BAD_NAME = "tcp://no-such-coordinator.invalid:7000"
+
+
+@pytest.fixture(scope="module")
+def coordinator(tmp_path_factory: pytest.TempPathFactory):
+    """A keyed coordinator on 127.0.0.1: ``(tmp, address, keys_dir)``."""
+    tmp = str(tmp_path_factory.mktemp("coord"))
+    keys = os.path.join(tmp, "keys")
+    generate_keys(keys)
+    proc, address = start_coordinator(tmp, keys)
+    try:
+        yield tmp, address, keys
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+@pytest.fixture
+def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A short temporary directory used as the system's for this test (what
+    ``tempfile.mkdtemp`` creates lands there, so the test can see what is left)."""
+    path = Path(tempfile.mkdtemp(prefix="arl-t-"))
+    monkeypatch.setattr(tempfile, "tempdir", str(path))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def stranger_keys(tmp: Path, keys: str, *, node_known: bool, coordinator_right: bool) -> str:
+    """A keys directory with a node identity the coordinator does (not) know and its
+    coordinator.public right (or another key)."""
+    path = tmp / ("stranger" if not node_known else "wrongcoord")
+    path.mkdir(mode=0o700)
+    if node_known:
+        for name in ("node.public", "node.secret"):
+            shutil.copy2(os.path.join(keys, name), path / name)
+    else:
+        generate_keys(str(path), ["node"], overwrite=True)
+    if coordinator_right:
+        shutil.copy2(os.path.join(keys, "coordinator.public"), path / "coordinator.public")
+    else:
+        other = tmp / "other"
+        generate_keys(str(other), ["coordinator"])
+        shutil.copy2(other / "coordinator.public", path / "coordinator.public")
+    return str(path)
+
+
+async def _join(address: str, keys: str) -> tuple[BaseException, float]:
+    agent = NodeAgent(address, host="127.0.0.5", num_cpus=1, num_gpus=0, keys_dir=keys,
+                      auth_attempts=3, auth_retry_s=0.05)
+    started = time.monotonic()
+    with pytest.raises(NodeJoinError) as failed:
+        await asyncio.wait_for(agent.run(), 30)
+    return failed.value, time.monotonic() - started
+
+
+@pytest.mark.timeout(90)
+def test_a_node_key_the_coordinator_refuses_is_given_up_and_logged_once(
+        coordinator, tmp_path, private_tmp):
+    """A node whose key is not on the coordinator's allow-list fails with an error naming
+    the coordinator and the key file after ``auth_attempts`` tries (it used to retry every
+    2 s forever); the coordinator logs the refusal of that peer once, not once per try;
+    the node's temporary session directory is gone."""
+    tmp, address, keys = coordinator
+    node_keys = stranger_keys(tmp_path, keys, node_known=False, coordinator_right=True)
+    log_path = os.path.join(tmp, "coordinator.log")
+    before = read(log_path).count("refused a CURVE connection")
+    error, took = asyncio.run(_join(address, node_keys))
+    text = str(error)
+    assert address in text and "refused this node's key" in text, text
+    assert f"{node_keys}/node.public" in text and "gave up after 3 tries" in text, text
+    assert took < 10, took
+    assert not list(private_tmp.glob("actorrl-node-*"))
+    # One warning for the 3 refusals (written and flushed before each refusal is sent).
+    lines = read(log_path).count("refused a CURVE connection") - before
+    assert lines == 1, read(log_path)[-3000:]
+    assert "unknown key" in read(log_path)
+
+
+@pytest.mark.timeout(90)
+def test_a_wrong_coordinator_key_is_an_authentication_error(coordinator, tmp_path,
+                                                            private_tmp):
+    """With a ``coordinator.public`` that is not the coordinator's, the node says that the
+    CURVE handshake failed and which file is likely wrong, and gives up (it used to say
+    "connection ... was lost" and retry forever)."""
+    tmp, address, keys = coordinator
+    node_keys = stranger_keys(tmp_path, keys, node_known=True, coordinator_right=False)
+    error, took = asyncio.run(_join(address, node_keys))
+    text = str(error)
+    assert address in text and "CURVE handshake failed" in text, text
+    assert f"{node_keys}/coordinator.public" in text and "was lost" not in text, text
+    assert took < 10, took
+    assert not list(private_tmp.glob("actorrl-node-*"))
+
+
+def _node_join(args: list[str], tmpdir: Path, timeout_s: float = 30
+               ) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TMPDIR": str(tmpdir)}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return subprocess.run([*CLUSTER_CLI, "node", "join", *args, "--cpus", "1", "--gpus", "0"],
+                          cwd=REPO, capture_output=True, text=True, timeout=timeout_s,
+                          env=env)
+
+
+@pytest.mark.timeout(90)
+def test_a_failed_node_join_leaves_no_temporary_directory(coordinator, tmp_path,
+                                                           private_tmp):
+    """``node join`` whose keys directory lacks this node's secret exits 1 with the reason
+    and removes its ``actorrl-node-*`` directory (it was made before the cleanup began)."""
+    _, address, keys = coordinator
+    partial = tmp_path / "partial"
+    partial.mkdir(mode=0o700)
+    shutil.copy2(os.path.join(keys, "coordinator.public"), partial / "coordinator.public")
+    proc = _node_join([address, "--host", "127.0.0.6", "--keys", str(partial)], private_tmp)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "node.secret" in proc.stderr, proc.stderr
+    assert not list(private_tmp.glob("actorrl-node-*"))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("host", [None, "127.0.0.1"])
+def test_an_unresolvable_coordinator_name_is_named(tmp_path, private_tmp, host):
+    """A coordinator name that does not resolve is an error naming it, at once, with or
+    without --host (it used to print only "Name or service not known" / "Temporary
+    failure in name resolution", or, with --host, retry forever)."""
+    args = [BAD_NAME] + (["--host", host] if host else [])
+    proc = _node_join(args, private_tmp)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "no-such-coordinator.invalid" in proc.stderr and BAD_NAME in proc.stderr, \
+        proc.stderr
+    assert not list(private_tmp.glob("actorrl-node-*"))
+    with pytest.raises(CoordinatorAddressError, match="no-such-coordinator.invalid"):
+        NodeAgent(BAD_NAME, num_cpus=1, num_gpus=0)
+
+
+@pytest.mark.timeout(120)
+def test_train_address_writes_nothing_before_the_coordinator_answers(tmp_path):
+    """``train --address`` to a coordinator it cannot reach fails naming the address and
+    creates no results folder (it used to leave a "failed" one)."""
+    output = tmp_path / "results"
+    proc = run_cli(["train", "apex", "--address", BAD_NAME, "--output", str(output)],
+                   cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "no-such-coordinator.invalid" in proc.stderr, proc.stderr
+    assert not run_dirs(output)
