@@ -198,3 +198,17 @@ def test_error_summary_is_one_line() -> None:
     assert error_summary(died) == "actor a.b:C exited with code 1 while starting"
     assert error_summary(OSError("no space")) == "OSError: no space"
     assert error_summary(KeyError()) == "KeyError"
+
+
+def test_a_config_file_section_merges_over_a_checkpoints(tmp_path) -> None:
+    """A file's ``policy: {lr: ...}`` over a restored checkpoint's config changes that key
+    and keeps the checkpoint's other policy keys (it used to reset them to defaults)."""
+    from actorrl.algorithms import get_algorithm
+    from actorrl.experiment.train import resolve_config
+
+    spec = get_algorithm("apex")
+    restored = resolve_config(spec, overrides=["gamma=0.5", "lr=0.1"]).to_dict()
+    path = tmp_path / "c.yaml"
+    path.write_text("policy:\n  lr: 0.2\n")
+    config = resolve_config(spec, base=restored, config_file=str(path))
+    assert config.lr == 0.2 and config.gamma == 0.5

@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -224,6 +224,19 @@ def choose_algorithm(cli_algorithm: str | None, file: ConfigFile | None,
     return spec
 
 
+def merge_sections(values: dict[str, Any], new: Mapping[str, Any],
+                   sections: Sequence[str]) -> None:
+    """``values.update(new)``, except that a component section (``policy``, ``replay``...)
+    given in both is merged key by key: a file that sets ``policy: {lr: ...}`` over a
+    restored checkpoint keeps the checkpoint's other policy keys."""
+    for key, value in new.items():
+        current = values.get(key)
+        if key in sections and isinstance(current, Mapping) and isinstance(value, Mapping):
+            values[key] = {**current, **value}
+        else:
+            values[key] = value
+
+
 def resolve_config(spec: AlgorithmSpec, *, base: dict[str, Any] | None = None,
                    config_file: str | ConfigFile | None = None,
                    overrides: Sequence[str] = (),
@@ -237,7 +250,7 @@ def resolve_config(spec: AlgorithmSpec, *, base: dict[str, Any] | None = None,
         config_file = read_config_file_sections(config_file)
     if config_file is not None:
         choose_algorithm(spec.name, config_file)  # refuses a file for another algorithm
-        values.update(config_file.values)
+        merge_sections(values, config_file.values, spec.config_cls.SECTIONS)
     try:
         for text in overrides:
             key, value = parse_override(text)
