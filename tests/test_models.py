@@ -263,7 +263,8 @@ def test_hwc_and_chw_frames_give_the_same_features():
     torch.manual_seed(0)
     chw, _ = build_encoder(gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), {})
     assert not hwc.channels_first and chw.channels_first
-    assert hwc.layers[1].in_channels == chw.layers[1].in_channels == 4
+    first = [next(m for m in e.layers if isinstance(m, torch.nn.Conv2d)) for e in (hwc, chw)]
+    assert first[0].in_channels == first[1].in_channels == 4
     frames = np.random.default_rng(1).integers(0, 256, (2, 84, 84, 4), dtype=np.uint8)
     expected = hwc(torch.as_tensor(frames))
     got = chw(torch.as_tensor(np.ascontiguousarray(frames.transpose(0, 3, 1, 2))))
@@ -304,3 +305,24 @@ def test_named_conv_stacks():
     assert out_dim == 256
     with pytest.raises(ValueError, match="'nature'"):
         build_encoder(space, {"conv_filters": "resnet"})
+
+
+def test_same_padding_matches_explicit_tf_padding():
+    """Convs padding their symmetric part themselves (plus a pad op for an odd
+    remainder) compute exactly TF/RLlib "same" padding: pad (lo, hi), then convolve."""
+    import torch.nn.functional as F
+
+    from actorrl.policy.models import _same_padding
+
+    torch.manual_seed(0)
+    encoder, _ = build_encoder(gym.spaces.Box(0, 255, (84, 84, 4), np.uint8), {})
+    frames = torch.randint(0, 256, (3, 84, 84, 4), dtype=torch.uint8)
+    x = frames.permute(0, 3, 1, 2).float() / 255.0
+    convs = [m for m in encoder.layers if isinstance(m, torch.nn.Conv2d)]
+    for index, conv in enumerate(convs):
+        if index < len(convs) - 1:
+            (top, bottom), _ = _same_padding(x.shape[2], conv.kernel_size[0], conv.stride[0])
+            (left, right), _ = _same_padding(x.shape[3], conv.kernel_size[1], conv.stride[1])
+            x = F.pad(x, (left, right, top, bottom))
+        x = torch.relu(F.conv2d(x, conv.weight, conv.bias, conv.stride))
+    assert torch.allclose(encoder(frames), x.reshape(3, -1), atol=1e-5)
