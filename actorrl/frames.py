@@ -80,18 +80,17 @@ class FramePack:
         return {name: self.column(name) for name in self.indices}
 
 
-def _as_frames(column: np.ndarray, axis: int) -> np.ndarray:
-    """``[T * stack, frame_bytes]`` uint8 rows, one per stacked frame."""
-    stacked = np.moveaxis(column, axis + 1, 1) if axis else column
-    return np.ascontiguousarray(stacked).reshape(column.shape[0] * column.shape[axis + 1], -1)
-
-
-def _fingerprints(flat: np.ndarray) -> np.ndarray:
-    """A 64-bit fingerprint per row of ``flat`` (a linear hash with fixed odd weights:
-    equal rows always agree; unequal ones are told apart by the exact check after)."""
+def _words(flat: np.ndarray) -> np.ndarray:
+    """``flat``'s rows as the widest unsigned words their length allows (a view): hashing
+    and comparing 8-byte words is ~3x faster than bytes."""
     width = flat.shape[1]
     word = 8 if width % 8 == 0 else 4 if width % 4 == 0 else 1
-    words = flat.view({8: np.uint64, 4: np.uint32, 1: np.uint8}[word])
+    return flat.view({8: np.uint64, 4: np.uint32, 1: np.uint8}[word])
+
+
+def _fingerprints(words: np.ndarray) -> np.ndarray:
+    """A 64-bit fingerprint per row of ``words`` (a linear hash with fixed odd weights:
+    equal rows always agree; unequal ones are told apart by the exact check after)."""
     weights = np.random.default_rng(_FINGERPRINT_SEED).integers(
         0, 2**63, size=words.shape[1], dtype=np.uint64) * np.uint64(2) + np.uint64(1)
     return (words * weights).sum(axis=1, dtype=np.uint64)
@@ -103,17 +102,21 @@ def pack_frames(columns: Mapping[str, np.ndarray], axis: int) -> FramePack:
     arrays = [columns[name] for name in names]
     rows, stack = arrays[0].shape[0], arrays[0].shape[axis + 1]
     frame_shape = tuple(d for i, d in enumerate(arrays[0].shape[1:]) if i != axis)
-    flat = np.concatenate([_as_frames(a, axis) for a in arrays]) if len(arrays) > 1 \
-        else _as_frames(arrays[0], axis)
+    per_column = rows * stack
+    flat = np.empty((len(arrays) * per_column, int(np.prod(frame_shape))), np.uint8)
+    for i, array in enumerate(arrays):  # each column's frames straight into place
+        stacked = np.moveaxis(array, axis + 1, 1) if axis else array
+        np.copyto(flat[i * per_column:(i + 1) * per_column].reshape(stacked.shape), stacked)
     if len(flat) == 0:
         empty = np.zeros((0, stack), np.int32)
         return FramePack(np.zeros((0, *frame_shape), np.uint8), dict.fromkeys(names, empty),
                          axis)
-    _, first, inverse = np.unique(_fingerprints(flat), return_index=True,
+    words = _words(flat)
+    _, first, inverse = np.unique(_fingerprints(words), return_index=True,
                                   return_inverse=True)
     representative = first[inverse.reshape(-1)]
     # Exact: a frame shares its representative's index only if byte-for-byte equal.
-    differs = np.flatnonzero(~np.all(flat == flat[representative], axis=1))
+    differs = np.flatnonzero(~np.all(words == words[representative], axis=1))
     representative[differs] = differs
     kept = np.unique(representative)  # first appearances, in order
     position = np.empty(len(flat), np.int32)
