@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import tempfile
 import threading
 import time
 import uuid
@@ -45,6 +44,7 @@ from actorrl.runtime.network import Network
 from actorrl.runtime.node import LocalNode
 from actorrl.runtime.node_agent import coordinator_endpoint, route_host
 from actorrl.runtime.refs import ObjectRef
+from actorrl.runtime.sessions import make_session_dir
 from transport.errors import RemoteError
 from transport.sockets import is_loopback_address, new_event_loop
 
@@ -156,8 +156,7 @@ class Client:
         self._session = uuid.uuid4().hex
         local = address if isinstance(address, LocalCluster) else None
         self.address = "local" if local is not None else str(address)
-        self._session_dir = tempfile.mkdtemp(
-            prefix="actorrl-local-" if local is not None else "actorrl-client-")
+        self._session_dir = make_session_dir("local" if local is not None else "client")
         self._start_loop()
         try:
             if local is not None:

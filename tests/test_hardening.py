@@ -300,3 +300,47 @@ def test_validating_a_job_submission_does_not_import_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                          text=True, timeout=60, check=True).stdout.split()
     assert out == ["refused", "True", "False"], out
+
+
+def test_a_sigkilled_drivers_session_folder_is_removed(tmp_path) -> None:
+    """A driver killed by SIGKILL cannot remove its temp session folder; the next session
+    started on the host removes it (its owner is gone), and leaves live ones alone."""
+    import glob
+    import signal
+    import tempfile
+
+    from actorrl.runtime.sessions import make_session_dir, remove_stale_session_dirs
+
+    script = ("import sys, actorrl.runtime as rt\n"
+              "rt.init()\n"
+              "print('ready', flush=True)\n"
+              "sys.stdin.read()\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, text=True,
+                              stdout=subprocess.PIPE, stdin=subprocess.PIPE)
+    try:
+        assert parent.stdout.readline().strip() == "ready"
+        owned = [d for d in glob.glob(os.path.join(tempfile.gettempdir(), "actorrl-*"))
+                 if _owner(d) == parent.pid]
+        assert len(owned) == 1, owned
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=10)
+        assert os.path.isdir(owned[0])  # nobody could remove it
+        mine = make_session_dir("test")  # a new session cleans up after the dead one
+        try:
+            assert not os.path.exists(owned[0])
+            assert mine not in remove_stale_session_dirs() and os.path.isdir(mine)
+        finally:
+            import shutil
+            shutil.rmtree(mine)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(timeout=10)
+
+
+def _owner(path: str) -> int:
+    try:
+        with open(os.path.join(path, "owner.pid")) as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return -1

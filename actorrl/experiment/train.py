@@ -25,7 +25,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Mapping, Sequence
@@ -66,6 +65,7 @@ from actorrl.experiment.results import (
 )
 from actorrl.experiment.signals import exit_code_for
 from actorrl.runtime import Driver
+from actorrl.runtime.sessions import make_session_dir
 from actorrl.stop import (
     DEFAULT_STOP_TIME_S,
     REWARD_KEY,
@@ -503,7 +503,7 @@ class LocalRun(TrainingRun):
     async def _execute(self) -> None:
         # Sockets live in a short temporary folder (ipc paths are limited to ~107 bytes);
         # actor logs go straight to the results folder through a symlink.
-        session_dir = tempfile.mkdtemp(prefix="actorrl-")
+        session_dir = make_session_dir()
         os.symlink(self.run_dir.logs_dir.resolve(), os.path.join(session_dir, "logs"))
         serial: dict[str, Any] = {"serial": True} if self.plan.serial else {}
         try:

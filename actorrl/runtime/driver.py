@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -25,6 +24,7 @@ from actorrl.runtime.core import Runtime, remove_ipc_fallback
 from actorrl.runtime.node import DEFAULT_START_TIMEOUT_S, LocalNode
 from actorrl.runtime.refs import ObjectRef
 from actorrl.runtime.serial import SerialNode
+from actorrl.runtime.sessions import make_session_dir
 
 
 @runtime_checkable
@@ -127,7 +127,7 @@ class Driver(ObjectOps):
         fresh temporary directory by default, removed at shutdown). ``serial``: run every
         actor in this process and event loop (no child process at all), for debugging."""
         owns = session_dir is None
-        session_dir = session_dir or tempfile.mkdtemp(prefix="actorrl-")
+        session_dir = session_dir or make_session_dir()
         os.makedirs(session_dir, exist_ok=True)
         runtime = Runtime.start(session_dir, "driver")
         node: LocalNode | SerialNode

@@ -28,7 +28,6 @@ import logging
 import os
 import shutil
 import socket
-import tempfile
 import time
 import uuid
 from typing import Any
@@ -38,6 +37,7 @@ from actorrl.runtime.coordinator import DEFAULT_HEARTBEAT_S, serve_async, spec_f
 from actorrl.runtime.core import Runtime, remove_ipc_fallback
 from actorrl.runtime.network import Network
 from actorrl.runtime.node import LocalNode
+from actorrl.runtime.sessions import make_session_dir
 from transport.auth import load_public_key
 from transport.endpoint import Endpoint
 from transport.errors import AuthenticationError
@@ -157,7 +157,7 @@ class NodeAgent:
         network = Network.create(self.host, f"node-{uuid.uuid4().hex[:12]}", self.keys_dir,
                                  self.identity)
         if self._owns_session_dir:
-            self.session_dir = tempfile.mkdtemp(prefix="actorrl-node-")
+            self.session_dir = make_session_dir("node")
         local: LocalNode | None = None
         runtime: Runtime | None = None
         try:
