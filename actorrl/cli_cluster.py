@@ -2,7 +2,7 @@
 
 ::
 
-    actorrl keys generate DIR [--force]
+    actorrl keys generate DIR [--force] [--role client|node|admin] [--names NAME ...]
     actorrl coordinator start [--bind tcp://HOST:PORT] [--daemon] [--keys DIR]
                               [--state-dir DIR] [--advertise HOST]
     actorrl coordinator status [--json]
@@ -16,8 +16,9 @@
 
 Commands that talk to a coordinator find it through ``--address`` or the state file of a
 coordinator started on this host (``--state-dir``, ``$ACTORRL_STATE_DIR``, ``~/.actorrl``),
-which also names its keys directory; ``--keys`` overrides. ``python -m actorrl.cli_cluster``
-runs these commands alone.
+which also names its keys directory; ``--keys`` overrides; ``--identity`` picks the key pair
+(default ``client``; an admin key for another client's jobs or ``coordinator stop``).
+``python -m actorrl.cli_cluster`` runs these commands alone.
 """
 
 from __future__ import annotations
@@ -65,8 +66,8 @@ def _client(args: argparse.Namespace) -> Any:
     from actorrl.client import Client
 
     address, keys = _target(args)
-    return Client(address, keys_dir=keys, bind_host=None,
-                  connect_timeout_s=getattr(args, "timeout", 10.0))
+    return Client(address, keys_dir=keys, identity=getattr(args, "identity", None) or "client",
+                  bind_host=None, connect_timeout_s=getattr(args, "timeout", 10.0))
 
 
 def _print_json(value: Any) -> None:
@@ -96,17 +97,41 @@ def _add_target(p: argparse.ArgumentParser) -> None:
                    "$ACTORRL_STATE_DIR or ~/.actorrl)")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the "
                    "coordinator to answer (default: 10)")
+    p.add_argument("--identity", metavar="NAME", help="key pair of the keys directory to "
+                   "use (default: client; e.g. admin-NAME to act on every job)")
 
 
 # ---------------------------------------------------------------------------- commands
-def _cmd_keys_generate(args: argparse.Namespace) -> int:
-    from transport.auth import generate_keys
+def key_names(names: Sequence[str] | None, role: str | None) -> list[str]:
+    """The key names ``keys generate`` writes: a key's role comes from its name
+    (:func:`transport.auth.role_of_name`), so with ``role`` each name gets the role as a
+    prefix (``--role admin --names alice`` writes ``admin-alice``) unless it has it."""
+    from transport.auth import ROLE_CLIENT, role_of_name
 
-    names = args.names or ["coordinator", "node", "client"]
+    if role is None:
+        return list(names or ["coordinator", "node", "client"])
+    out = []
+    for name in names or [role]:
+        if role_of_name(name) != role:
+            if role == ROLE_CLIENT:
+                raise CommandError(f"a client key cannot be called {name!r}: names starting "
+                                   "with coordinator, node or admin have those roles; pick "
+                                   "another name")
+            name = f"{role}-{name}"
+        out.append(name)
+    return out
+
+
+def _cmd_keys_generate(args: argparse.Namespace) -> int:
+    from transport.auth import generate_keys, role_of_name
+
+    names = key_names(args.names, args.role)
     generate_keys(os.path.expanduser(args.dir), names, overwrite=args.force)
-    print(f"wrote {', '.join(names)} key pairs to {args.dir} (secrets mode 0600).\n"
-          f"Copy the directory to every host: the coordinator needs coordinator.secret, "
-          f"nodes node.secret, clients client.secret, and all of them the *.public files.")
+    roles = ", ".join(f"{n} ({role_of_name(n)})" for n in names)
+    print(f"wrote key pairs {roles} to {args.dir} (secrets mode 0600).\n"
+          f"Every host needs all the *.public files (the allow-list; a key's role comes "
+          f"from its file name) and only its own secret: the coordinator "
+          f"coordinator.secret, nodes node.secret, each client its own.")
     return 0
 
 
@@ -276,6 +301,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--force", action="store_true", help="replace existing keys")
     p.add_argument("--names", nargs="+", metavar="NAME",
                    help="identities to create (default: coordinator node client)")
+    p.add_argument("--role", choices=["client", "node", "admin"],
+                   help="role of the keys created: prefixes each name with the role "
+                   "(--role admin --names alice writes admin-alice); default: from the names")
     p.set_defaults(func=_guarded(_cmd_keys_generate))
 
     coord = subparsers.add_parser("coordinator", help="start, inspect or stop the coordinator")
@@ -373,6 +401,9 @@ def _guarded(handler: Any) -> Any:
             print(f"actorrl: error: {exc}", file=sys.stderr)
             usage = (CommandError, ConfigError, InsecureBindError, KeyFileError, ValueError)
             return EXIT_USAGE if isinstance(exc, usage) else 1
+        except PermissionError as exc:  # the coordinator refused this key's role
+            print(f"actorrl: error: {getattr(exc, 'message', None) or exc}", file=sys.stderr)
+            return 1
 
     run.__doc__ = handler.__doc__
     return run

@@ -15,6 +15,14 @@ is on the allow-list: a peer whose key is not there is refused during the handsh
 client, drop its ``.public`` file in the directory of every host and restart.
 
 Rule enforced by :func:`check_bind`: binding tcp on a non-loopback address requires keys.
+
+Roles: every allowed key has a *role*, taken from its file name (:func:`role_of_name`):
+``coordinator*.public`` is the coordinator (:data:`ROLE_COORDINATOR`), ``node*.public`` a
+node (:data:`ROLE_NODE`), ``admin*.public`` an administrator (:data:`ROLE_ADMIN`) and any
+other name a client (:data:`ROLE_CLIENT`). The ZAP handler hands ``ROLE:KEY`` back to
+libzmq as the connection's user id, which libzmq attaches to every message of that peer
+(:class:`transport.rpc.Request` reads it as ``role`` and ``key``); servers check it with
+:func:`check_role`. Connections without CURVE (ipc, keyless loopback) carry no role.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ import logging
 import os
 import stat
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import zmq
@@ -36,7 +44,63 @@ log = logging.getLogger(__name__)
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 DEFAULT_IDENTITIES = ("coordinator", "node", "client")
+ROLE_COORDINATOR = "coordinator"
+"""The coordinator's own key: it drives nodes (``node.*``) and may do what an admin may."""
+ROLE_NODE = "node"
+"""Node agents and the actors they run: ``coord.register_node`` / ``heartbeat`` /
+``actor_died`` / ``leave``; no ``job.*``, no client methods."""
+ROLE_CLIENT = "client"
+"""Clients: ``job.*`` and the client ``coord.*`` methods, on their own jobs and sessions."""
+ROLE_ADMIN = "admin"
+"""An operator: what a client may, on every job and session, plus ``coord.shutdown``."""
+ROLES = (ROLE_COORDINATOR, ROLE_NODE, ROLE_CLIENT, ROLE_ADMIN)
+ROLE_UNKNOWN = "unknown"
+"""A connection whose user id is not ``ROLE:KEY`` (not from this module's ZAP handler):
+refused by every role check."""
 _Z85_KEY_LEN = 40
+
+
+def role_of_name(name: str) -> str:
+    """The role of the key called ``name`` (its file name without ``.public``): names
+    starting with ``coordinator``, ``node`` or ``admin`` have that role, any other name is a
+    client (least privilege)."""
+    for role in (ROLE_COORDINATOR, ROLE_NODE, ROLE_ADMIN):
+        if name.startswith(role):
+            return role
+    return ROLE_CLIENT
+
+
+def check_role(role: str | None, allowed: Iterable[str], method: str) -> None:
+    """Raise PermissionError unless a caller of role ``role`` may call ``method``.
+
+    ``role`` None is a connection without CURVE (ipc or a keyless loopback listener): it is
+    trusted as the same host's own processes, as before roles existed."""
+    allowed = tuple(allowed)
+    if role is None or role in allowed:
+        return
+    names = " or ".join(f"{r!r}" for r in allowed)
+    raise PermissionError(
+        f"{method} may only be called with a key of role {names}; the calling key has role "
+        f"{role!r}. A key's role comes from its file name in the keys directory "
+        "(coordinator*, node*, admin*, anything else: client); use the key meant for this "
+        "(e.g. `actorrl keys generate DIR --role admin --names NAME` for an admin key)")
+
+
+def user_id(role: str, key: bytes) -> bytes:
+    """The ZAP user id of an admitted peer: ``ROLE:KEY`` (KEY z85)."""
+    return role.encode() + b":" + key
+
+
+def parse_user_id(text: str | None) -> tuple[str | None, str | None]:
+    """``(role, key)`` from a message's ``User-Id`` property; ``(None, None)`` for peers
+    admitted without CURVE (no or an empty user id). A user id this module did not make
+    gets role :data:`ROLE_UNKNOWN`, which every role check refuses."""
+    if not text:
+        return None, None
+    role, _, key = text.partition(":")
+    if role not in ROLES or not key:
+        return ROLE_UNKNOWN, None
+    return role, key
 
 
 class KeyFileError(ValueError):
@@ -68,16 +132,22 @@ class Security:
     identity: KeyPair
     allowed: frozenset[bytes]
     name: str = ""
+    roles: dict[bytes, str] = field(default_factory=dict, hash=False, compare=False)
+    """Allowed key -> its role (:func:`role_of_name`); a key missing here is a client."""
 
     @classmethod
     def from_dir(cls, keys_dir: str, identity: str) -> Security:
-        """Load identity ``identity`` and the allow-list (every ``*.public``) from
-        ``keys_dir``."""
+        """Load identity ``identity`` and the allow-list (every ``*.public``, with the role
+        of each) from ``keys_dir``."""
         pair = load_keypair(keys_dir, identity)
-        allowed = load_allowed_keys(keys_dir)
-        if pair.public not in allowed:
-            allowed = allowed | {pair.public}
-        return cls(pair, frozenset(allowed), identity)
+        roles = load_key_roles(keys_dir)
+        roles.setdefault(pair.public, role_of_name(identity))
+        return cls(pair, frozenset(roles), identity, roles)
+
+    @property
+    def has_admin(self) -> bool:
+        """Whether an admin key is on the allow-list."""
+        return ROLE_ADMIN in self.roles.values()
 
     def client_keys(self, server_public: bytes) -> tuple[bytes, bytes, bytes]:
         """``(server_public, public, secret)`` for :class:`transport.rpc.RpcClient`."""
@@ -202,6 +272,26 @@ def load_allowed_keys(keys_dir: str) -> frozenset[bytes]:
     return frozenset(keys)
 
 
+def load_key_roles(keys_dir: str) -> dict[bytes, str]:
+    """Every public key in ``keys_dir`` with its role (from its file name). One key under
+    names of different roles is refused: which role it has would be ambiguous."""
+    roles: dict[bytes, str] = {}
+    names: dict[bytes, str] = {}
+    load_allowed_keys(keys_dir)  # checks the directory (and that it holds keys) first
+    for entry in sorted(os.listdir(keys_dir)):
+        if not entry.endswith(".public"):
+            continue
+        name = entry[: -len(".public")]
+        key, role = load_public_key(keys_dir, name), role_of_name(name)
+        if roles.get(key, role) != role:
+            raise KeyFileError(
+                f"{keys_dir}: the same public key is in {names[key]}.public (role "
+                f"{roles[key]}) and {entry} (role {role}); a key has one role: remove one "
+                "of the files")
+        roles[key], names[key] = role, name
+    return roles
+
+
 def check_bind(address: str, security: Security | None) -> None:
     """Raise :class:`InsecureBindError` for a non-loopback bind without CURVE keys."""
     if security is None and not is_loopback_address(address):
@@ -231,8 +321,12 @@ class ZapAuthenticator:
 
     MAX_LOGGED_PEERS = 1024
 
-    def __init__(self, allowed: Iterable[bytes]) -> None:
+    def __init__(self, allowed: Iterable[bytes],
+                 roles: Mapping[bytes, str] | None = None) -> None:
+        """``roles``: allowed key -> role, sent back as the peer's user id (a key with no
+        role here is a client)."""
         self.allowed: frozenset[bytes] = frozenset(allowed)
+        self.roles: dict[bytes, str] = dict(roles or {})
         self.accepted = 0
         self.refused = 0
         self._logged: dict[tuple[bytes, bytes, bytes], None] = {}
@@ -250,9 +344,11 @@ class ZapAuthenticator:
         self._thread = threading.Thread(target=self._serve, name="actorrl-zap", daemon=True)
         self._thread.start()
 
-    def allow(self, keys: Iterable[bytes]) -> None:
-        """Add keys to the allow-list."""
+    def allow(self, keys: Iterable[bytes], roles: Mapping[bytes, str] | None = None) -> None:
+        """Add keys (and their roles) to the allow-list."""
         self.allowed = self.allowed | frozenset(keys)
+        if roles:
+            self.roles = {**self.roles, **roles}
 
     @property
     def running(self) -> bool:
@@ -286,7 +382,7 @@ class ZapAuthenticator:
             return
         peer, _, version, request_id, _domain, address, _identity, mechanism = parts[:8]
         credentials = parts[8:]
-        status, text, user = b"400", b"denied", b""
+        status, text, user, role = b"400", b"denied", b"", b""
         if version != b"1.0":
             text = b"unsupported ZAP version"
         elif mechanism == b"NULL":
@@ -299,6 +395,7 @@ class ZapAuthenticator:
             key = zmq.utils.z85.encode(credentials[0])
             if key in self.allowed:
                 status, text, user = b"200", b"OK", key
+                role = user_id(self.roles.get(key, ROLE_CLIENT), key)
             else:
                 text = b"unknown key"
                 user = key  # for the log line only; not sent back
@@ -306,6 +403,7 @@ class ZapAuthenticator:
             pass
         elif status == b"200":
             self.accepted += 1
+            user = role  # libzmq attaches it to every message of this peer ("User-Id")
         else:
             self.refused += 1
             self._log_refusal(mechanism, address, user, text)
@@ -346,17 +444,19 @@ _authenticator_pid: int | None = None
 _authenticator_lock = threading.Lock()
 
 
-def ensure_authenticator(allowed: Iterable[bytes]) -> ZapAuthenticator:
+def ensure_authenticator(allowed: Iterable[bytes],
+                         roles: Mapping[bytes, str] | None = None) -> ZapAuthenticator:
     """Start this process's ZAP handler (once; it lives as long as the process) and add
-    ``allowed`` to its allow-list. Call before binding any CURVE server socket."""
+    ``allowed`` (with their ``roles``) to its allow-list. Call before binding any CURVE
+    server socket."""
     global _authenticator, _authenticator_pid
     with _authenticator_lock:
         current = _authenticator
         if current is None or _authenticator_pid != os.getpid() or not current.running:
-            _authenticator = ZapAuthenticator(allowed)
+            _authenticator = ZapAuthenticator(allowed, roles)
             _authenticator_pid = os.getpid()
         else:
-            current.allow(allowed)
+            current.allow(allowed, roles)
         return _authenticator
 
 

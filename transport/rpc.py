@@ -48,6 +48,7 @@ from typing import Any
 
 import zmq
 
+from transport.auth import parse_user_id
 from transport.codec import (
     DEFAULT_MAX_HEADER_BYTES,
     MAX_ARRAY_BYTES,
@@ -90,6 +91,19 @@ def _frame_len(frame: Any) -> int:
     return memoryview(frame).nbytes
 
 
+def caller_of(frame: Any) -> tuple[str | None, str | None]:
+    """``(role, key)`` of the peer that sent ``frame`` (a received :class:`zmq.Frame`),
+    from the ``User-Id`` property libzmq attaches to every message of a connection admitted
+    by the ZAP handler; ``(None, None)`` without one (no CURVE, or not a Frame)."""
+    if not isinstance(frame, zmq.Frame):
+        return None, None
+    try:
+        text = frame.get("User-Id")
+    except (zmq.ZMQError, AttributeError, TypeError):
+        return None, None
+    return parse_user_id(text if isinstance(text, str) else None)
+
+
 @dataclass(slots=True)
 class Request:
     """One received call. Reply exactly once with :meth:`reply` or :meth:`fail`
@@ -103,6 +117,12 @@ class Request:
     kwargs: dict[str, Any]
     wants_reply: bool
     replied: bool = False
+    role: str | None = None
+    """The caller key's role (``client``, ``node``, ``admin``, ``coordinator``: see
+    :mod:`transport.auth`), from the user id the ZAP handler gave its CURVE connection;
+    None for a connection without CURVE (ipc, keyless loopback)."""
+    key: str | None = None
+    """The caller's z85 CURVE public key; None without CURVE."""
 
     def reply(self, value: Any) -> None:
         """Send ``value`` back to the caller."""
@@ -253,7 +273,9 @@ class RpcServer:
         except (DecodeError, ValueError, TypeError) as exc:
             self._refuse(peer, request_id, wants_reply, exc)
             return
-        request = Request(self, peer, request_id, method, args, kwargs, wants_reply)
+        role, key = caller_of(frames[1])
+        request = Request(self, peer, request_id, method, args, kwargs, wants_reply,
+                          role=role, key=key)
         try:
             self.handler(request)
         except Exception as exc:

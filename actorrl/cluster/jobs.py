@@ -26,6 +26,10 @@ Recovery, in the order it is tried:
   what was learned since the checkpoint and the replay contents are lost, and the job
   log says so;
 - a restarted coordinator resumes every job that was running from its checkpoint.
+
+Roles: ``job.*`` takes client and admin keys (never node keys). A job belongs to the key
+that submitted it (``owner_key`` in ``job.json``, kept across coordinator restarts): a
+client key lists, follows, stops and reads only its own jobs, an admin key all of them.
 """
 
 from __future__ import annotations
@@ -48,7 +52,17 @@ from actorrl.algorithms.run_loop import CheckpointPolicy, run_trainer
 from actorrl.checkpoints import list_checkpoints, read_checkpoint, write_checkpoint
 from actorrl.cluster import RUNNING_STATES, TERMINAL_STATES, JobError
 from actorrl.config import ConfigError, load_config
-from actorrl.runtime.coordinator import ActorRecord, ClusterDriver, Coordinator, serve_async
+from actorrl.runtime.coordinator import (
+    CLIENT_ROLES,
+    ActorRecord,
+    Caller,
+    ClusterDriver,
+    Coordinator,
+    current_caller,
+    serve_async,
+    serve_guarded,
+    trusted_context,
+)
 from actorrl.runtime.errors import GetTimeoutError
 from actorrl.stop import StopCriteria
 from actorrl.storage import atomic_write_json, jsonable
@@ -170,6 +184,8 @@ class Job:
         self.task: asyncio.Task | None = None
         self.changed = asyncio.Event()
         self.stop_reason = ""
+        self.owner_key: str | None = None
+        """The public key that submitted the job (None: a caller without CURVE)."""
         os.makedirs(directory, mode=0o700, exist_ok=True)
 
     @property
@@ -186,7 +202,7 @@ class Job:
                 "error": self.error, "created_at": self.created_at,
                 "num_results": self.num_results, "num_failures": self.num_failures,
                 "checkpoint": self.checkpoint, "stop_reason": self.stop_reason,
-                "last_counters": self.last_counters,
+                "last_counters": self.last_counters, "owner_key": self.owner_key,
                 "episode_reward_mean": jsonable(last.get("episode_reward_mean")),
                 "submission": self.submission.to_dict()}
 
@@ -207,6 +223,8 @@ class Job:
         job.checkpoint = record.get("checkpoint")
         job.last_counters = record.get("last_counters") or {}
         job.stop_reason = record.get("stop_reason", "")
+        owner_key = record.get("owner_key")
+        job.owner_key = owner_key if isinstance(owner_key, str) else None
         results_path = os.path.join(directory, "result.jsonl")
         if os.path.exists(results_path):
             with open(results_path) as f:
@@ -305,36 +323,49 @@ class JobManager:
             "%(asctime)s %(levelname)s %(name)s: %(message)s"))
         logging.getLogger().addHandler(self._router)
         coordinator.on_actor_died.append(self._on_actor_died)
-        coordinator.extra_status.append(lambda: {"jobs": self.list_jobs()})
+        coordinator.extra_status.append(lambda: {"jobs": self.list_jobs(current_caller())})
 
     def serve(self) -> None:
         """Serve ``job.submit``, ``job.results``, ``job.status``, ``job.list``,
         ``job.stop``, ``job.checkpoint`` and ``job.logs``."""
         rt = self.coordinator.runtime
-        serve_async(rt, "job.submit", self.submit)
-        serve_async(rt, "job.results", self._rpc_results)
-        serve_async(rt, "job.stop", self.stop_job)
-        serve_async(rt, "job.checkpoint", self._rpc_checkpoint)
-        rt.serve("job.status", lambda r: r.reply(self._job(*r.args).record()))
-        rt.serve("job.list", lambda r: r.reply(self.list_jobs()))
-        rt.serve("job.logs", lambda r: r.reply(self.logs(*r.args)))
-        rt.serve("job.actors", lambda r: r.reply(self.coordinator.describe_actors(
-            f"job:{self._job(*r.args).id}")))
+        serve_async(rt, "job.submit", self.submit, CLIENT_ROLES)
+        serve_async(rt, "job.results", self._rpc_results, CLIENT_ROLES)
+        serve_async(rt, "job.stop", self.stop_job, CLIENT_ROLES)
+        serve_async(rt, "job.checkpoint", self._rpc_checkpoint, CLIENT_ROLES)
+        serve_guarded(rt, "job.status", lambda r: r.reply(self._job(*r.args).record()),
+                      CLIENT_ROLES)
+        serve_guarded(rt, "job.list", lambda r: r.reply(self.list_jobs(current_caller())),
+                      CLIENT_ROLES)
+        serve_guarded(rt, "job.logs", lambda r: r.reply(self.logs(*r.args)), CLIENT_ROLES)
+        serve_guarded(rt, "job.actors", lambda r: r.reply(self.coordinator.describe_actors(
+            f"job:{self._job(*r.args).id}")), CLIENT_ROLES)
 
     def _job(self, job_id: Any) -> Job:
-        job = self.jobs.get(job_id) if isinstance(job_id, str) else None
+        """The job ``job_id`` (or the one job whose id starts with it) among the jobs the
+        current caller may see (its own, or all for an admin or an in-process caller)."""
+        caller = current_caller()
+        visible = {i: j for i, j in self.jobs.items() if caller.owns(j.owner_key)}
+        job = visible.get(job_id) if isinstance(job_id, str) else None
         if job is None:
-            matches = [j for i, j in self.jobs.items() if isinstance(job_id, str) and
+            matches = [j for i, j in visible.items() if isinstance(job_id, str) and
                        job_id and i.startswith(job_id)]
             if len(matches) == 1:
                 return matches[0]
-            raise JobError(f"no job {job_id!r} (jobs: {', '.join(self.jobs) or 'none'})")
+            whose = "" if caller.is_admin else " of this client key"
+            hidden = "" if caller.is_admin or len(visible) == len(self.jobs) else (
+                "; jobs submitted with other keys are visible to their key and to admin "
+                "keys only")
+            raise JobError(f"no job {job_id!r}{whose} (jobs: {', '.join(visible) or 'none'})"
+                           f"{hidden}")
         return job
 
-    def list_jobs(self) -> list[dict[str, Any]]:
-        """A summary of every job."""
+    def list_jobs(self, caller: Caller | None = None) -> list[dict[str, Any]]:
+        """A summary of every job (that ``caller`` may see, when given)."""
         out = []
         for job in sorted(self.jobs.values(), key=lambda j: j.created_at):
+            if caller is not None and not caller.owns(job.owner_key):
+                continue
             record = job.record()
             record.pop("submission")
             out.append(record)
@@ -357,6 +388,8 @@ class JobManager:
         parsed = Submission.parse(submission)
         job_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         job = Job(job_id, parsed, os.path.join(self.state_dir, "jobs", job_id))
+        job.owner_key = current_caller().key
+        self.coordinator.owner_keys[f"job:{job_id}"] = job.owner_key
         self.jobs[job_id] = job
         job.save()
         job.log(f"submitted: {parsed.algorithm}, stop {parsed.stop or 'never'}")
@@ -364,7 +397,10 @@ class JobManager:
         return job_id
 
     def _start(self, job: Job) -> None:
-        job.task = asyncio.get_running_loop().create_task(self._run(job))
+        # The job runs for no caller in particular (not as the client whose submit or
+        # restart started it): a trusted context.
+        job.task = asyncio.get_running_loop().create_task(self._run(job),
+                                                          context=trusted_context())
 
     async def resume_all(self) -> list[str]:
         """Load every job in the state directory; restart the ones that were running."""
@@ -380,6 +416,7 @@ class JobManager:
                 log.error("cannot load job %s: %s", entry, exc)
                 continue
             self.jobs[job.id] = job
+            self.coordinator.owner_keys[f"job:{job.id}"] = job.owner_key
             if job.state in RUNNING_STATES:
                 where = (f"checkpoint of iteration {job.checkpoint['iteration']}"
                          if job.checkpoint else "scratch")

@@ -20,18 +20,27 @@ lost, and all its actors are declared dead. Declared deaths fail pending calls a
 (:meth:`Runtime.mark_dead`); owners (jobs) then recreate what they need through
 :class:`ClusterDriver`.
 
+Roles (keys carry one, see :mod:`transport.auth`): ``coord.register_node`` /
+``heartbeat`` / ``actor_died`` / ``leave`` take node keys (and the coordinator's own);
+the client methods take client and admin keys; a client key sees and stops only the actors
+of sessions it opened (and of jobs it submitted), an admin key all of them;
+``coord.shutdown`` takes an admin key (a client key too while no admin key is on the
+allow-list). Connections without CURVE (ipc, keyless loopback) are trusted, as before.
+Handlers read who called through :func:`current_caller`.
+
 Nothing here knows about reinforcement learning; jobs are served by a layer above.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import fnmatch
 import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -40,6 +49,13 @@ from actorrl.runtime.core import Runtime
 from actorrl.runtime.driver import ObjectOps
 from actorrl.runtime.errors import ActorCreationError
 from actorrl.runtime.node import DEFAULT_START_TIMEOUT_S, LocalNode
+from transport.auth import (
+    ROLE_ADMIN,
+    ROLE_CLIENT,
+    ROLE_COORDINATOR,
+    ROLE_NODE,
+    check_role,
+)
 from transport.errors import PeerLostError, RemoteError
 from transport.rpc import Request, RpcClient
 from transport.timeouts import wait_for
@@ -50,6 +66,76 @@ DEFAULT_HEARTBEAT_S = 0.5
 DEFAULT_HEARTBEAT_TIMEOUT_S = 3.0
 DEFAULT_SESSION_TIMEOUT_S = 20.0
 _EPS = 1e-9
+
+
+# ---------------------------------------------------------------------------- callers
+NODE_ROLES = (ROLE_NODE, ROLE_COORDINATOR)
+"""Who may call the node side of ``coord.*`` (register, heartbeat, report deaths, leave)."""
+CLIENT_ROLES = (ROLE_CLIENT, ROLE_ADMIN, ROLE_COORDINATOR)
+"""Who may call ``job.*`` and the client side of ``coord.*``."""
+ADMIN_ROLES = (ROLE_ADMIN, ROLE_COORDINATOR)
+"""Who may act on every session and job (and shut the coordinator down)."""
+COORDINATOR_ROLES = (ROLE_COORDINATOR,)
+"""Who may call ``node.*`` on a node agent: only the coordinator."""
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who made the request being served: the role and z85 public key of its CURVE key,
+    both None for a connection without CURVE (trusted: this host's own processes) and for
+    calls made in-process."""
+
+    role: str | None = None
+    key: str | None = None
+
+    @property
+    def is_admin(self) -> bool:
+        """Whether this caller may act on every session and job."""
+        return self.role is None or self.role in ADMIN_ROLES
+
+    def owns(self, owner_key: str | None) -> bool:
+        """Whether this caller may see and stop what was created with key ``owner_key``
+        (None: created by a trusted caller, which only admins may touch)."""
+        return self.is_admin or (self.role == ROLE_CLIENT and self.key is not None
+                                 and owner_key == self.key)
+
+
+TRUSTED = Caller()
+"""The caller outside of any request (in-process calls, a job's own work)."""
+_caller: contextvars.ContextVar[Caller | None] = contextvars.ContextVar("actorrl_caller",
+                                                                        default=None)
+
+
+def current_caller() -> Caller:
+    """The caller of the request being served (:data:`TRUSTED` outside of one)."""
+    return _caller.get() or TRUSTED
+
+
+def trusted_context() -> contextvars.Context:
+    """A copy of the current context with no caller: for tasks that outlive the request
+    that started them (a job's run), so they act for nobody in particular."""
+    ctx = contextvars.copy_context()
+    ctx.run(_caller.set, None)
+    return ctx
+
+
+def serve_guarded(runtime: Runtime, method: str, handler: Callable[[Request], None],
+                  roles: Iterable[str] | None = None) -> None:
+    """Serve ``method`` with ``handler(request)``, refused (a PermissionError reply naming
+    the roles allowed) to a key whose role is not in ``roles`` (None: any role), and run
+    with :func:`current_caller` giving the request's caller."""
+    allowed = tuple(roles) if roles is not None else None
+
+    def guarded(request: Request) -> None:
+        if allowed is not None:
+            check_role(request.role, allowed, method)
+        token = _caller.set(Caller(request.role, request.key))
+        try:
+            handler(request)
+        finally:
+            _caller.reset(token)
+
+    runtime.serve(method, guarded)
 
 
 # ---------------------------------------------------------------------------- wire helpers
@@ -79,9 +165,12 @@ def spec_from_wire(fields: Sequence[Any]) -> ActorSpec:
                      name, dict(env))
 
 
-def serve_async(runtime: Runtime, method: str, fn: Callable[..., Awaitable[Any]]) -> None:
+def serve_async(runtime: Runtime, method: str, fn: Callable[..., Awaitable[Any]],
+                roles: Iterable[str] | None = None) -> None:
     """Serve ``method`` with coroutine function ``fn(*args, **kwargs)``; its return value is
-    the reply, its exception the error reply. Wrong arguments fail at once."""
+    the reply, its exception the error reply. Wrong arguments fail at once. ``roles``: the
+    key roles allowed to call it (None: any; see :func:`serve_guarded`); ``fn`` sees the
+    caller through :func:`current_caller`."""
     tasks: set[asyncio.Task] = set()
 
     def handler(request: Request) -> None:
@@ -99,7 +188,7 @@ def serve_async(runtime: Runtime, method: str, fn: Callable[..., Awaitable[Any]]
 
         task.add_done_callback(done)
 
-    runtime.serve(method, handler)
+    serve_guarded(runtime, method, handler, roles)
 
 
 # ---------------------------------------------------------------------------- nodes
@@ -292,6 +381,9 @@ class Coordinator:
         self.session_timeout_s = session_timeout_s
         self.sessions: dict[str, float] = {}
         """Client sessions owning actors -> when they last pinged (monotonic)."""
+        self.owner_keys: dict[str, str | None] = {}
+        """Owner (``client:SESSION``, ``job:ID``) -> the public key that created it (None:
+        a trusted caller); a client key may act only on owners created with it."""
         self.nodes: dict[str, NodeState] = {}
         self.actors: dict[str, ActorRecord] = {}
         self.lost_nodes: deque[dict[str, Any]] = deque(maxlen=100)
@@ -311,24 +403,26 @@ class Coordinator:
     def serve(self) -> None:
         """Serve the ``coord.*`` protocol on the runtime."""
         rt = self.runtime
-        for name, fn in (
-                ("coord.register_node", self._rpc_register_node),
-                ("coord.leave", self._rpc_leave),
-                ("coord.actor_died", self._rpc_actor_died),
-                ("coord.create_actor", self._rpc_create_actor),
-                ("coord.kill_actor", self._rpc_kill_actor),
-                ("coord.close_session", self._rpc_close_session),
-                ("coord.wait_nodes", self._rpc_wait_nodes),
-                ("coord.wait_actor", self._rpc_wait_actor),
-                ("coord.actor_log", self._rpc_actor_log),
-                ("coord.shutdown", self._rpc_shutdown)):
-            serve_async(rt, name, fn)
-        rt.serve("coord.heartbeat", self._on_heartbeat)
-        rt.serve("coord.session_ping", self._on_session_ping)
-        rt.serve("coord.hello", lambda r: r.reply({"address": rt.address}))
-        rt.serve("coord.nodes", lambda r: r.reply(self.describe_nodes()))
-        rt.serve("coord.actors", lambda r: r.reply(self.describe_actors(*r.args)))
-        rt.serve("coord.status", lambda r: r.reply(self.status()))
+        for name, fn, roles in (
+                ("coord.register_node", self._rpc_register_node, NODE_ROLES),
+                ("coord.leave", self._rpc_leave, NODE_ROLES),
+                ("coord.actor_died", self._rpc_actor_died, NODE_ROLES),
+                ("coord.create_actor", self._rpc_create_actor, CLIENT_ROLES),
+                ("coord.kill_actor", self._rpc_kill_actor, CLIENT_ROLES),
+                ("coord.close_session", self._rpc_close_session, CLIENT_ROLES),
+                ("coord.wait_nodes", self._rpc_wait_nodes, CLIENT_ROLES),
+                ("coord.wait_actor", self._rpc_wait_actor, CLIENT_ROLES),
+                ("coord.actor_log", self._rpc_actor_log, CLIENT_ROLES),
+                ("coord.shutdown", self._rpc_shutdown, CLIENT_ROLES)):
+            serve_async(rt, name, fn, roles)
+        serve_guarded(rt, "coord.heartbeat", self._on_heartbeat, NODE_ROLES)
+        serve_guarded(rt, "coord.session_ping", self._on_session_ping, CLIENT_ROLES)
+        serve_guarded(rt, "coord.hello", lambda r: r.reply({"address": rt.address}))
+        serve_guarded(rt, "coord.nodes", lambda r: r.reply(self.describe_nodes()),
+                      CLIENT_ROLES)
+        serve_guarded(rt, "coord.actors", lambda r: r.reply(self.describe_actors(
+            *r.args, caller=current_caller())), CLIENT_ROLES)
+        serve_guarded(rt, "coord.status", lambda r: r.reply(self.status()), CLIENT_ROLES)
 
     def start(self) -> None:
         """Start watching heartbeats."""
@@ -451,11 +545,41 @@ class Coordinator:
                     del self.sessions[session]
                     log.warning("client session %s silent for %.0f s; stopping its actors",
                                 session[:8], now - last)
-                    self._spawn(self.kill_owner(f"client:{session}"))
+                    self._spawn(self._end_session(session))
+
+    async def _end_session(self, session: str) -> int:
+        """Stop a session's actors and forget it (and who owned it)."""
+        self.sessions.pop(session, None)
+        try:
+            return await self.kill_owner(f"client:{session}")
+        finally:
+            if session not in self.sessions:  # (not reopened meanwhile)
+                self.owner_keys.pop(f"client:{session}", None)
+
+    def _check_session(self, session: str) -> None:
+        """PermissionError unless the caller may act for ``session`` (it is new, or was
+        opened with the caller's key, or the caller is an admin)."""
+        owner = f"client:{session}"
+        if owner in self.owner_keys and not current_caller().owns(self.owner_keys[owner]):
+            raise PermissionError(
+                f"session {session[:8]}... was opened with another client key; a client key "
+                "may only use its own sessions (use a fresh session id, or an admin key)")
+
+    def _check_actor(self, actor_id: str) -> None:
+        """PermissionError unless the caller may see and stop actor ``actor_id`` (an
+        unknown actor passes: the caller then gets what an unknown actor gets)."""
+        record = self.actors.get(actor_id) if isinstance(actor_id, str) else None
+        if record is not None and not current_caller().owns(
+                self.owner_keys.get(record.owner)):
+            raise PermissionError(
+                f"actor {actor_id[:8]} belongs to a session or job of another key; a client "
+                "key may only stop or read the actors of its own sessions and jobs (an admin "
+                "key may act on all)")
 
     def _on_session_ping(self, request: Request) -> None:
         session = request.args[0] if request.args else None
-        known = isinstance(session, str) and session in self.sessions
+        known = isinstance(session, str) and session in self.sessions and \
+            current_caller().owns(self.owner_keys.get(f"client:{session}"))
         if known:
             self.sessions[session] = time.monotonic()
         request.reply({"known": known})
@@ -501,10 +625,12 @@ class Coordinator:
         """Long-poll: the first live actor called ``name`` (of ``owner``) whose id is not in
         ``exclude`` (e.g. the replacement of a killed one), or None after ``timeout_s``."""
         deadline = time.monotonic() + min(float(timeout_s), 300.0)
+        caller = current_caller()
         while True:
             for record in self.actors.values():
                 if record.spec.name == name and record.state == "alive" and \
-                        record.actor_id not in exclude and owner in (None, record.owner):
+                        record.actor_id not in exclude and owner in (None, record.owner) \
+                        and caller.owns(self.owner_keys.get(record.owner)):
                     node = self.nodes.get(record.node_id)
                     return record.describe(node.name if node else "?")
             if time.monotonic() >= deadline:
@@ -686,6 +812,8 @@ class Coordinator:
                                 timeout_s: float = DEFAULT_START_TIMEOUT_S) -> list[Any]:
         if not isinstance(session, str) or not session:
             raise ValueError("session must be a non-empty string")
+        self._check_session(session)
+        self.owner_keys.setdefault(f"client:{session}", current_caller().key)
         self.sessions[session] = time.monotonic()
         handle = await self.create_actor(
             spec_from_wire(spec), f"client:{session}", node=node, colocate_with=colocate_with,
@@ -694,6 +822,7 @@ class Coordinator:
 
     async def _rpc_kill_actor(self, session: str, actor_id: str, signal_kill: bool = False
                               ) -> bool:
+        self._check_actor(actor_id)
         if signal_kill:
             await self.sigkill_actor(actor_id)
         else:
@@ -716,10 +845,13 @@ class Coordinator:
         return True
 
     async def _rpc_close_session(self, session: str) -> int:
-        self.sessions.pop(session, None)
-        return await self.kill_owner(f"client:{session}")
+        if not isinstance(session, str):
+            raise ValueError("coord.close_session takes [session: str]")
+        self._check_session(session)
+        return await self._end_session(session)
 
     async def _rpc_actor_log(self, actor_id: str, max_bytes: int = 20_000) -> str:
+        self._check_actor(actor_id)
         record = self.actors.get(actor_id)
         node = self.nodes.get(record.node_id) if record is not None else None
         if node is None:
@@ -727,6 +859,14 @@ class Coordinator:
         return await node.conn.actor_log(actor_id, min(int(max_bytes), 1 << 20))
 
     async def _rpc_shutdown(self, with_nodes: bool = False) -> bool:
+        caller = current_caller()
+        network = self.runtime.network
+        security = network.security if network is not None else None
+        if not caller.is_admin and security is not None and security.has_admin:
+            raise PermissionError(
+                "coord.shutdown stops every job and session: with an admin key on the "
+                "allow-list only admin keys may call it (use one: `actorrl coordinator "
+                "stop --identity admin-NAME`, or Client(..., identity='admin-NAME'))")
         self.shutdown_with_nodes = bool(with_nodes)
         self.shutdown_requested.set()
         return True
@@ -736,10 +876,14 @@ class Coordinator:
         """Every live node."""
         return [n.describe() for n in sorted(self.nodes.values(), key=lambda n: n.seq)]
 
-    def describe_actors(self, owner: str | None = None) -> list[dict[str, Any]]:
-        """Every live actor (of ``owner``, when given)."""
+    def describe_actors(self, owner: str | None = None, *, caller: Caller | None = None
+                        ) -> list[dict[str, Any]]:
+        """Every live actor (of ``owner``, when given; only those ``caller`` may see, when
+        given)."""
         out = []
         for record in self.actors.values():
+            if caller is not None and not caller.owns(self.owner_keys.get(record.owner)):
+                continue
             if owner is None or record.owner == owner:
                 node = self.nodes.get(record.node_id)
                 out.append(record.describe(node.name if node else "?"))

@@ -298,7 +298,7 @@ class Runtime:
         """The endpoint other processes use (refs and handles carry it)."""
         security = network.security if network is not None else None
         if security is not None:
-            ensure_authenticator(security.allowed)
+            ensure_authenticator(security.allowed, security.roles)
         if network is not None and network.host is not None:
             tcp = self.server.bind(network.tcp_bind_address(),
                                    security.identity.secret if security else None)

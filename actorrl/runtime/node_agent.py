@@ -10,8 +10,9 @@
    ``coordinator.public``, is retried with backoff ``auth_attempts`` times, then the agent
    fails with :class:`NodeJoinError` naming the address and the key problem;
 3. serves ``node.start_actor`` / ``node.stop_actor`` / ``node.kill_actor`` /
-   ``node.release`` / ``node.actor_log``, and reports every unasked actor death with an
-   acknowledged call;
+   ``node.release`` / ``node.actor_log`` to the coordinator's key only (other CURVE keys
+   get a PermissionError reply naming the role required), and reports every unasked
+   actor death with an acknowledged call;
 4. when the coordinator is lost (heartbeats unanswered for its timeout), stops all its
    actors (their jobs are the coordinator's to recreate) and tries to register again, so a
    restarted coordinator gets its nodes back.
@@ -33,7 +34,13 @@ import uuid
 from typing import Any
 
 from actorrl.runtime.actor import ActorHandle
-from actorrl.runtime.coordinator import DEFAULT_HEARTBEAT_S, serve_async, spec_from_wire
+from actorrl.runtime.coordinator import (
+    COORDINATOR_ROLES,
+    DEFAULT_HEARTBEAT_S,
+    serve_async,
+    serve_guarded,
+    spec_from_wire,
+)
 from actorrl.runtime.core import Runtime, remove_ipc_fallback
 from actorrl.runtime.network import Network
 from actorrl.runtime.node import LocalNode
@@ -166,12 +173,17 @@ class NodeAgent:
             local = self.local = LocalNode(runtime, self.session_dir, self.num_cpus,
                                            self.num_gpus, child_env=network.to_env())
             local.on_death.append(self._on_actor_death)
-            serve_async(runtime, "node.start_actor", self._start_actor)
-            serve_async(runtime, "node.stop_actor", self._stop_actor)
-            serve_async(runtime, "node.kill_actor", self._kill_actor)
-            serve_async(runtime, "node.release", self._release)
-            runtime.serve("node.info", lambda r: r.reply(self.info()))
-            runtime.serve("node.actor_log", lambda r: r.reply(self._actor_log(*r.args)))
+            # node.* is the coordinator's: other keys (clients, other nodes, admins) are
+            # refused; this node's own processes (ipc, no CURVE) are trusted.
+            for method, fn in (("node.start_actor", self._start_actor),
+                               ("node.stop_actor", self._stop_actor),
+                               ("node.kill_actor", self._kill_actor),
+                               ("node.release", self._release)):
+                serve_async(runtime, method, fn, COORDINATOR_ROLES)
+            serve_guarded(runtime, "node.info", lambda r: r.reply(self.info()),
+                          COORDINATOR_ROLES)
+            serve_guarded(runtime, "node.actor_log",
+                          lambda r: r.reply(self._actor_log(*r.args)), COORDINATOR_ROLES)
             while not self.stop_event.is_set():
                 if not await self._register():
                     break
