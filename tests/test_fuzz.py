@@ -22,7 +22,6 @@ import socket
 import struct
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from actorrl.runtime.core import _check_request
+from tests.raw_rpc import collect_replies as raw_collect_replies
 from transport.codec import EXT_ARRAY, Codec, DecodeError
 from transport.errors import RemoteError
 from transport.rpc import KIND_ERROR, KIND_NOTIFY, KIND_OK, KIND_REQUEST, RpcClient, RpcServer
@@ -171,23 +171,8 @@ def request(method: Any, args: Any, kwargs: Any = None,
 
 def collect_replies(sock: zmq.Socket, ids: set[int], timeout_s: float = REPLY_S,
                     names: dict[int, str] | None = None) -> dict[int, tuple[int, Any]]:
-    """Receive until every id in ``ids`` is answered; every reply must be well formed
-    (``names`` describe the requests in the failure message)."""
-    replies: dict[int, tuple[int, Any]] = {}
-    deadline = time.monotonic() + timeout_s
-    while not ids <= replies.keys():
-        left_ms = int((deadline - time.monotonic()) * 1000)
-        if left_ms <= 0 or not sock.poll(left_ms):
-            missing = sorted(ids - replies.keys())[:10]
-            raise AssertionError(f"no reply within {timeout_s} s to "
-                                 f"{[(names or {}).get(i, i) for i in missing]}")
-        frames = sock.recv_multipart(copy=False)
-        assert len(frames) >= 2 and len(frames[0]) == PREFIX.size, "malformed reply"
-        kind, rid = PREFIX.unpack(frames[0].bytes)
-        assert kind in (KIND_OK, KIND_ERROR), kind
-        assert rid not in replies, f"two replies to request {rid}"
-        replies[rid] = (kind, _codec.decode(frames[1:]))
-    return replies
+    """:func:`tests.raw_rpc.collect_replies` with this module's reply deadline."""
+    return raw_collect_replies(sock, ids, timeout_s, names)
 
 
 async def healthy(target: Target, phase: str) -> None:

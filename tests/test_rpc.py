@@ -26,6 +26,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from tests.raw_rpc import collect_replies
 from transport.codec import EXT_ARRAY, TYPE_MARKER, Codec, DecodeError
 from transport.errors import CallTimeoutError, PeerLostError, RemoteError
 from transport.rpc import KIND_ERROR, KIND_NOTIFY, KIND_OK, KIND_REQUEST, RpcClient
@@ -175,20 +176,7 @@ def _replies_until(sock: zmq.Socket, request_id: int,
                    timeout_s: float = WAIT_S) -> dict[int, tuple[int, object]]:
     """Receive replies until the one for ``request_id``; every reply must be well formed.
     Returns ``{id: (kind, decoded value)}`` in arrival order."""
-    replies: dict[int, tuple[int, object]] = {}
-    deadline = time.monotonic() + timeout_s
-    while request_id not in replies:
-        left_ms = int((deadline - time.monotonic()) * 1000)
-        if left_ms <= 0 or not sock.poll(left_ms):
-            raise AssertionError(f"no reply to request {request_id} within {timeout_s} s; "
-                                 f"got replies for {sorted(replies)}")
-        frames = sock.recv_multipart(copy=False)
-        assert len(frames) >= 2 and len(frames[0]) == PREFIX.size, "malformed reply"
-        kind, rid = PREFIX.unpack(frames[0].bytes)
-        assert kind in (KIND_OK, KIND_ERROR), kind
-        assert rid not in replies, f"two replies to request {rid}"
-        replies[rid] = (kind, _codec.decode(frames[1:]))
-    return replies
+    return collect_replies(sock, {request_id}, timeout_s)
 
 
 # ---------------------------------------------------------------------------- calls
