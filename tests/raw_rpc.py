@@ -1,4 +1,5 @@
-"""Raw DEALER-side helpers for tests that speak the RPC wire format by hand."""
+"""Hand-built wire input for tests: raw DEALER-side reply collection and crafted
+msgpack (hash-colliding maps)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import struct
 import time
 from typing import Any
 
+import msgpack
 import zmq
 
 from transport.codec import Codec
@@ -37,3 +39,14 @@ def collect_replies(sock: zmq.Socket, ids: set[int], timeout_s: float,
         assert rid not in replies, f"two replies to request {rid}"
         replies[rid] = (kind, _codec.decode(frames[1:]))
     return replies
+
+
+def colliding_key_map(count: int) -> bytes:
+    """A msgpack map whose ``count`` keys are distinct lists of -1/-2 (hash(-1) ==
+    hash(-2) in CPython, so every such tuple has the same hash)."""
+    width = max(1, (count - 1).bit_length())
+    packer = msgpack.Packer()
+    out = bytearray(packer.pack_map_header(count))
+    for i in range(count):
+        out += packer.pack([-1 - ((i >> bit) & 1) for bit in range(width)]) + packer.pack(0)
+    return bytes(out)

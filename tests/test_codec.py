@@ -18,6 +18,7 @@ from hypothesis.extra import numpy as hnp
 
 import transport.codec as codec_module
 from actorrl.batch import MultiAgentBatch, SampleBatch
+from tests.raw_rpc import colliding_key_map
 from transport.codec import (
     DEFAULT_INLINE_THRESHOLD,
     EXT_ARRAY,
@@ -775,27 +776,16 @@ def test_typing_a_remote_error_never_runs_the_class_constructor():
         register_error(KeyboardInterrupt)  # a remote one must not stop the caller
 
 
-def _colliding_key_map(count: int) -> bytes:
-    """A msgpack map whose ``count`` keys are distinct lists of -1/-2 (hash(-1) ==
-    hash(-2) in CPython, so every such tuple has the same hash)."""
-    width = max(1, (count - 1).bit_length())
-    packer = msgpack.Packer()
-    out = bytearray(packer.pack_map_header(count))
-    for i in range(count):
-        out += packer.pack([-1 - ((i >> bit) & 1) for bit in range(width)]) + packer.pack(0)
-    return bytes(out)
-
-
 def test_colliding_composite_keys_are_refused_fast() -> None:
     """A hash-flooding map (20,000 colliding tuple keys, ~400 KB) is refused in well under
     a second instead of stalling the event loop for seconds; a few collisions pass."""
-    header = _colliding_key_map(20_000)
+    header = colliding_key_map(20_000)
     assert len(header) < 1 << 20
     started = time.perf_counter()
     with pytest.raises(DecodeError, match="hash-collision"):
         decode([header])
     assert time.perf_counter() - started < 0.5
-    few = decode([_colliding_key_map(8)])
+    few = decode([colliding_key_map(8)])
     assert len(few) == 8 and all(isinstance(k, tuple) for k in few)
 
 

@@ -35,6 +35,7 @@ from hypothesis import strategies as st
 
 from actorrl.runtime.core import _check_request
 from tests.raw_rpc import collect_replies as raw_collect_replies
+from tests.raw_rpc import colliding_key_map
 from transport.codec import EXT_ARRAY, Codec, DecodeError
 from transport.errors import RemoteError
 from transport.rpc import KIND_ERROR, KIND_NOTIFY, KIND_OK, KIND_REQUEST, RpcClient, RpcServer
@@ -289,19 +290,9 @@ def _crafted_headers() -> list[bytes]:
         msgpack.packb(msgpack.ExtType(99, b"")),
         msgpack.packb({"\x00actorrl.type": "no.such.type", "v": 1}),
         msgpack.packb({"\x00actorrl.type": "actorrl.batch.SampleBatch", "v": [1, 2]}),
-        _colliding_key_map(20_000),
-        msgpack.packb([_colliding_key_map(2_000)] * 8),
+        colliding_key_map(20_000),
+        msgpack.packb([colliding_key_map(2_000)] * 8),
     ]
-
-
-def _colliding_key_map(count: int) -> bytes:
-    """A msgpack map whose keys are distinct lists of -1/-2 (all of one hash in CPython)."""
-    width = max(1, (count - 1).bit_length())
-    packer = msgpack.Packer()
-    out = bytearray(packer.pack_map_header(count))
-    for i in range(count):
-        out += packer.pack([-1 - ((i >> bit) & 1) for bit in range(width)]) + packer.pack(0)
-    return bytes(out)
 
 
 @pytest.mark.parametrize("which", ["server", "actor"])

@@ -49,6 +49,12 @@ def test_a_forged_dtype_cannot_write_a_log_line() -> None:
     assert "\n" not in str(info.value) and "forged" in str(info.value)
 
 
+def _python_words(code: str) -> list[str]:
+    """The words ``code`` prints, run in a fresh interpreter (nothing preloaded)."""
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, timeout=60, check=True).stdout.split()
+
+
 def test_a_tensor_message_does_not_import_torch() -> None:
     """A 40-byte message with the tensor extension decodes to a numpy array in a process
     that never imported torch (the coordinator), and torch stays unloaded."""
@@ -60,8 +66,7 @@ def test_a_tensor_message_does_not_import_torch() -> None:
         "msg = msgpack.packb(msgpack.ExtType(EXT_TENSOR, head + b'\\0' * 8))\n"
         "value = decode([msg])\n"
         "print(len(msg), type(value).__name__, 'torch' in sys.modules)\n")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                         text=True, timeout=60, check=True).stdout.split()
+    out = _python_words(code)
     assert int(out[0]) <= 40 and out[1:] == ["ndarray", "False"]
 
 
@@ -227,20 +232,19 @@ async def test_failed_actors_are_replaced_concurrently() -> None:
     from actorrl.pipelines.pieces import Fleet
 
     started: list[str] = []
-    release = asyncio.Event()
+    release, both = asyncio.Event(), asyncio.Event()
 
     async def replace(actor):
         started.append(actor)
+        if len(started) == 2:
+            both.set()
         await release.wait()
         return f"new-{actor}"
 
     fleet = Fleet(["a", "b", "c"], replace, "rollout worker")  # type: ignore[arg-type]
     failures = [("a", RuntimeError("x")), ("c", RuntimeError("y")), ("a", RuntimeError("z"))]
     task = asyncio.ensure_future(fleet.failed_all(failures, lambda _a: None))
-    async def both_started() -> None:
-        while len(started) < 2:
-            await asyncio.sleep(0)
-    await asyncio.wait_for(both_started(), 5)
+    await asyncio.wait_for(both.wait(), 5)
     assert not task.done()
     release.set()
     assert sorted(await task) == ["new-a", "new-c"]
@@ -297,8 +301,7 @@ def test_validating_a_job_submission_does_not_import_torch() -> None:
         "except ValueError as exc:\n"
         "    print('refused', 'fcnet_hiddens' in str(exc))\n"
         "print('torch' in sys.modules)\n")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                         text=True, timeout=60, check=True).stdout.split()
+    out = _python_words(code)
     assert out == ["refused", "True", "False"], out
 
 

@@ -222,6 +222,16 @@ def leave_hosting(token: contextvars.Token) -> None:
     _hosting.reset(token)
 
 
+def public_method(instance: Any, name: str) -> Callable[..., Any] | RemoteError:
+    """The public method ``name`` of a hosted actor, or the error a caller gets when it
+    has none (shared by process and serial hosting)."""
+    fn = getattr(instance, name, None) if not name.startswith("_") else None
+    if fn is None or not callable(fn):
+        return RemoteError("AttributeError",
+                           f"{type(instance).__qualname__} has no public method {name!r}")
+    return fn
+
+
 def hosted_context(hosting: Hosting) -> contextvars.Context:
     """A copy of the current context in which ``hosting`` is set (for an actor's task)."""
     context = contextvars.copy_context()
@@ -875,11 +885,9 @@ class Runtime:
             self._finish(call, STATUS_ERROR, RemoteError.from_exception(
                 call.resolution.exception()))
             return
-        fn = getattr(self.actor, call.method, None) if not call.method.startswith("_") else None
-        if fn is None or not callable(fn):
-            self._finish(call, STATUS_ERROR, RemoteError(
-                "AttributeError",
-                f"{type(self.actor).__qualname__} has no public method {call.method!r}"))
+        fn = public_method(self.actor, call.method)
+        if isinstance(fn, RemoteError):
+            self._finish(call, STATUS_ERROR, fn)
             return
         if inspect.iscoroutinefunction(fn):
             try:  # bad arguments raise here, before a coroutine exists

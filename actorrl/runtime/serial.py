@@ -62,6 +62,7 @@ from actorrl.runtime.core import (
     hosted_context,
     import_class,
     leave_hosting,
+    public_method,
 )
 from actorrl.runtime.errors import ActorCreationError, ActorDiedError
 from actorrl.runtime.node import _count_gpus
@@ -239,12 +240,9 @@ class SerialActor:
         if not call.method:  # an argument resolved to an error
             self._finish(call, STATUS_ERROR, call.args[0])
             return
-        fn = getattr(self.instance, call.method, None) if not call.method.startswith("_") \
-            else None
-        if fn is None or not callable(fn):
-            self._finish(call, STATUS_ERROR, RemoteError(
-                "AttributeError",
-                f"{type(self.instance).__qualname__} has no public method {call.method!r}"))
+        fn = public_method(self.instance, call.method)
+        if isinstance(fn, RemoteError):
+            self._finish(call, STATUS_ERROR, fn)
             return
         if inspect.iscoroutinefunction(fn):
             try:  # bad arguments raise here, before a coroutine exists
