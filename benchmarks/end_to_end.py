@@ -13,11 +13,16 @@ For each algorithm the real CLI runs in a subprocess (plain progress lines on a 
   process, as RSS does); ``peak_pss_mb`` is the same with proportional set sizes, which
   splits shared pages between processes and so does not double-count them.
 
-Prints one JSON object per algorithm, then a summary object with the machine's load
-averages before and after (the machine may be shared; compare runs on equal load).
+With ``--compare-workers M`` the first algorithm runs a second time with ``M`` workers
+(same cap) and the summary adds ``pss_per_extra_worker_mb`` = (peak PSS with M workers -
+peak PSS with ``--num-workers``) / (M - num_workers): what each more worker process costs.
+
+Prints one JSON object per run, then a summary object with the machine's load averages
+before and after (the machine may be shared; compare runs on equal load).
 
     python benchmarks/end_to_end.py            # apex, impala, a3c, a2c; 300 s cap each
     python benchmarks/end_to_end.py --quick    # apex only, 60 s cap
+    python benchmarks/end_to_end.py --quick --compare-workers 6   # + apex with 6 workers
 """
 
 from __future__ import annotations
@@ -125,11 +130,13 @@ def _number(text: str | None) -> float | None:
     return None if value is None or value != value else value
 
 
-def run_algorithm(algorithm: str, cap_s: float, sample_s: float, workdir: Path) -> dict:
+def run_algorithm(algorithm: str, cap_s: float, sample_s: float, workdir: Path,
+                  num_workers: int) -> dict:
     """Train ``algorithm`` through the CLI and measure it (see the module docstring)."""
-    output = workdir / algorithm
-    stderr_path = workdir / f"{algorithm}.stderr"
+    output = workdir / f"{algorithm}-{num_workers}w"
+    stderr_path = workdir / f"{algorithm}-{num_workers}w.stderr"
     command = [sys.executable, "-m", "actorrl.cli", "train", algorithm, "--env", "CartPole-v1",
+               "--num-workers", str(num_workers),
                "--stop-reward", str(SOLVED_REWARD), "--stop-time", str(cap_s),
                "--checkpoint-every", "0", "--progress", "plain", "--output", str(output)]
     env = dict(os.environ)
@@ -142,7 +149,8 @@ def run_algorithm(algorithm: str, cap_s: float, sample_s: float, workdir: Path) 
     sampler.start()
     watchdog = threading.Timer(cap_s + EXIT_GRACE_S, proc.kill)
     watchdog.start()
-    out: dict[str, Any] = {"algorithm": algorithm, "cap_s": cap_s, "startup_s": None,
+    out: dict[str, Any] = {"algorithm": algorithm, "num_workers": num_workers,
+                           "cap_s": cap_s, "startup_s": None,
                            "solve_time_s": None, "solve_timesteps": None, "best_reward": None,
                            "iterations": 0}
     try:
@@ -184,6 +192,20 @@ def run_algorithm(algorithm: str, cap_s: float, sample_s: float, workdir: Path) 
     return out
 
 
+def targets_met(results: list[dict], comparison: dict | None) -> dict[str, bool]:
+    """Issue 14's same-host targets, for the runs that measure them: first result within
+    3 s, a 2-worker Ape-X run within 450 MB PSS, each extra worker within 60 MB."""
+    met = {}
+    for r in results:
+        if r["startup_s"] is not None:
+            met[f"{r['algorithm']}_startup_s_le_3"] = r["startup_s"] <= 3.0
+        if r["algorithm"] == "apex" and r["num_workers"] == 2:
+            met["apex_2_workers_peak_pss_mb_le_450"] = r["peak_pss_mb"] <= 450
+    if comparison is not None:
+        met["pss_per_extra_worker_mb_le_60"] = comparison["pss_per_extra_worker_mb"] <= 60
+    return met
+
+
 def main() -> None:
     """Parse arguments, run the algorithms one after another, print JSON."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -195,6 +217,10 @@ def main() -> None:
     parser.add_argument("--sample-s", type=float, default=0.25,
                         help="RSS sampling period")
     parser.add_argument("--keep", action="store_true", help="keep the results folders")
+    parser.add_argument("--num-workers", type=int, default=2, help="rollout workers (2)")
+    parser.add_argument("--compare-workers", type=int, default=None, metavar="M",
+                        help="run the first algorithm again with M workers and report the "
+                             "PSS each extra worker adds")
     args = parser.parse_args()
     algorithms = ["apex"] if args.quick else [a for a in args.algorithms.split(",") if a]
     cap_s = args.cap_s if args.cap_s is not None else (60.0 if args.quick else 300.0)
@@ -203,15 +229,28 @@ def main() -> None:
     results = []
     try:
         for algorithm in algorithms:
-            result = run_algorithm(algorithm, cap_s, args.sample_s, workdir)
+            result = run_algorithm(algorithm, cap_s, args.sample_s, workdir, args.num_workers)
             results.append(result)
             print(json.dumps(result), flush=True)
+        if args.compare_workers is not None and args.compare_workers != args.num_workers:
+            more = run_algorithm(algorithms[0], cap_s, args.sample_s, workdir,
+                                 args.compare_workers)
+            print(json.dumps(more), flush=True)
+            extra = (more["peak_pss_mb"] - results[0]["peak_pss_mb"]) / (
+                args.compare_workers - args.num_workers)
+            comparison = {"algorithm": algorithms[0], "num_workers": [
+                args.num_workers, args.compare_workers], "peak_pss_mb": [
+                results[0]["peak_pss_mb"], more["peak_pss_mb"]],
+                "pss_per_extra_worker_mb": round(extra, 1)}
+        else:
+            comparison = None
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
     print(json.dumps({"summary": {r["algorithm"]: {k: r.get(k) for k in (
-        "startup_s", "solve_time_s", "solve_timesteps", "best_reward", "peak_rss_mb",
-        "peak_pss_mb")} for r in results},
+        "num_workers", "startup_s", "solve_time_s", "solve_timesteps", "best_reward",
+        "peak_rss_mb", "peak_pss_mb")} for r in results}, "workers_comparison": comparison,
+        "targets_met": targets_met(results, comparison),
         "cpu_count": os.cpu_count(), "loadavg_before": [round(x, 2) for x in load_before],
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         "results_dir": str(workdir) if args.keep else None}), flush=True)
