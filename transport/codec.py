@@ -39,6 +39,9 @@ from typing import Any, TypeVar
 import msgpack
 import numpy as np
 
+from transport import shm
+from transport.shm import Placer
+
 __all__ = [
     "Codec",
     "DecodeError",
@@ -51,6 +54,8 @@ __all__ = [
 
 EXT_ARRAY = 1
 EXT_TENSOR = 2
+EXT_SHM_ARRAY = 3
+EXT_SHM_TENSOR = 4
 TYPE_MARKER = "\x00actorrl.type"
 DEFAULT_INLINE_THRESHOLD = 64 * 1024
 DEFAULT_MAX_INLINE_BYTES = 256 * 1024
@@ -61,6 +66,7 @@ more than a handful; a flood has thousands)."""
 MAX_ARRAY_BYTES = 2**31 - 1
 
 _HEAD = struct.Struct("<BBBi")  # dtype length, ndim, flags, frame index (-1 = inline)
+_SHM_HEAD = struct.Struct("<BBBBQ")  # dtype length, ndim, flags, pooled, data offset
 _FLAG_FORTRAN = 1
 
 
@@ -129,10 +135,11 @@ def register_dataclass(cls: type[T], tag: str | None = None) -> type[T]:
 
 
 def _array_ext(arr: np.ndarray, frames: list, inline_budget: list[int], allow_large: bool,
-               code: int) -> msgpack.ExtType:
+               code: int, placer: Placer | None = None) -> msgpack.ExtType:
     """The extension record of ``arr``: inline while it is below ``inline_budget[0]``
     (the threshold) and fits ``inline_budget[1]`` (what this message may still inline,
-    decremented), else a reference to a new frame in ``frames``."""
+    decremented), else a shared-memory handle when ``placer`` takes it, else a reference
+    to a new frame in ``frames``."""
     dtype = arr.dtype
     if dtype.hasobject or dtype.fields is not None:
         raise EncodeError(
@@ -157,6 +164,13 @@ def _array_ext(arr: np.ndarray, frames: list, inline_budget: list[int], allow_la
         inline_budget[1] -= arr.nbytes
         head = _HEAD.pack(len(dtype_str), arr.ndim, flags, -1)
         return msgpack.ExtType(code, head + dtype_str + shape + flat.tobytes())
+    if placer is not None and arr.nbytes >= placer.threshold:
+        handle = placer.place(arr, flat)
+        if handle is not None:
+            name, offset, pooled = handle
+            head = _SHM_HEAD.pack(len(dtype_str), arr.ndim, flags, pooled, offset)
+            return msgpack.ExtType(code + (EXT_SHM_ARRAY - EXT_ARRAY),
+                                   head + dtype_str + shape + name.encode())
     frames.append(flat.data)
     head = _HEAD.pack(len(dtype_str), arr.ndim, flags, len(frames) - 1)
     return msgpack.ExtType(code, head + dtype_str + shape)
@@ -199,6 +213,40 @@ def _array_from_ext(data: bytes, frames: Sequence[Any]) -> np.ndarray:
         raise DecodeError(f"malformed array header: {str(exc)!r}") from exc
 
 
+def _array_from_shm(data: bytes, mapped: dict[str, Any]) -> np.ndarray:
+    """The array a shared-memory record names, mapped (once per segment per message, in
+    ``mapped``); every field off the wire is checked (see :func:`transport.shm.open_segment`)."""
+    try:
+        dlen, ndim, flags, pooled, offset = _SHM_HEAD.unpack_from(data)
+        pos = _SHM_HEAD.size
+        dtype_text = data[pos:pos + dlen].decode()
+        try:
+            dtype = np.dtype(dtype_text)
+        except TypeError:
+            raise DecodeError(f"malformed array header: unknown dtype {dtype_text!r}") from None
+        pos += dlen
+        shape = struct.unpack_from(f"<{ndim}q", data, pos)
+        pos += 8 * ndim
+        if dtype.hasobject or dtype.fields is not None:
+            raise DecodeError("object and structured arrays are never accepted from the wire")
+        if any(d < 0 for d in shape):
+            raise DecodeError(f"malformed array header: negative dimension in array shape {shape}")
+        nbytes = math.prod(shape) * dtype.itemsize
+        name = data[pos:].decode("ascii")
+        segment = mapped.get(name)
+        if segment is None:
+            segment = mapped[name] = shm.open_segment(name, pooled=bool(pooled))
+        flat = segment.array(offset, nbytes)
+        order = "F" if flags & _FLAG_FORTRAN else "C"
+        return flat.view(dtype).reshape(shape, order=order)
+    except DecodeError:
+        raise
+    except shm.ShmError as exc:
+        raise DecodeError(f"bad shared-memory handle: {exc}") from None
+    except Exception as exc:  # any malformed record is a decode error, never a crash
+        raise DecodeError(f"malformed shared-memory array header: {str(exc)!r}") from exc
+
+
 class Codec:
     """Encoder/decoder of multipart messages; one per process is enough (it is thread-safe).
 
@@ -229,9 +277,10 @@ class Codec:
         return packer, local.frames
 
     def _default(self, obj: Any) -> Any:
-        frames, budget = self._local.frames, self._local.inline_budget
+        local = self._local
+        frames, budget = local.frames, local.inline_budget
         if isinstance(obj, np.ndarray):
-            return _array_ext(obj, frames, budget, self.allow_large, EXT_ARRAY)
+            return _array_ext(obj, frames, budget, self.allow_large, EXT_ARRAY, local.placer)
         if isinstance(obj, np.generic):
             if isinstance(obj, np.bool_):
                 return bool(obj)
@@ -239,7 +288,8 @@ class Codec:
                 return int(obj)
             if isinstance(obj, np.floating) and obj.dtype.itemsize <= 8:
                 return float(obj)
-            return _array_ext(np.asarray(obj), frames, budget, self.allow_large, EXT_ARRAY)
+            return _array_ext(np.asarray(obj), frames, budget, self.allow_large, EXT_ARRAY,
+                              local.placer)
         entry = _by_class.get(type(obj))
         if entry is not None:
             return {TYPE_MARKER: entry.tag, "v": entry.to_wire(obj)}
@@ -250,7 +300,7 @@ class Codec:
                     f"torch tensor on {obj.device} cannot cross the wire; call .cpu() first"
                 )
             return _array_ext(obj.detach().numpy(), frames, budget, self.allow_large,
-                              EXT_TENSOR)
+                              EXT_TENSOR, local.placer)
         if isinstance(obj, (tuple, list, set, frozenset)):
             return list(obj)
         if isinstance(obj, dict):
@@ -271,11 +321,17 @@ class Codec:
             "with transport.codec.register_type cross the wire"
         )
 
-    def encode(self, obj: Any) -> list[Any]:
-        """Encode ``obj`` into ``[header, *buffers]``; buffers reference the arrays' memory."""
+    def encode(self, obj: Any, placer: Placer | None = None) -> list[Any]:
+        """Encode ``obj`` into ``[header, *buffers]``; buffers reference the arrays' memory.
+
+        With ``placer`` (only for a receiver on this host), arrays of at least
+        ``placer.threshold`` bytes that it accepts travel as shared-memory handles in the
+        header instead of frames (see :mod:`transport.shm`)."""
         packer, frames = self._state()
         frames.clear()
-        self._local.inline_budget = [self.inline_threshold, self.max_inline_bytes]
+        local = self._local
+        local.inline_budget = [self.inline_threshold, self.max_inline_bytes]
+        local.placer = placer
         try:
             header = packer.pack(obj)
         except EncodeError:
@@ -284,12 +340,17 @@ class Codec:
         except (TypeError, ValueError, OverflowError) as exc:
             packer.reset()
             raise EncodeError(f"cannot encode value: {exc}") from exc
+        finally:
+            local.placer = None
         out = [header, *frames]
         frames.clear()
         return out
 
-    def decode(self, frames: Sequence[Any]) -> Any:
-        """Rebuild the value from ``[header, *buffers]`` without copying the buffers."""
+    def decode(self, frames: Sequence[Any], allow_shm: bool = False) -> Any:
+        """Rebuild the value from ``[header, *buffers]`` without copying the buffers.
+
+        ``allow_shm``: accept shared-memory handles (only for a message that came from a
+        process of this host, over ipc); otherwise a handle is a DecodeError."""
         if not frames:
             raise DecodeError("empty message")
         header = frames[0]
@@ -307,11 +368,20 @@ class Codec:
                               "their own frames; raise Codec max_header_bytes for "
                               "trusted input)")
 
+        mapped: dict[str, Any] = {}
+
         def ext_hook(code: int, data: bytes) -> Any:
             if code == EXT_ARRAY:
                 return _array_from_ext(data, rest)
-            if code == EXT_TENSOR:
-                arr = _array_from_ext(data, rest)
+            if code in (EXT_SHM_ARRAY, EXT_SHM_TENSOR):
+                if not allow_shm:
+                    raise DecodeError("shared-memory handles are accepted only from "
+                                      "processes of this host")
+                if code == EXT_SHM_ARRAY:
+                    return _array_from_shm(data, mapped)
+            if code in (EXT_TENSOR, EXT_SHM_TENSOR):
+                arr = (_array_from_ext(data, rest) if code == EXT_TENSOR
+                       else _array_from_shm(data, mapped))
                 torch = sys.modules.get("torch")
                 if torch is None:
                     # A process that never imported torch (the coordinator) gets the
@@ -376,11 +446,11 @@ def _hashable(key: Any) -> Any:
 _default_codec = Codec()
 
 
-def encode(obj: Any) -> list[Any]:
+def encode(obj: Any, placer: Placer | None = None) -> list[Any]:
     """Encode with the process-wide default :class:`Codec`."""
-    return _default_codec.encode(obj)
+    return _default_codec.encode(obj, placer)
 
 
-def decode(frames: Sequence[Any]) -> Any:
+def decode(frames: Sequence[Any], allow_shm: bool = False) -> Any:
     """Decode with the process-wide default :class:`Codec`."""
-    return _default_codec.decode(frames)
+    return _default_codec.decode(frames, allow_shm)

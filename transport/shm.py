@@ -1,0 +1,632 @@
+"""Shared-memory segments for bulk arrays moving between processes of one host.
+
+The codec (:mod:`transport.codec`) places arrays at or above a threshold (default
+:data:`DEFAULT_THRESHOLD`, 256 KiB) bound for a process on this host in a segment here and
+sends only a *handle* (segment name, offset); the receiver maps the segment and reads the
+array in place (``np.asarray`` over the mapping, read-only). Across hosts nothing changes:
+arrays travel as zero-copy ZeroMQ frames.
+
+Segments are files in ``/dev/shm`` named ``actorrl-shm.<uid>.<pid>.<start>.<n>``: the
+owner's uid and pid, the owner's start time (``/proc/<pid>/stat`` field 22, so a reused
+pid is never mistaken for the owner) and a counter. Any process of the user can therefore
+find and unlink the segments of owners that are gone (:func:`sweep_dead_owner_segments`,
+run where a death is noticed and when runtimes start and close), and an owner unlinks its
+own when it is done with them and at exit. A mapping stays valid after its file is
+unlinked, so an owner may unlink a segment as soon as its receivers have mapped it.
+
+Three kinds of segment, by who decides their lifetime:
+
+- *Pooled* (:class:`SegmentPool`, call arguments): the sender copies the array into a
+  segment it keeps mapped and reuses. The first 64 bytes of every segment are a header;
+  byte 8 is the *lent* flag: the sender sets it when it hands the segment out, the
+  receiver clears it when the last array it read from the segment is garbage collected.
+  A segment is reused only when it is neither in flight (call not answered) nor lent.
+  Creating a fresh segment costs page allocation (on this VM ~2.7 ms per 8 MiB, more than
+  sending it through a ZeroMQ frame); refilling a pooled one costs one ``memcpy``.
+- *Placed* (:meth:`Segment.from_array`, stored objects fetched by others): one segment per
+  array, written once with ``pwrite`` (no separate zeroing), answered to every same-host
+  fetch, unlinked when the object is freed.
+- *Allocated* (:func:`empty`): the producer builds its array directly in a segment;
+  sending it copies nothing. Unlinked when the producer's array is garbage collected.
+
+Handles read off the wire are checked (:func:`open_segment`): only names of the expected
+form with this process's uid, opened inside ``/dev/shm`` without following links, owned by
+this uid, with the header magic and a size that covers what the handle names.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import itertools
+import logging
+import mmap
+import os
+import re
+import stat
+import threading
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "DEFAULT_POOL_BYTES",
+    "DEFAULT_THRESHOLD",
+    "HEADER_BYTES",
+    "PREFIX",
+    "SHM_DIR",
+    "CallPlacer",
+    "Handle",
+    "Placer",
+    "Segment",
+    "SegmentPool",
+    "ShmError",
+    "StoredPlacer",
+    "available",
+    "empty",
+    "enabled_by_env",
+    "list_segments",
+    "map_region",
+    "open_segment",
+    "region_of",
+    "sweep_dead_owner_segments",
+    "unlink_owned",
+]
+
+SHM_DIR = "/dev/shm"
+PREFIX = "actorrl-shm."
+DEFAULT_THRESHOLD = 256 * 1024
+"""Arrays of at least this many bytes go through shared memory to same-host peers."""
+DEFAULT_POOL_BYTES = 1 << 30
+"""Segment bytes a :class:`SegmentPool` keeps named at most (older ones are unlinked)."""
+HEADER_BYTES = 64
+"""Bytes before the data of every segment: 8 magic bytes, then the lent flag."""
+MAGIC = b"ACTRLSHM"
+_LENT = 8
+_ALIGN = 64
+_NAME = re.compile(r"actorrl-shm\.(\d{1,10})\.(\d{1,10})\.(\d{1,20})\.(\d{1,20})")
+_lock = threading.Lock()
+_owned: dict[str, Segment] = {}
+_counter = itertools.count()
+_identity: tuple[int, str] | None = None
+_warned = False
+_dir_fd: int | None = None
+
+
+class ShmError(ValueError):
+    """A handle names no acceptable segment (bad name, other user, too small, gone)."""
+
+
+def enabled_by_env() -> bool:
+    """False when ``ACTORRL_SHM=0`` (or ``false``/``off``/``no``) turns shared memory off."""
+    return os.environ.get("ACTORRL_SHM", "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+def _proc_start(pid: int) -> tuple[str, str] | None:
+    """``(state, start time)`` of process ``pid`` from ``/proc``, or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    fields = text.rpartition(")")[2].split()
+    if len(fields) < 20:
+        return None
+    return fields[0], fields[19]
+
+
+def _my_identity() -> tuple[int, str]:
+    global _identity
+    if _identity is None or _identity[0] != os.getpid():
+        pid = os.getpid()
+        found = _proc_start(pid)
+        _identity = (pid, found[1] if found else "0")
+    return _identity
+
+
+def _after_fork_in_child() -> None:
+    """A forked child owns none of its parent's segments (and must not unlink them)."""
+    global _identity, _counter, _dir_fd
+    _owned.clear()
+    _identity = None
+    _counter = itertools.count()
+    _dir_fd = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _new_name() -> str:
+    pid, start = _my_identity()
+    return f"{PREFIX}{os.getuid()}.{pid}.{start}.{next(_counter)}"
+
+
+def _shm_dir_fd() -> int:
+    global _dir_fd
+    if _dir_fd is None:
+        _dir_fd = os.open(SHM_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    return _dir_fd
+
+
+def available() -> bool:
+    """Whether ``/dev/shm`` exists and this user can create files in it."""
+    return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK | os.X_OK)
+
+
+def warn_fallback(exc: BaseException) -> None:
+    """Log (once per process) that shared memory failed and ZeroMQ frames are used."""
+    global _warned
+    if not _warned:
+        _warned = True
+        log.warning("shared memory unavailable (%s): bulk arrays to same-host peers travel "
+                    "as ZeroMQ frames instead", exc)
+
+
+def _address(mm: mmap.mmap) -> int:
+    buf = ctypes.c_char.from_buffer(mm)
+    try:
+        return ctypes.addressof(buf)
+    finally:
+        del buf
+
+
+class Segment:
+    """A segment this process created (and owns): a file in ``/dev/shm``, mapped
+    read-write. Thread-safe to create and unlink."""
+
+    __slots__ = ("name", "capacity", "mm", "address", "in_flight", "unlinked", "__weakref__")
+
+    def __init__(self, name: str, capacity: int, mm: mmap.mmap) -> None:
+        self.name = name
+        self.capacity = capacity
+        """Data bytes (the file is :data:`HEADER_BYTES` longer)."""
+        self.mm = mm
+        self.address = _address(mm)
+        self.in_flight = False
+        self.unlinked = False
+
+    @classmethod
+    def create(cls, capacity: int, reserve: bool = True) -> Segment:
+        """A new segment of ``capacity`` data bytes. ``reserve``: allocate its pages now
+        (``posix_fallocate``), so a full ``/dev/shm`` raises OSError here instead of
+        SIGBUS on a later write."""
+        name = _new_name()
+        fd = os.open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600, dir_fd=_shm_dir_fd())
+        try:
+            size = HEADER_BYTES + capacity
+            if reserve:
+                os.posix_fallocate(fd, 0, size)
+            else:
+                os.ftruncate(fd, size)
+            os.pwrite(fd, MAGIC, 0)
+            mm = mmap.mmap(fd, size)
+        except BaseException:
+            os.close(fd)
+            _unlink_name(name)
+            raise
+        os.close(fd)
+        segment = cls(name, capacity, mm)
+        with _lock:
+            _owned[name] = segment
+        return segment
+
+    @classmethod
+    def from_array(cls, flat: np.ndarray) -> Segment:
+        """A new segment holding the bytes of the contiguous uint8 array ``flat``, written
+        with one ``pwrite`` (tmpfs does not zero pages a write covers whole)."""
+        name = _new_name()
+        fd = os.open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600, dir_fd=_shm_dir_fd())
+        try:
+            os.pwrite(fd, MAGIC + bytes(HEADER_BYTES - len(MAGIC)), 0)
+            view = memoryview(flat)
+            done = 0
+            while done < len(view):  # pwrite may write less than asked
+                done += os.pwrite(fd, view[done:], HEADER_BYTES + done)
+            size = HEADER_BYTES + len(view)
+            mm = mmap.mmap(fd, size)
+        except BaseException:
+            os.close(fd)
+            _unlink_name(name)
+            raise
+        os.close(fd)
+        segment = cls(name, len(view), mm)
+        with _lock:
+            _owned[name] = segment
+        return segment
+
+    @property
+    def lent(self) -> bool:
+        """Whether a receiver still reads the data handed out last."""
+        return self.mm[_LENT] != 0
+
+    def lend(self) -> None:
+        """Mark the segment handed out (the receiver clears the mark when done)."""
+        self.mm[_LENT] = 1
+
+    def write(self, flat: np.ndarray, offset: int = 0) -> None:
+        """Copy the uint8 array ``flat`` to data offset ``offset``."""
+        dst = np.frombuffer(self.mm, np.uint8, count=flat.size, offset=HEADER_BYTES + offset)
+        np.copyto(dst, flat)
+
+    def unlink(self) -> None:
+        """Remove the name (mappings, this one included, stay valid until unmapped)."""
+        if self.unlinked:
+            return
+        self.unlinked = True
+        with _lock:
+            _owned.pop(self.name, None)
+        _unlink_name(self.name)
+
+    def __repr__(self) -> str:
+        return f"Segment({self.name}, {self.capacity} bytes)"
+
+
+def _unlink_name(name: str) -> None:
+    try:
+        os.unlink(name, dir_fd=_shm_dir_fd())
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.debug("could not unlink shared-memory segment %s: %s", name, exc)
+
+
+class SegmentPool:
+    """Reusable segments for data a sender copies out (call arguments).
+
+    :meth:`acquire` returns a segment not in flight and not lent (its last receiver
+    dropped what it read), creating one when none fits; :meth:`finish` hands it back when
+    the call is answered (``ok``) or unlinks it (the call failed: whether the receiver will
+    ever read it is unknown). At most ``max_bytes`` of segments stay named: past that the
+    least recently used ones not in flight are unlinked (a receiver still reading one keeps
+    its mapping). Thread-safe.
+    """
+
+    def __init__(self, max_bytes: int = DEFAULT_POOL_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._segments: list[Segment] = []  # least recently used first
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.created = 0
+        self.reused = 0
+
+    def acquire(self, nbytes: int) -> Segment:
+        """A segment of at least ``nbytes`` data bytes, marked in flight and lent.
+        Raises OSError when none can be created (``/dev/shm`` missing or full)."""
+        need = max(_ALIGN, -(-nbytes // _ALIGN) * _ALIGN)
+        with self._lock:
+            for i, seg in enumerate(self._segments):
+                if (not seg.in_flight and need <= seg.capacity <= 2 * need
+                        and not seg.lent):
+                    del self._segments[i]
+                    self._segments.append(seg)
+                    seg.in_flight = True
+                    seg.lend()
+                    self.reused += 1
+                    return seg
+            self._evict(self.max_bytes - need)
+        seg = Segment.create(need)
+        seg.in_flight = True
+        seg.lend()
+        with self._lock:
+            self._segments.append(seg)
+            self._bytes += seg.capacity
+            self.created += 1
+        return seg
+
+    def _evict(self, limit: int) -> None:
+        """Unlink idle segments, oldest first, until at most ``limit`` bytes stay."""
+        i = 0
+        while self._bytes > limit and i < len(self._segments):
+            seg = self._segments[i]
+            if seg.in_flight:
+                i += 1
+                continue
+            del self._segments[i]
+            self._bytes -= seg.capacity
+            seg.unlink()
+
+    def finish(self, segments: Iterable[Segment], ok: bool) -> None:
+        """The call that carried ``segments`` is over: reuse them (``ok``) or drop them."""
+        with self._lock:
+            for seg in segments:
+                seg.in_flight = False
+                if not ok and seg in self._segments:
+                    self._segments.remove(seg)
+                    self._bytes -= seg.capacity
+                    seg.unlink()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the segments the pool keeps named."""
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._segments)
+
+    def close(self) -> None:
+        """Unlink every segment of the pool."""
+        with self._lock:
+            segments, self._segments, self._bytes = self._segments, [], 0
+        for seg in segments:
+            seg.unlink()
+
+
+# ---------------------------------------------------------------------------- allocated
+
+
+class _Region:
+    """Base object of arrays over a mapping: keeps the mapping alive as long as any array
+    (or view) over it is, and knows the segment it came from."""
+
+    __slots__ = ("__array_interface__", "segment", "name", "address", "mm", "__weakref__")
+
+
+def _region_array(mm: mmap.mmap, address: int, name: str, segment: Segment | None,
+                  offset: int, nbytes: int, readonly: bool) -> tuple[_Region, np.ndarray]:
+    region = _Region()
+    region.segment = segment
+    region.name = name
+    region.address = address
+    region.mm = mm
+    region.__array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "version": 3,
+                                  "data": (address + HEADER_BYTES + offset, readonly)}
+    return region, np.asarray(region)
+
+
+def empty(shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
+    """A new writable C-contiguous array allocated in a shared-memory segment owned by this
+    process: sent to a same-host peer it travels as a handle, with no copy at all (e.g. a
+    replay shard gathering a sampled batch into it). The segment is unlinked when the array
+    (and every view of it) is garbage collected; receivers that mapped it keep their
+    mapping. Raises OSError when ``/dev/shm`` cannot hold it."""
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    segment = Segment.create(max(nbytes, 1))
+    region, flat = _region_array(segment.mm, segment.address, segment.name, segment, 0,
+                                 nbytes, readonly=False)
+    weakref.finalize(region, segment.unlink)
+    return flat.view(dtype).reshape(shape)
+
+
+def region_of(arr: np.ndarray) -> tuple[Segment, int] | None:
+    """``(segment, data offset)`` when ``arr`` lies in a segment this process allocated
+    with :func:`empty`, else None."""
+    base = arr.base
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if type(base) is not _Region or base.segment is None or base.segment.unlinked:
+        return None
+    offset = arr.__array_interface__["data"][0] - base.address - HEADER_BYTES
+    if offset < 0 or offset + arr.nbytes > base.segment.capacity:
+        return None
+    return base.segment, offset
+
+
+# ---------------------------------------------------------------------------- placing
+
+
+Handle = tuple[str, int, bool]
+"""``(segment name, data offset, pooled)``: what the wire carries instead of an array."""
+
+
+class Placer:
+    """Decides where the big arrays of one message go (the codec asks :meth:`place` for
+    each array of at least :attr:`threshold` bytes; None means "as a ZeroMQ frame")."""
+
+    threshold: int = DEFAULT_THRESHOLD
+
+    def place(self, arr: np.ndarray, flat: np.ndarray) -> Handle | None:
+        """Put ``arr`` (whose bytes are the contiguous uint8 ``flat``) in shared memory and
+        return its handle, or None to send it as a frame."""
+        raise NotImplementedError
+
+
+class CallPlacer(Placer):
+    """Arrays of one outgoing call: copied into segments of ``pool`` (arrays allocated
+    with :func:`empty` go as they are), all held until :meth:`finish`."""
+
+    __slots__ = ("pool", "threshold", "segments", "keep")
+
+    def __init__(self, pool: SegmentPool, threshold: int = DEFAULT_THRESHOLD) -> None:
+        self.pool = pool
+        self.threshold = threshold
+        self.segments: list[Segment] = []
+        self.keep: list[np.ndarray] = []
+
+    def place(self, arr: np.ndarray, flat: np.ndarray) -> Handle | None:
+        """See :meth:`Placer.place`."""
+        found = region_of(arr)
+        if found is not None:
+            self.keep.append(arr)  # alive (named) until the call is answered
+            return found[0].name, found[1], False
+        try:
+            seg = self.pool.acquire(flat.nbytes)
+        except OSError as exc:
+            warn_fallback(exc)
+            return None
+        self.segments.append(seg)
+        seg.write(flat)
+        return seg.name, 0, True
+
+    def finish(self, ok: bool) -> None:
+        """The call was answered (``ok``) or failed: release what it held."""
+        if self.segments:
+            self.pool.finish(self.segments, ok)
+            self.segments = []
+        self.keep = []
+
+
+class StoredPlacer(Placer):
+    """Arrays of a stored object answered to same-host fetches: each placed once in a
+    segment of its own, remembered in ``cache`` (keyed by the address and size of the
+    array's bytes, which the stored object keeps alive; the owner unlinks them with
+    :meth:`release` when the object is freed) and reused by every later fetch."""
+
+    __slots__ = ("cache", "threshold")
+
+    def __init__(self, cache: dict[tuple[int, int], tuple[np.ndarray, Segment]],
+                 threshold: int = DEFAULT_THRESHOLD) -> None:
+        self.cache = cache
+        self.threshold = threshold
+
+    def place(self, arr: np.ndarray, flat: np.ndarray) -> Handle | None:
+        """See :meth:`Placer.place`."""
+        found = region_of(arr)
+        key = (flat.__array_interface__["data"][0], flat.nbytes)
+        if found is not None:
+            self.cache.setdefault(key, (arr, found[0]))  # keeps it alive, not unlinked
+            return found[0].name, found[1], False
+        hit = self.cache.get(key)
+        if hit is not None:
+            return hit[1].name, 0, False
+        try:
+            seg = Segment.from_array(flat)
+        except OSError as exc:
+            warn_fallback(exc)
+            return None
+        self.cache[key] = (flat, seg)  # flat alive: its address is not reused meanwhile
+        return seg.name, 0, False
+
+    @staticmethod
+    def release(cache: dict[tuple[int, int], tuple[np.ndarray, Segment]]) -> None:
+        """Unlink the segments ``cache`` placed (the object was freed)."""
+        for arr, seg in cache.values():
+            if region_of(arr) is None:  # allocated arrays unlink when collected
+                seg.unlink()
+        cache.clear()
+
+
+# ---------------------------------------------------------------------------- receiving
+
+
+def _clear_lent(mm: mmap.mmap) -> None:
+    try:
+        mm[_LENT] = 0
+    except (ValueError, IndexError):  # closed: nothing to tell
+        pass
+
+
+class Mapped:
+    """A received segment, mapped: hand out arrays with :meth:`array`. For a pooled
+    segment the lent flag is cleared once the last of them is garbage collected."""
+
+    __slots__ = ("name", "mm", "address", "size", "__weakref__")
+
+    def __init__(self, name: str, mm: mmap.mmap, size: int, pooled: bool) -> None:
+        self.name = name
+        self.mm = mm
+        self.size = size
+        self.address = _address(mm)
+        if pooled:
+            weakref.finalize(self, _clear_lent, mm)
+
+    def array(self, offset: int, nbytes: int) -> np.ndarray:
+        """A read-only uint8 array over data bytes ``[offset, offset + nbytes)``."""
+        if offset < 0 or nbytes < 0 or HEADER_BYTES + offset + nbytes > self.size:
+            raise ShmError(f"handle names bytes {offset}..{offset + nbytes} of segment "
+                           f"{self.name} whose data is {self.size - HEADER_BYTES} bytes")
+        region = _Region()
+        region.segment = None
+        region.name = self.name
+        region.address = self.address
+        region.mm = self  # the Mapped: its finalizer runs once every array is gone
+        region.__array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "version": 3,
+                                      "data": (self.address + HEADER_BYTES + offset, True)}
+        return np.asarray(region)
+
+
+def check_name(name: str) -> None:
+    """ShmError unless ``name`` is a segment name of this user (never a path)."""
+    match = _NAME.fullmatch(name)
+    if match is None:
+        raise ShmError(f"not a shared-memory segment name: {name[:80]!r}")
+    if int(match.group(1)) != os.getuid():
+        raise ShmError(f"segment {name!r} belongs to another user")
+
+
+def open_segment(name: str, pooled: bool = False) -> Mapped:
+    """Map the segment ``name`` (a name off the wire: checked, see the module docstring).
+    Raises ShmError."""
+    check_name(name)
+    try:
+        fd = os.open(name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=_shm_dir_fd())
+    except OSError as exc:
+        raise ShmError(f"cannot open segment {name!r}: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+            raise ShmError(f"segment {name!r} is not a regular file of this user")
+        if info.st_size < HEADER_BYTES or os.pread(fd, len(MAGIC), 0) != MAGIC:
+            raise ShmError(f"segment {name!r} has no valid header")
+        try:
+            mm = mmap.mmap(fd, info.st_size)
+        except (OSError, ValueError) as exc:
+            raise ShmError(f"cannot map segment {name!r}: {exc}") from None
+    finally:
+        os.close(fd)
+    return Mapped(name, mm, info.st_size, pooled)
+
+
+def map_region(name: str, offset: int, nbytes: int, pooled: bool = False) -> np.ndarray:
+    """Open ``name`` and return a read-only uint8 array over the data bytes it names."""
+    return open_segment(name, pooled).array(offset, nbytes)
+
+
+# ---------------------------------------------------------------------------- cleanup
+
+
+def list_segments(uid: int | None = None) -> list[str]:
+    """Names of actorrl segments in ``/dev/shm`` (of ``uid``, this user by default)."""
+    uid = os.getuid() if uid is None else uid
+    try:
+        entries = os.listdir(SHM_DIR)
+    except OSError:
+        return []
+    out = []
+    for entry in entries:
+        match = _NAME.fullmatch(entry)
+        if match is not None and int(match.group(1)) == uid:
+            out.append(entry)
+    return out
+
+
+def _owner_alive(pid: int, start: str) -> bool:
+    found = _proc_start(pid)
+    return found is not None and found[0] not in ("Z", "X") and found[1] == start
+
+
+def sweep_dead_owner_segments() -> list[str]:
+    """Unlink this user's segments whose owner process is gone (or a zombie, or a
+    different process reusing its pid); returns their names. Cheap: one directory listing
+    and one ``/proc`` read per distinct owner."""
+    removed = []
+    verdict: dict[tuple[int, str], bool] = {}
+    for name in list_segments():
+        match = _NAME.fullmatch(name)
+        assert match is not None
+        owner = (int(match.group(2)), match.group(3))
+        alive = verdict.get(owner)
+        if alive is None:
+            alive = verdict[owner] = _owner_alive(*owner)
+        if not alive:
+            _unlink_name(name)
+            removed.append(name)
+    return removed
+
+
+def unlink_owned() -> None:
+    """Unlink every segment this process created and still names (at exit)."""
+    with _lock:
+        segments = list(_owned.values())
+    for seg in segments:
+        seg.unlink()
+
+
+atexit.register(unlink_owned)
