@@ -8,6 +8,10 @@ Wire format of every message (after the ROUTER identity frame on the server side
 
 A request's codec body is ``[method, args, kwargs]``; a reply's is the value (kind OK) or a
 :class:`RemoteError` record (kind ERROR). Kind NOTIFY is a request that wants no reply.
+Kind REQUEST_LOCAL is a request from a client on this host (``RpcClient(shm=True)`` over
+ipc): its bulk arrays may be shared-memory handles (:mod:`transport.shm`), and so may those
+of its reply. A server accepts handles only in such requests, and only from a peer that
+reached it over ipc (checked per message when the server also has tcp binds).
 
 The server never dies of bad input: a message it cannot parse is answered with an error
 when its request id can be read, and dropped and logged otherwise; oversize messages
@@ -39,8 +43,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import itertools
 import logging
+import os
+import re
 import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -61,7 +68,9 @@ from transport.errors import (
     CallTimeoutError,
     PeerLostError,
     RemoteError,
+    TransportError,
 )
+from transport.shm import CallPlacer, Placer
 from transport.sockets import AsyncSocket, context
 
 log = logging.getLogger(__name__)
@@ -70,6 +79,8 @@ KIND_REQUEST = 1
 KIND_NOTIFY = 2
 KIND_OK = 3
 KIND_ERROR = 4
+KIND_REQUEST_LOCAL = 5
+_IPC_PEER = re.compile(r"[^:]*:(\d+):\d+:\d+")
 _PREFIX = struct.Struct("<BQ")
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024**3
 DEFAULT_MAX_FRAME_BYTES = max(MAX_ARRAY_BYTES, DEFAULT_MAX_HEADER_BYTES)
@@ -89,6 +100,23 @@ def _frame_len(frame: Any) -> int:
     if isinstance(frame, zmq.Frame):
         return len(frame)
     return memoryview(frame).nbytes
+
+
+def ipc_peer(frame: Any) -> bool:
+    """Whether the message ``frame`` (a received :class:`zmq.Frame`) came over an ipc
+    connection from a process of this user (libzmq's ``Peer-Address`` of an ipc peer is
+    ``host:uid:gid:pid``; of a tcp peer, its IP address)."""
+    try:
+        text = frame.get("Peer-Address")
+    except (zmq.ZMQError, AttributeError, TypeError):
+        return False
+    if not isinstance(text, str):
+        return False
+    with contextlib.suppress(ValueError):
+        ipaddress.ip_address(text.partition("%")[0])
+        return False
+    match = _IPC_PEER.fullmatch(text)
+    return match is not None and int(match.group(1)) == os.getuid()
 
 
 def caller_of(frame: Any) -> tuple[str | None, str | None]:
@@ -123,13 +151,18 @@ class Request:
     None for a connection without CURVE (ipc, keyless loopback)."""
     key: str | None = None
     """The caller's z85 CURVE public key; None without CURVE."""
+    local: bool = False
+    """The caller is a process of this host (over ipc) that accepts shared-memory
+    handles in the reply."""
 
-    def reply(self, value: Any) -> None:
-        """Send ``value`` back to the caller."""
+    def reply(self, value: Any, placer: Placer | None = None) -> None:
+        """Send ``value`` back to the caller; with ``placer`` (only when :attr:`local`)
+        its big arrays may go as shared-memory handles."""
         if self.replied or not self.wants_reply:
             return
         self.replied = True
-        self.server.send_reply(self.peer, self.request_id, value)
+        self.server.send_reply(self.peer, self.request_id, value,
+                               placer if self.local else None)
 
     def fail(self, exc: BaseException) -> None:
         """Send ``exc`` back to the caller as a :class:`RemoteError`."""
@@ -162,6 +195,8 @@ class RpcServer:
         self.handler = handler
         self._authenticated = False
         """Whether a CURVE bind exists (then messages carry ZAP user ids)."""
+        self._remote_binds = False
+        """Whether a non-ipc bind exists (then a local request's peer is checked)."""
         self.codec = codec or Codec()
         self.max_message_bytes = max_message_bytes
         self.max_frame_bytes = max_frame_bytes
@@ -217,6 +252,8 @@ class RpcServer:
                 self._sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 0)
         else:
             self._sock.bind(address)
+        if not address.startswith("ipc://"):
+            self._remote_binds = True
         endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.endpoints.append(endpoint)
         return endpoint
@@ -253,7 +290,11 @@ class RpcServer:
             log.warning("dropped message with a malformed %d-byte prefix", len(prefix))
             return
         kind, request_id = _PREFIX.unpack(prefix)
-        if kind not in (KIND_REQUEST, KIND_NOTIFY):
+        local = False
+        if kind == KIND_REQUEST_LOCAL:
+            kind = KIND_REQUEST
+            local = not self._remote_binds or ipc_peer(frames[1])
+        elif kind not in (KIND_REQUEST, KIND_NOTIFY):
             self.messages_dropped += 1
             log.warning("dropped message of unknown kind %d", kind)
             return
@@ -268,7 +309,8 @@ class RpcServer:
                 f"{self.max_message_bytes} bytes"))
             return
         try:
-            body = self.codec.decode(frames[2:])
+            body = self.codec.decode(frames[2:], allow_shm=local) if local else \
+                self.codec.decode(frames[2:])
             method, args, kwargs = body
             if not isinstance(method, str) or not isinstance(args, list) or not isinstance(
                     kwargs, dict):
@@ -280,7 +322,7 @@ class RpcServer:
         # exception per message, ~4% of a no-op call's CPU).
         role, key = caller_of(frames[1]) if self._authenticated else (None, None)
         request = Request(self, peer, request_id, method, args, kwargs, wants_reply,
-                          role=role, key=key)
+                          role=role, key=key, local=local)
         try:
             self.handler(request)
         except Exception as exc:
@@ -296,10 +338,13 @@ class RpcServer:
         if wants_reply:
             self.send_error(peer, request_id, RemoteError.from_exception(exc))
 
-    def send_reply(self, peer: bytes, request_id: int, value: Any) -> None:
-        """Send a successful reply (encoding errors become an error reply)."""
+    def send_reply(self, peer: bytes, request_id: int, value: Any,
+                   placer: Placer | None = None) -> None:
+        """Send a successful reply (encoding errors become an error reply); ``placer``:
+        see :meth:`Request.reply`."""
         try:
-            frames = self.codec.encode(value)
+            frames = self.codec.encode(value, placer) if placer is not None else \
+                self.codec.encode(value)
         except EncodeError as exc:
             self.send_error(peer, request_id, RemoteError.from_exception(exc))
             return
@@ -332,6 +377,12 @@ class RpcServer:
             self._sock.close(linger=0)
 
 
+def _answered(fut: asyncio.Future) -> bool:
+    """Whether a call's future holds the server's answer (value or remote error): then the
+    server decoded the request, and whatever it mapped it holds on its own."""
+    return not fut.cancelled() and not isinstance(fut.exception(), TransportError)
+
+
 class RpcClient:
     """A DEALER connection to one server; many calls in flight, matched by request id.
 
@@ -349,10 +400,16 @@ class RpcClient:
                  connect_timeout_s: float = 30.0,
                  curve_keys: tuple[bytes, bytes, bytes] | None = None,
                  heartbeat_s: float = 1.0, heartbeat_timeout_s: float = 5.0,
-                 max_frame_bytes: int | None = DEFAULT_MAX_FRAME_BYTES) -> None:
+                 max_frame_bytes: int | None = DEFAULT_MAX_FRAME_BYTES,
+                 shm: bool = False) -> None:
         """``max_frame_bytes``: ``ZMQ_MAXMSGSIZE``, the largest reply frame libzmq reads
-        (a server sending more is disconnected; None: no limit)."""
+        (a server sending more is disconnected; None: no limit). ``shm``: over ipc, say
+        so in every request (kind REQUEST_LOCAL) and accept shared-memory handles in the
+        replies (:mod:`transport.shm`)."""
         self.endpoint = endpoint
+        self.local = shm and endpoint.startswith("ipc://")
+        """Requests are sent as REQUEST_LOCAL and replies may carry shm handles."""
+        self._request_kind = KIND_REQUEST_LOCAL if self.local else KIND_REQUEST
         self.codec = codec or Codec()
         self.loop = asyncio.get_running_loop()
         self.on_lost: list[Callable[[PeerLostError], None]] = []
@@ -456,7 +513,8 @@ class RpcClient:
         if fut is None or fut.done():
             return
         try:
-            value = self.codec.decode(frames[1:])
+            value = self.codec.decode(frames[1:], allow_shm=True) if self.local else \
+                self.codec.decode(frames[1:])
         except DecodeError as exc:
             fut.set_exception(exc)
             return
@@ -476,17 +534,23 @@ class RpcClient:
         return self.call_encoded(self.codec.encode([method, list(args), kwargs or {}]),
                                  timeout_s)
 
-    def call_encoded(self, frames: list[Any], timeout_s: float | None = None) -> asyncio.Future:
+    def call_encoded(self, frames: list[Any], timeout_s: float | None = None,
+                     placer: CallPlacer | None = None) -> asyncio.Future:
         """Like :meth:`call`, with the body ``[method, args, kwargs]`` already encoded (so a
-        caller on another thread can encode and fail early, then hand frames to the loop)."""
+        caller on another thread can encode and fail early, then hand frames to the loop).
+
+        ``placer``: the one the body was encoded with (only for a :attr:`local` client);
+        its segments are released once the call is answered (reused) or fails (unlinked)."""
         request_id = next(self._ids)
         fut = self.loop.create_future()
+        if placer is not None:
+            fut.add_done_callback(lambda f: placer.finish(_answered(f)))
         if self.lost is not None and not self.connected:
             fut.set_exception(self.lost)
             return fut
         self._pending[request_id] = fut
         try:
-            self._send([_PREFIX.pack(KIND_REQUEST, request_id), *frames])
+            self._send([_PREFIX.pack(self._request_kind, request_id), *frames])
         except BaseException:
             del self._pending[request_id]
             raise

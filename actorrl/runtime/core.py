@@ -16,6 +16,15 @@ Protocol (methods served by every runtime):
   under ``object_id`` here. Reply ``[status, inline, value]``: small values come back inline
   so one round trip suffices, large ones stay here until fetched.
 - ``__fetch__(object_id, free)``: reply ``[status, value]`` once the object exists.
+
+Same-host bulk data (:mod:`transport.shm`): a runtime's connections to processes of its
+host (ipc) send call arguments' big arrays (>= ``shm_threshold``, 256 KiB by default)
+through pooled shared-memory segments the caller reuses once the call is answered and the
+callee dropped what it read, and answer same-host fetches of stored objects with segments
+placed once per array and unlinked when the object is freed. Segments of a process that
+died are swept where its death is noticed (:meth:`Runtime.mark_dead`) and when runtimes
+start and close. ``ACTORRL_SHM=0`` (or ``Runtime(shm=False)``) turns it off; across hosts
+arrays travel as ZeroMQ frames.
 - ``__wait__(object_id)``: reply ``status`` once the object exists (no value).
 - ``__free__(object_ids)``: notification; drop the objects.
 - ``__exit__()``: notification; leave the process.
@@ -59,6 +68,7 @@ from actorrl.runtime.refs import (
     ObjectStore,
     new_object_id,
 )
+from transport import shm as shm_segments
 from transport.auth import check_bind, ensure_authenticator
 from transport.codec import Codec
 from transport.endpoint import Endpoint, is_composite, short
@@ -259,11 +269,11 @@ class _RuntimeCodec(Codec):
         super().__init__()
         self.runtime = runtime
 
-    def decode(self, frames: Sequence[Any]) -> Any:
+    def decode(self, frames: Sequence[Any], allow_shm: bool = False) -> Any:
         """Decode ``frames``; handles inside submit their calls through this runtime."""
         token = _decoding_for.set(self.runtime)
         try:
-            return super().decode(frames)
+            return super().decode(frames, allow_shm)
         finally:
             _decoding_for.reset(token)
 
@@ -300,12 +310,29 @@ class Runtime:
     """One process's runtime. Create with :meth:`start` inside a running event loop."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, address_dir: str, name: str,
-                 extra_bind: Sequence[str] = (), network: Network | None = None) -> None:
+                 extra_bind: Sequence[str] = (), network: Network | None = None, *,
+                 shm: bool | None = None,
+                 shm_threshold: int = shm_segments.DEFAULT_THRESHOLD) -> None:
+        """``shm``: send bulk arrays to same-host processes through shared memory (None:
+        unless ``ACTORRL_SHM=0``); ``shm_threshold``: the smallest array that goes so."""
         self.loop = loop
         self.loop_thread_id = threading.get_ident()
         self.name = name
         self.codec: Codec = _RuntimeCodec(self)
-        self.store = ObjectStore(loop)
+        if shm is None:
+            shm = shm_segments.enabled_by_env()
+        if shm and not shm_segments.available():
+            shm_segments.warn_fallback(OSError(f"{shm_segments.SHM_DIR} is not writable"))
+            shm = False
+        self.shm = shm
+        """Whether bulk arrays to same-host processes go through shared memory."""
+        self.shm_threshold = shm_threshold
+        self.shm_pool = shm_segments.SegmentPool() if shm else None
+        """Segments call arguments are copied into (reused)."""
+        self._shm_objects: dict[bytes, dict] = {}
+        """Segments placed for stored objects fetched by same-host processes, by id."""
+        self._shm_routes: dict[str, bool] = {}
+        self.store = ObjectStore(loop, on_drop=self._drop_shm_object if shm else None)
         self.network = network
         self.server = RpcServer(self._on_request, codec=self.codec)
         self.local_address = self.server.bind(ipc_address(address_dir, name))
@@ -349,6 +376,8 @@ class Runtime:
         """
         runtime = cls(asyncio.get_running_loop(), address_dir, name, extra_bind, network)
         runtime.server.start()
+        if runtime.shm:
+            shm_segments.sweep_dead_owner_segments()
         return runtime
 
     @classmethod
@@ -384,6 +413,12 @@ class Runtime:
             client.close()
         self._clients.clear()
         self.server.close()
+        if self.shm_pool is not None:
+            self.shm_pool.close()
+            for cache in self._shm_objects.values():
+                shm_segments.StoredPlacer.release(cache)
+            self._shm_objects.clear()
+            shm_segments.sweep_dead_owner_segments()
 
     def on_loop(self) -> bool:
         """True when called from this runtime's event-loop thread."""
@@ -418,12 +453,14 @@ class Runtime:
         """A new, uncached connection to ``endpoint``: ipc to processes of this node,
         CURVE tcp where the endpoint carries a server key, plain otherwise."""
         if not is_composite(endpoint):
-            return RpcClient(endpoint, codec=self.codec, connect_timeout_s=connect_timeout_s)
+            return RpcClient(endpoint, codec=self.codec, connect_timeout_s=connect_timeout_s,
+                             shm=self.shm)
         parsed = Endpoint.parse(endpoint)
         network = self.network
         address, server_key = parsed.route(network.node_tag if network else None)
         if server_key is None:
-            return RpcClient(address, codec=self.codec, connect_timeout_s=connect_timeout_s)
+            return RpcClient(address, codec=self.codec, connect_timeout_s=connect_timeout_s,
+                             shm=self.shm)
         security = network.security if network is not None else None
         if security is None:
             client = RpcClient(address, codec=self.codec, connect_timeout_s=connect_timeout_s)
@@ -441,6 +478,29 @@ class Runtime:
         client = self._clients.pop(endpoint, None)
         if client is not None:
             client.close()
+        if self.shm:  # a process of this host may have died holding segments
+            shm_segments.sweep_dead_owner_segments()
+
+    def shm_to(self, endpoint: str) -> bool:
+        """Whether calls to ``endpoint`` send bulk arrays through shared memory (it is
+        reached over ipc, so it runs on this host)."""
+        found = self._shm_routes.get(endpoint)
+        if found is None:
+            if not self.shm or endpoint in self._local_hosts:
+                found = False
+            elif is_composite(endpoint):
+                network = self.network
+                found = Endpoint.parse(endpoint).route(
+                    network.node_tag if network else None)[0].startswith("ipc://")
+            else:
+                found = endpoint.startswith("ipc://")
+            self._shm_routes[endpoint] = found
+        return found
+
+    def _drop_shm_object(self, object_id: bytes) -> None:
+        cache = self._shm_objects.pop(object_id, None)
+        if cache:
+            shm_segments.StoredPlacer.release(cache)
 
     def forget_dead(self, endpoint: str) -> None:
         """Allow calls to ``endpoint`` again (a restarted actor reusing it)."""
@@ -465,19 +525,32 @@ class Runtime:
         ref._tracked = True
         pinned = [a for a in (*args, *kwargs.values()) if isinstance(a, ObjectRef)]
         escaped = [a._escaped for a in pinned]
-        frames = self.codec.encode(["__call__", [object_id, method, list(args), kwargs], {}])
+        body = ["__call__", [object_id, method, list(args), kwargs], {}]
+        placer = None
+        if self.shm_pool is not None and self.shm_to(handle.endpoint):
+            placer = shm_segments.CallPlacer(self.shm_pool, self.shm_threshold)
+            try:
+                frames = self.codec.encode(body, placer)
+            except BaseException:
+                placer.finish(False)
+                raise
+            if not placer.segments and not placer.keep:
+                placer = None
+        else:
+            frames = self.codec.encode(body)
         for arg, was_escaped in zip(pinned, escaped):
             arg._escaped = was_escaped  # passed as a direct argument: kept alive below
         ref._pinned = pinned or None
         if self.on_loop():
-            self._send_call(ref, handle, frames)
+            self._send_call(ref, handle, frames, placer)
         else:
             self.before_loop_request()
             ref._future = _PendingFuture()
-            self.loop.call_soon_threadsafe(self._send_call, ref, handle, frames)
+            self.loop.call_soon_threadsafe(self._send_call, ref, handle, frames, placer)
         return ref
 
-    def _send_call(self, ref: ObjectRef, handle: ActorHandle, frames: list[Any]) -> None:
+    def _send_call(self, ref: ObjectRef, handle: ActorHandle, frames: list[Any],
+                   placer: shm_segments.CallPlacer | None = None) -> None:
         placeholder = ref._future
         fut = self.loop.create_future()
         ref._future = fut
@@ -486,18 +559,22 @@ class Runtime:
             placeholder.resolve(fut)
         if handle.endpoint in self._dead:
             fut.set_exception(self._died_error(handle.endpoint, repr(handle)))
-            return
-        if self.closed:
+        elif self.closed:
             fut.set_exception(ActorDiedError("the runtime is shut down"))
-            return
-        host = self._local_hosts.get(handle.endpoint)
-        if host is not None:  # serial mode: the actor lives here; the call may run now
-            host.accept(ref, frames, fut)
-            return
-        try:
-            reply = self.client(handle.endpoint).call_encoded(frames)
-        except Exception as exc:  # a full send queue, a bad endpoint: the call failed
-            fut.set_exception(exc)
+        else:
+            host = self._local_hosts.get(handle.endpoint)
+            if host is not None:  # serial mode: the actor lives here; the call may run now
+                host.accept(ref, frames, fut)
+                return
+            try:
+                reply = self.client(handle.endpoint).call_encoded(frames, placer=placer)
+            except Exception as exc:  # a full send queue, a bad endpoint: the call failed
+                fut.set_exception(exc)
+            else:
+                placer = None  # released by the reply
+        if placer is not None:
+            placer.finish(False)
+        if fut.done():
             return
 
         def relay(r: asyncio.Future) -> None:
@@ -797,7 +874,17 @@ class Runtime:
             object_id, free = request.args
 
             def send(status: int, value: Any) -> None:
-                request.reply([status, value])
+                if (request.local and not free and status == STATUS_OK and self.shm
+                        and self.store.lookup(object_id) is not None):
+                    # A same-host fetch: big arrays go as segments placed once per object
+                    # (unlinked when it is freed), never before it is freed.
+                    cache = self._shm_objects.setdefault(object_id, {})
+                    request.reply([status, value],
+                                  shm_segments.StoredPlacer(cache, self.shm_threshold))
+                    if not cache:
+                        del self._shm_objects[object_id]
+                else:
+                    request.reply([status, value])
                 if free:
                     self.store.free(object_id)
 

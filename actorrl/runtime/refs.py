@@ -116,8 +116,12 @@ class ObjectStore:
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None = None,
-                 unknown_wait_s: float = 60.0, remember_freed: int = 100_000) -> None:
+                 unknown_wait_s: float = 60.0, remember_freed: int = 100_000,
+                 on_drop: Callable[[bytes], None] | None = None) -> None:
+        """``on_drop(object_id)`` runs when a stored object is freed (the runtime unlinks
+        the shared-memory segments it placed for it)."""
         self._loop = loop
+        self._on_drop = on_drop
         self._unknown_wait_s = unknown_wait_s
         self._objects: dict[bytes, tuple[int, Any]] = {}
         self._pending: dict[bytes, list[Waiter]] = {}
@@ -195,6 +199,11 @@ class ObjectStore:
         """Drop an object; a pending one is dropped as soon as it is produced."""
         if self._objects.pop(object_id, None) is not None:
             self._remember(object_id)
+            if self._on_drop is not None:
+                try:
+                    self._on_drop(object_id)
+                except Exception:
+                    log.exception("dropping object %s failed", object_id.hex())
         elif object_id in self._pending:
             self._free_on_completion.add(object_id)
 
