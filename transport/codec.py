@@ -237,6 +237,7 @@ def _array_from_shm(data: bytes, mapped: dict[str, Any]) -> np.ndarray:
         if segment is None:
             segment = mapped[name] = shm.open_segment(name, pooled=bool(pooled))
         flat = segment.array(offset, nbytes)
+        mapped[""] = mapped.get("", 0) + nbytes  # bytes that arrived through segments
         order = "F" if flags & _FLAG_FORTRAN else "C"
         return flat.view(dtype).reshape(shape, order=order)
     except DecodeError:
@@ -346,6 +347,13 @@ class Codec:
         frames.clear()
         return out
 
+    def take_shm_bytes(self) -> int:
+        """Bytes of arrays this thread's decodes read through shared memory since the last
+        call (the transport counts them as received)."""
+        n = getattr(self._local, "shm_bytes", 0)
+        self._local.shm_bytes = 0
+        return n
+
     def decode(self, frames: Sequence[Any], allow_shm: bool = False) -> Any:
         """Rebuild the value from ``[header, *buffers]`` without copying the buffers.
 
@@ -368,7 +376,7 @@ class Codec:
                               "their own frames; raise Codec max_header_bytes for "
                               "trusted input)")
 
-        mapped: dict[str, Any] = {}
+        mapped: dict[str, Any] = {}  # name -> Mapped; "" -> bytes read through segments
 
         def ext_hook(code: int, data: bytes) -> Any:
             if code == EXT_ARRAY:
@@ -412,8 +420,12 @@ class Codec:
         if collecting:
             gc.disable()
         try:
-            return msgpack.unpackb(header, ext_hook=ext_hook, object_pairs_hook=object_pairs_hook,
-                                   raw=False, strict_map_key=False, use_list=True)
+            value = msgpack.unpackb(header, ext_hook=ext_hook,
+                                    object_pairs_hook=object_pairs_hook,
+                                    raw=False, strict_map_key=False, use_list=True)
+            if mapped:
+                self._local.shm_bytes = mapped[""]
+            return value
         except DecodeError:
             raise
         except Exception as exc:

@@ -8,10 +8,11 @@ Wire format of every message (after the ROUTER identity frame on the server side
 
 A request's codec body is ``[method, args, kwargs]``; a reply's is the value (kind OK) or a
 :class:`RemoteError` record (kind ERROR). Kind NOTIFY is a request that wants no reply.
-Kind REQUEST_LOCAL is a request from a client on this host (``RpcClient(shm=True)`` over
-ipc): its bulk arrays may be shared-memory handles (:mod:`transport.shm`), and so may those
-of its reply. A server accepts handles only in such requests, and only from a peer that
-reached it over ipc (checked per message when the server also has tcp binds).
+A request whose id has its top bit (:data:`LOCAL_ID_BIT`) set comes from a client on
+this host (``RpcClient(shm=True)`` over ipc): its bulk arrays may be shared-memory handles
+(:mod:`transport.shm`), and so may those of its reply. A server accepts handles only in
+such requests, and only from a peer that reached it over ipc (checked per message when
+the server also has tcp binds).
 
 The server never dies of bad input: a message it cannot parse is answered with an error
 when its request id can be read, and dropped and logged otherwise; oversize messages
@@ -79,7 +80,8 @@ KIND_REQUEST = 1
 KIND_NOTIFY = 2
 KIND_OK = 3
 KIND_ERROR = 4
-KIND_REQUEST_LOCAL = 5
+LOCAL_ID_BIT = 1 << 63
+"""Set in the request ids of a client on this host that takes shared-memory handles."""
 _IPC_PEER = re.compile(r"[^:]*:(\d+):\d+:\d+")
 _PREFIX = struct.Struct("<BQ")
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024**3
@@ -291,8 +293,7 @@ class RpcServer:
             return
         kind, request_id = _PREFIX.unpack(prefix)
         local = False
-        if kind == KIND_REQUEST_LOCAL:
-            kind = KIND_REQUEST
+        if request_id & LOCAL_ID_BIT and kind == KIND_REQUEST:
             local = not self._remote_binds or ipc_peer(frames[1])
         elif kind not in (KIND_REQUEST, KIND_NOTIFY):
             self.messages_dropped += 1
@@ -309,8 +310,11 @@ class RpcServer:
                 f"{self.max_message_bytes} bytes"))
             return
         try:
-            body = self.codec.decode(frames[2:], allow_shm=local) if local else \
-                self.codec.decode(frames[2:])
+            if local:
+                body = self.codec.decode(frames[2:], allow_shm=True)
+                self.bytes_received += self.codec.take_shm_bytes()
+            else:
+                body = self.codec.decode(frames[2:])
             method, args, kwargs = body
             if not isinstance(method, str) or not isinstance(args, list) or not isinstance(
                     kwargs, dict):
@@ -404,12 +408,12 @@ class RpcClient:
                  shm: bool = False) -> None:
         """``max_frame_bytes``: ``ZMQ_MAXMSGSIZE``, the largest reply frame libzmq reads
         (a server sending more is disconnected; None: no limit). ``shm``: over ipc, say
-        so in every request (kind REQUEST_LOCAL) and accept shared-memory handles in the
+        so in every request (:data:`LOCAL_ID_BIT`) and accept shared-memory handles in the
         replies (:mod:`transport.shm`)."""
         self.endpoint = endpoint
         self.local = shm and endpoint.startswith("ipc://")
-        """Requests are sent as REQUEST_LOCAL and replies may carry shm handles."""
-        self._request_kind = KIND_REQUEST_LOCAL if self.local else KIND_REQUEST
+        """Request ids carry LOCAL_ID_BIT and replies may carry shm handles."""
+        self._id_flag = LOCAL_ID_BIT if self.local else 0
         self.codec = codec or Codec()
         self.loop = asyncio.get_running_loop()
         self.on_lost: list[Callable[[PeerLostError], None]] = []
@@ -513,8 +517,11 @@ class RpcClient:
         if fut is None or fut.done():
             return
         try:
-            value = self.codec.decode(frames[1:], allow_shm=True) if self.local else \
-                self.codec.decode(frames[1:])
+            if self.local:
+                value = self.codec.decode(frames[1:], allow_shm=True)
+                self.bytes_received += self.codec.take_shm_bytes()
+            else:
+                value = self.codec.decode(frames[1:])
         except DecodeError as exc:
             fut.set_exception(exc)
             return
@@ -541,7 +548,7 @@ class RpcClient:
 
         ``placer``: the one the body was encoded with (only for a :attr:`local` client);
         its segments are released once the call is answered (reused) or fails (unlinked)."""
-        request_id = next(self._ids)
+        request_id = next(self._ids) | self._id_flag
         fut = self.loop.create_future()
         if placer is not None:
             fut.add_done_callback(lambda f: placer.finish(_answered(f)))
@@ -550,7 +557,7 @@ class RpcClient:
             return fut
         self._pending[request_id] = fut
         try:
-            self._send([_PREFIX.pack(self._request_kind, request_id), *frames])
+            self._send([_PREFIX.pack(KIND_REQUEST, request_id), *frames])
         except BaseException:
             del self._pending[request_id]
             raise
