@@ -19,12 +19,25 @@ load hits both alike. Figures:
 - ``bulk_gbps_8mb``: ``Store.remember(value)`` where ``value`` is a dict of 4 float32 arrays
   of 2 MiB each (8 MiB total); the actor keeps the value and returns its id (no work on the
   data, like the raw sink); time per sequential call including the small inline reply.
-  GB/s = 8 MiB / time, 1 GB = 1e9 bytes.
+  GB/s = 8 MiB / time, 1 GB = 1e9 bytes. The actor is on this host, so the arrays go
+  through shared memory (``transport.shm``): copied into the caller's pooled segments
+  (reused once the actor dropped the previous value), the message carries handles. Same
+  figure as ``shm_gbps_8mb``.
+- ``zmq_frames_gbps_8mb``: the same call with shared memory off for call arguments
+  (``runtime.shm_calls = False``): the arrays travel as zero-copy ZeroMQ frames, as
+  across hosts (and as everything did before shared memory).
+- ``shm_gbps_8mb``: the same call through shared memory (= ``bulk_gbps_8mb``);
+  ``shm_ratio_8mb`` = shm / memcpy (target >= 0.8). It includes one copy of the 8 MiB into
+  the segments plus a call round trip, so it stays below 1 by construction.
+- ``shm_alloc_gbps_8mb``: the same call with the 4 arrays allocated in shared memory by the
+  producer (``transport.shm.empty``): sending copies nothing, the message carries handles,
+  the actor maps them. ``shm_alloc_ratio_8mb`` = that / memcpy.
 - ``raw_gbps_8mb``: blocking pyzmq DEALER -> ROUTER over ipc between two processes, one
   8 MiB frame sent with ``copy=False`` and received with ``copy=False``, a 3-byte ack back per
   message (one round trip per message, nothing pipelined); see ``raw_bulk_method``.
 - ``memcpy_gbps_8mb``: ``np.copyto`` of 8 MiB in this process.
-- ``bulk_ratio_8mb`` = bulk / raw (target >= 0.5).
+- ``bulk_ratio_8mb`` = bulk / raw (target >= 0.5); ``zmq_frames_ratio_8mb`` = zmq frames /
+  raw (the same target, for the frame path).
 - ``calls_per_s_pipelined``: no-op calls through the runtime with a sliding window of 100
   in flight (submit until 100 are outstanding, then await the oldest before submitting the
   next; one actor runs calls in submission order). ``raw_calls_per_s_pipelined`` is the
@@ -274,13 +287,33 @@ async def run(quick: bool, no_uvloop: bool, session_dir: str) -> dict:
             async def call_bulk() -> None:
                 await driver.get(store.remember.remote(value))
 
+            from transport import shm
+
+            shm_value = {}
+            for key, arr in value.items():
+                shm_value[key] = shm.empty(arr.shape, arr.dtype)
+                shm_value[key][:] = arr
+
+            async def call_bulk_alloc() -> None:
+                await driver.get(store.remember.remote(shm_value))
+
+            async def call_bulk_frames() -> None:
+                driver.runtime.shm_calls = False
+                try:
+                    await driver.get(store.remember.remote(value))
+                finally:
+                    driver.runtime.shm_calls = shm_on
+
             # Warm up every path (connections, first-call imports, page faults).
             for _ in range(200):
                 await call_noop()
                 await call_async_noop()
                 await raw_echo.round_trip()
+            shm_on = driver.runtime.shm_calls
             for _ in range(3):
                 await call_bulk()
+                await call_bulk_frames()
+                await call_bulk_alloc()
                 raw_bulk.round_trip()
             _memcpy_ns(3)
 
@@ -288,6 +321,8 @@ async def run(quick: bool, no_uvloop: bool, session_dir: str) -> dict:
             async_ns: list[int] = []
             raw_ns: list[int] = []
             bulk_ns: list[int] = []
+            frames_ns: list[int] = []
+            alloc_ns: list[int] = []
             raw_bulk_ns: list[int] = []
             memcpy_ns: list[int] = []
             for _ in range(sizes["rounds"]):
@@ -295,6 +330,8 @@ async def run(quick: bool, no_uvloop: bool, session_dir: str) -> dict:
                 raw_ns += await _time_each(sizes["rtt"], raw_echo.round_trip)
                 async_ns += await _time_each(sizes["rtt"] // 4, call_async_noop)
                 bulk_ns += await _time_each(sizes["bulk"], call_bulk)
+                frames_ns += await _time_each(sizes["bulk"], call_bulk_frames)
+                alloc_ns += await _time_each(sizes["bulk"], call_bulk_alloc)
                 raw_bulk_ns += [raw_bulk.round_trip() for _ in range(sizes["bulk"])]
                 memcpy_ns += _memcpy_ns(sizes["bulk"])
 
@@ -335,8 +372,11 @@ async def run(quick: bool, no_uvloop: bool, session_dir: str) -> dict:
     call_us, raw_us = _us(call_ns), _us(raw_ns)
     call_median, raw_median = float(np.median(call_us)), float(np.median(raw_us))
     bulk_gbps, raw_gbps = _gbps(bulk_ns), _gbps(raw_bulk_ns)
+    frames_gbps, alloc_gbps, memcpy_gbps = _gbps(frames_ns), _gbps(alloc_ns), _gbps(memcpy_ns)
     rtt_ratio = call_median / raw_median
     bulk_ratio = bulk_gbps / raw_gbps
+    shm_ratio = bulk_gbps / memcpy_gbps
+    alloc_ratio = alloc_gbps / memcpy_gbps
     return {
         "benchmark": "transport",
         "quick": quick,
@@ -348,22 +388,35 @@ async def run(quick: bool, no_uvloop: bool, session_dir: str) -> dict:
         "rtt_ratio": round(rtt_ratio, 3),
         "bulk_gbps_8mb": round(bulk_gbps, 3),
         "raw_gbps_8mb": round(raw_gbps, 3),
-        "memcpy_gbps_8mb": round(_gbps(memcpy_ns), 3),
+        "memcpy_gbps_8mb": round(memcpy_gbps, 3),
         "bulk_ratio_8mb": round(bulk_ratio, 3),
+        "zmq_frames_gbps_8mb": round(frames_gbps, 3),
+        "zmq_frames_ratio_8mb": round(frames_gbps / raw_gbps, 3),
+        "shm": shm_on,
+        "shm_gbps_8mb": round(bulk_gbps, 3),
+        "shm_ratio_8mb": round(shm_ratio, 3),
+        "shm_alloc_gbps_8mb": round(alloc_gbps, 3),
+        "shm_alloc_ratio_8mb": round(alloc_ratio, 3),
         "calls_per_s_pipelined": round(calls_per_s),
         "raw_calls_per_s_pipelined": round(raw_calls_per_s),
         "wait_overhead_us": round(float(np.median(_us(wait_ns))), 1),
         "wait_overhead_us_p99": round(float(np.percentile(_us(wait_ns), 99)), 1),
         "targets_met": {"rtt_ratio_le_2": bool(rtt_ratio <= 2.0),
-                        "bulk_ratio_8mb_ge_0_5": bool(bulk_ratio >= 0.5)},
+                        "bulk_ratio_8mb_ge_0_5": bool(bulk_ratio >= 0.5),
+                        "shm_ratio_8mb_ge_0_8": bool(shm_ratio >= 0.8),
+                        "shm_alloc_ratio_8mb_ge_0_8": bool(alloc_ratio >= 0.8)},
         "samples": {"rtt": len(call_ns), "raw_rtt": len(raw_ns), "bulk": len(bulk_ns),
-                    "raw_bulk": len(raw_bulk_ns), "pipelined_calls": sizes["pipelined"],
+                    "raw_bulk": len(raw_bulk_ns), "zmq_frames": len(frames_ns),
+                    "shm_alloc": len(alloc_ns), "pipelined_calls": sizes["pipelined"],
                     "wait": len(wait_ns), "interleaved_rounds": sizes["rounds"]},
         "call_rtt_method": "sequential Counter.noop (sync method, actor executor thread) via "
                            "handle.noop.remote() + await driver.get(ref), actor process, ipc",
         "raw_rtt_method": "sequential zmq.asyncio DEALER->ROUTER echo child over ipc, "
                           "one 64-byte frame each way",
-        "bulk_method": "sequential Store.remember(dict of 4 x 2 MiB float32), reply inline",
+        "bulk_method": "sequential Store.remember(dict of 4 x 2 MiB float32), reply inline; "
+                       "arrays through shared memory (copied into pooled segments) when "
+                       "shm is on, zero-copy ZeroMQ frames for zmq_frames_gbps_8mb, "
+                       "producer-allocated segments (no copy) for shm_alloc_gbps_8mb",
         "raw_bulk_method": "blocking pyzmq DEALER->ROUTER over ipc, one 8 MiB frame "
                            "sent and received with copy=False, 3-byte ack per message "
                            "(round trip per message, not pipelined)",

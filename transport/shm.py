@@ -506,26 +506,37 @@ class StoredPlacer(Placer):
 # ---------------------------------------------------------------------------- receiving
 
 
-def _clear_lent(mm: mmap.mmap) -> None:
+def _clear_lent(name: str) -> None:
+    """Tell the owner of pooled segment ``name`` that its data is no longer read here: a
+    ``pwrite`` of the flag by name (a store through the mapping would fault the page in
+    writable, and unmapping a written page costs a TLB shootdown, ~20 us on a VM). The name
+    is never reused; gone means the owner dropped it."""
     try:
-        mm[_LENT] = 0
-    except (ValueError, IndexError):  # closed: nothing to tell
+        fd = os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=_shm_dir_fd())
+    except OSError:
+        return
+    try:
+        os.pwrite(fd, b"\0", _LENT)
+    except OSError:
         pass
+    finally:
+        os.close(fd)
 
 
 class Mapped:
-    """A received segment, mapped: hand out arrays with :meth:`array`. For a pooled
-    segment the lent flag is cleared once the last of them is garbage collected."""
+    """A received segment, mapped read-only: hand out arrays with :meth:`array`. For a
+    pooled segment the lent flag is cleared once the last of them is garbage collected."""
 
-    __slots__ = ("name", "mm", "address", "size", "__weakref__")
+    __slots__ = ("name", "mm", "view", "address", "size", "__weakref__")
 
     def __init__(self, name: str, mm: mmap.mmap, size: int, pooled: bool) -> None:
         self.name = name
         self.mm = mm
         self.size = size
-        self.address = _address(mm)
+        self.view = np.frombuffer(mm, np.uint8)
+        self.address = self.view.__array_interface__["data"][0]
         if pooled:
-            weakref.finalize(self, _clear_lent, mm)
+            weakref.finalize(self, _clear_lent, name)
 
     def array(self, offset: int, nbytes: int) -> np.ndarray:
         """A read-only uint8 array over data bytes ``[offset, offset + nbytes)``."""
@@ -556,7 +567,7 @@ def open_segment(name: str, pooled: bool = False) -> Mapped:
     Raises ShmError."""
     check_name(name)
     try:
-        fd = os.open(name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=_shm_dir_fd())
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=_shm_dir_fd())
     except OSError as exc:
         raise ShmError(f"cannot open segment {name!r}: {exc.strerror}") from None
     try:
@@ -566,7 +577,7 @@ def open_segment(name: str, pooled: bool = False) -> Mapped:
         if info.st_size < HEADER_BYTES or os.pread(fd, len(MAGIC), 0) != MAGIC:
             raise ShmError(f"segment {name!r} has no valid header")
         try:
-            mm = mmap.mmap(fd, info.st_size)
+            mm = mmap.mmap(fd, info.st_size, prot=mmap.PROT_READ)
         except (OSError, ValueError) as exc:
             raise ShmError(f"cannot map segment {name!r}: {exc}") from None
     finally:

@@ -327,6 +327,9 @@ class Runtime:
         self.shm = shm
         """Whether bulk arrays to same-host processes go through shared memory."""
         self.shm_threshold = shm_threshold
+        self.shm_calls = shm
+        """Whether call arguments use shared memory (set False to send them as ZeroMQ
+        frames, e.g. to compare; fetch replies are unaffected)."""
         self.shm_pool = shm_segments.SegmentPool() if shm else None
         """Segments call arguments are copied into (reused)."""
         self._shm_objects: dict[bytes, dict] = {}
@@ -527,7 +530,7 @@ class Runtime:
         escaped = [a._escaped for a in pinned]
         body = ["__call__", [object_id, method, list(args), kwargs], {}]
         placer = None
-        if self.shm_pool is not None and self.shm_to(handle.endpoint):
+        if self.shm_calls and self.shm_pool is not None and self.shm_to(handle.endpoint):
             placer = shm_segments.CallPlacer(self.shm_pool, self.shm_threshold)
             try:
                 frames = self.codec.encode(body, placer)
