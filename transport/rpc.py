@@ -227,6 +227,9 @@ class RpcServer:
         self.endpoints: list[str] = []
         self._async: AsyncSocket | None = None
         self.bytes_received = 0
+        """Bytes of every message received, arrays read through shared memory included."""
+        self.shm_bytes_received = 0
+        """Of those, the bytes of arrays read through shared memory (not the socket)."""
         self.bytes_sent = 0
         self.messages_dropped = 0
 
@@ -312,7 +315,9 @@ class RpcServer:
         try:
             if local:
                 body = self.codec.decode(frames[2:], allow_shm=True)
-                self.bytes_received += self.codec.take_shm_bytes()
+                shm_bytes = self.codec.take_shm_bytes()
+                self.bytes_received += shm_bytes
+                self.shm_bytes_received += shm_bytes
             else:
                 body = self.codec.decode(frames[2:])
             method, args, kwargs = body
@@ -458,6 +463,9 @@ class RpcClient:
         self.lost: PeerLostError | None = None
         self.bytes_sent = 0
         self.bytes_received = 0
+        """Bytes of every reply received, arrays read through shared memory included."""
+        self.shm_bytes_received = 0
+        """Of those, the bytes of arrays read through shared memory (not the socket)."""
         self._connect_timer = self.loop.call_later(connect_timeout_s, self._connect_timed_out,
                                                    connect_timeout_s)
 
@@ -519,7 +527,9 @@ class RpcClient:
         try:
             if self.local:
                 value = self.codec.decode(frames[1:], allow_shm=True)
-                self.bytes_received += self.codec.take_shm_bytes()
+                shm_bytes = self.codec.take_shm_bytes()
+                self.bytes_received += shm_bytes
+                self.shm_bytes_received += shm_bytes
             else:
                 value = self.codec.decode(frames[1:])
         except DecodeError as exc:

@@ -3,7 +3,8 @@
 :func:`make_session_dir` creates ``$TMPDIR/actorrl-<kind>-XXXX`` (mode 0700, as
 ``mkdtemp``) with the creating process's pid in it. A process that exits normally removes
 its folder itself; one killed by SIGKILL cannot, so :func:`remove_stale_session_dirs`
-(run whenever a new session starts) removes this user's folders whose process is gone.
+(run whenever a new session starts) removes this user's folders whose process is gone,
+and the shared-memory segments (:mod:`transport.shm`) of this user's dead processes.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+
+from transport.shm import sweep_dead_owner_segments
 
 PREFIX = "actorrl-"
 _OWNER_FILE = "owner.pid"
@@ -38,7 +41,9 @@ def _alive(pid: int) -> bool:
 
 def remove_stale_session_dirs() -> list[str]:
     """Remove this user's session folders whose owner process no longer runs; returns
-    them. Folders without an owner file are left alone (not ours to judge)."""
+    them. Folders without an owner file are left alone (not ours to judge). Shared-memory
+    segments of dead owners are swept too."""
+    sweep_dead_owner_segments()
     root = tempfile.gettempdir()
     removed = []
     try:
