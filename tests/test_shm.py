@@ -150,6 +150,18 @@ def test_big_arrays_travel_as_handles_small_ones_inline() -> None:
     assert _owned_by(os.getpid()) == []
 
 
+def test_pool_trims_idle_segments_and_keeps_in_flight_ones() -> None:
+    pool = shm.SegmentPool()
+    busy, idle = pool.acquire(BIG), pool.acquire(BIG)
+    pool.finish([idle], ok=True)
+    assert pool.trim(max_idle_s=0.0) == 1
+    assert idle.name not in shm.list_segments() and busy.name in shm.list_segments()
+    pool.finish([busy], ok=True)
+    assert pool.trim(max_idle_s=3600.0) == 1, "recently used: kept"
+    pool.close()
+    assert busy.name not in shm.list_segments()
+
+
 def test_handles_are_refused_unless_allowed() -> None:
     codec = Codec()
     pool = shm.SegmentPool()

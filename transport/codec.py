@@ -8,6 +8,14 @@ so nothing is copied on the way out. ``decode(frames)`` rebuilds arrays with
 Small arrays are packed inline in the header, which is faster below ~64 KB, up to
 ``max_inline_bytes`` per message (past that they travel as frames too).
 
+For a receiver on the same host, ``encode(obj, placer)`` sends arrays of at least
+``placer.threshold`` bytes (256 KiB by default) as shared-memory *handles* instead
+(extension types 3 and 4: dtype, shape, segment name and offset; see
+:mod:`transport.shm`): the receiver maps the segment and reads the array in place.
+``decode`` accepts handles only when asked to (``allow_shm=True``, which the RPC layer
+sets only for requests and replies of ipc peers); a handle is checked like any other
+field (name form and uid, no path, segment size) and is a :class:`DecodeError` otherwise.
+
 Decoding is bounded whatever a peer sends: the header frame is at most
 ``max_header_bytes`` (1 MiB by default; a header of that size decodes in well under
 ~100 ms here whatever its content, arrays in their own frames cost nothing to decode),

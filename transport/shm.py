@@ -45,6 +45,7 @@ import os
 import re
 import stat
 import threading
+import time
 import weakref
 from collections.abc import Iterable
 from typing import Any
@@ -81,8 +82,10 @@ SHM_DIR = "/dev/shm"
 PREFIX = "actorrl-shm."
 DEFAULT_THRESHOLD = 256 * 1024
 """Arrays of at least this many bytes go through shared memory to same-host peers."""
-DEFAULT_POOL_BYTES = 1 << 30
+DEFAULT_POOL_BYTES = 256 * 2**20
 """Segment bytes a :class:`SegmentPool` keeps named at most (older ones are unlinked)."""
+DEFAULT_POOL_IDLE_S = 10.0
+"""Pooled segments unused this long are unlinked by :meth:`SegmentPool.trim`."""
 HEADER_BYTES = 64
 """Bytes before the data of every segment: 8 magic bytes, then the lent flag."""
 MAGIC = b"ACTRLSHM"
@@ -178,7 +181,8 @@ class Segment:
     """A segment this process created (and owns): a file in ``/dev/shm``, mapped
     read-write. Thread-safe to create and unlink."""
 
-    __slots__ = ("name", "capacity", "mm", "address", "in_flight", "unlinked", "__weakref__")
+    __slots__ = ("name", "capacity", "mm", "address", "in_flight", "unlinked", "used_at",
+                 "__weakref__")
 
     def __init__(self, name: str, capacity: int, mm: mmap.mmap) -> None:
         self.name = name
@@ -188,6 +192,7 @@ class Segment:
         self.address = _address(mm)
         self.in_flight = False
         self.unlinked = False
+        self.used_at = 0.0
 
     @classmethod
     def create(cls, capacity: int, reserve: bool = True) -> Segment:
@@ -333,13 +338,30 @@ class SegmentPool:
 
     def finish(self, segments: Iterable[Segment], ok: bool) -> None:
         """The call that carried ``segments`` is over: reuse them (``ok``) or drop them."""
+        now = time.monotonic()
         with self._lock:
             for seg in segments:
                 seg.in_flight = False
+                seg.used_at = now
                 if not ok and seg in self._segments:
                     self._segments.remove(seg)
                     self._bytes -= seg.capacity
                     seg.unlink()
+
+    def trim(self, max_idle_s: float = DEFAULT_POOL_IDLE_S) -> int:
+        """Unlink the segments not in flight and unused for ``max_idle_s``; returns how
+        many stay (a burst of big calls does not keep its memory named for good)."""
+        limit = time.monotonic() - max_idle_s
+        with self._lock:
+            keep = []
+            for seg in self._segments:
+                if seg.in_flight or seg.used_at > limit:
+                    keep.append(seg)
+                else:
+                    self._bytes -= seg.capacity
+                    seg.unlink()
+            self._segments = keep
+            return len(keep)
 
     @property
     def nbytes(self) -> int:

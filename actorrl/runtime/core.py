@@ -335,6 +335,7 @@ class Runtime:
         self._shm_objects: dict[bytes, dict] = {}
         """Segments placed for stored objects fetched by same-host processes, by id."""
         self._shm_routes: dict[str, bool] = {}
+        self._shm_trim: asyncio.TimerHandle | None = None
         self.store = ObjectStore(loop, on_drop=self._drop_shm_object if shm else None)
         self.network = network
         self.server = RpcServer(self._on_request, codec=self.codec)
@@ -416,6 +417,8 @@ class Runtime:
             client.close()
         self._clients.clear()
         self.server.close()
+        if self._shm_trim is not None:
+            self._shm_trim.cancel()
         if self.shm_pool is not None:
             self.shm_pool.close()
             for cache in self._shm_objects.values():
@@ -500,6 +503,13 @@ class Runtime:
             self._shm_routes[endpoint] = found
         return found
 
+    def _trim_shm_pool(self) -> None:
+        """Unlink pooled segments idle for a while; again later while some remain."""
+        self._shm_trim = None
+        if self.shm_pool is not None and not self.closed and self.shm_pool.trim():
+            self._shm_trim = self.loop.call_later(shm_segments.DEFAULT_POOL_IDLE_S,
+                                                  self._trim_shm_pool)
+
     def _drop_shm_object(self, object_id: bytes) -> None:
         cache = self._shm_objects.pop(object_id, None)
         if cache:
@@ -574,6 +584,9 @@ class Runtime:
             except Exception as exc:  # a full send queue, a bad endpoint: the call failed
                 fut.set_exception(exc)
             else:
+                if placer is not None and self._shm_trim is None:
+                    self._shm_trim = self.loop.call_later(
+                        shm_segments.DEFAULT_POOL_IDLE_S, self._trim_shm_pool)
                 placer = None  # released by the reply
         if placer is not None:
             placer.finish(False)
