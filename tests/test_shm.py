@@ -162,6 +162,34 @@ def test_pool_trims_idle_segments_and_keeps_in_flight_ones() -> None:
     assert busy.name not in shm.list_segments()
 
 
+def test_receivers_cache_mappings_of_pooled_segments() -> None:
+    """A refilled pooled segment is read through the receiver's cached mapping (new data
+    visible); mappings of segments since unlinked are dropped at the next miss."""
+    codec = Codec()
+    pool = shm.SegmentPool()
+    shm.forget_mappings()
+    placer = shm.CallPlacer(pool)
+    first = codec.decode(codec.encode([np.zeros(BIG // 8)], placer), allow_shm=True)[0]
+    address = first.__array_interface__["data"][0]
+    del first
+    placer.finish(True)
+    placer = shm.CallPlacer(pool)
+    second = codec.decode(codec.encode([np.ones(BIG // 8)], placer), allow_shm=True)[0]
+    assert second.__array_interface__["data"][0] == address, "same mapping"
+    assert (second == 1).all()
+    del second
+    placer.finish(True)
+    assert len(shm._mappings) == 1
+    pool.close()
+    other = shm.SegmentPool()
+    placer = shm.CallPlacer(other)
+    codec.decode(codec.encode([np.ones(BIG // 8)], placer), allow_shm=True)
+    assert len(shm._mappings) == 1, "the unlinked segment's mapping was dropped"
+    placer.finish(True)
+    other.close()
+    shm.forget_mappings()
+
+
 def test_handles_are_refused_unless_allowed() -> None:
     codec = Codec()
     pool = shm.SegmentPool()

@@ -47,6 +47,7 @@ import stat
 import threading
 import time
 import weakref
+from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
@@ -70,6 +71,7 @@ __all__ = [
     "available",
     "empty",
     "enabled_by_env",
+    "forget_mappings",
     "list_segments",
     "map_region",
     "open_segment",
@@ -133,8 +135,10 @@ def _my_identity() -> tuple[int, str]:
 
 def _after_fork_in_child() -> None:
     """A forked child owns none of its parent's segments (and must not unlink them)."""
-    global _identity, _counter, _dir_fd
+    global _identity, _counter, _dir_fd, _mappings_bytes
     _owned.clear()
+    _mappings.clear()
+    _mappings_bytes = 0
     _identity = None
     _counter = itertools.count()
     _dir_fd = None
@@ -545,34 +549,98 @@ def _clear_lent(name: str) -> None:
         os.close(fd)
 
 
-class Mapped:
-    """A received segment, mapped read-only: hand out arrays with :meth:`array`. For a
-    pooled segment the lent flag is cleared once the last of them is garbage collected."""
+class _Mapping:
+    """One read-only mapping of a received segment (shared by the uses of a cached one)."""
 
     __slots__ = ("name", "mm", "view", "address", "size", "__weakref__")
 
-    def __init__(self, name: str, mm: mmap.mmap, size: int, pooled: bool) -> None:
+    def __init__(self, name: str, mm: mmap.mmap, size: int) -> None:
         self.name = name
         self.mm = mm
         self.size = size
         self.view = np.frombuffer(mm, np.uint8)
         self.address = self.view.__array_interface__["data"][0]
+
+
+class Mapped:
+    """A received segment, mapped read-only, for one message: hand out arrays with
+    :meth:`array`. For a pooled segment the lent flag is cleared once the last of them is
+    garbage collected."""
+
+    __slots__ = ("mapping", "__weakref__")
+
+    def __init__(self, mapping: _Mapping, pooled: bool) -> None:
+        self.mapping = mapping
         if pooled:
-            weakref.finalize(self, _clear_lent, name)
+            weakref.finalize(self, _clear_lent, mapping.name)
+
+    @property
+    def name(self) -> str:
+        """The segment's name."""
+        return self.mapping.name
 
     def array(self, offset: int, nbytes: int) -> np.ndarray:
         """A read-only uint8 array over data bytes ``[offset, offset + nbytes)``."""
-        if offset < 0 or nbytes < 0 or HEADER_BYTES + offset + nbytes > self.size:
+        mapping = self.mapping
+        if offset < 0 or nbytes < 0 or HEADER_BYTES + offset + nbytes > mapping.size:
             raise ShmError(f"handle names bytes {offset}..{offset + nbytes} of segment "
-                           f"{self.name} whose data is {self.size - HEADER_BYTES} bytes")
+                           f"{mapping.name} whose data is {mapping.size - HEADER_BYTES} "
+                           "bytes")
         region = _Region()
         region.segment = None
-        region.name = self.name
-        region.address = self.address
-        region.mm = self  # the Mapped: its finalizer runs once every array is gone
+        region.name = mapping.name
+        region.address = mapping.address
+        region.mm = self  # its finalizer runs once every array of this message is gone
         region.__array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "version": 3,
-                                      "data": (self.address + HEADER_BYTES + offset, True)}
+                                      "data": (mapping.address + HEADER_BYTES + offset, True)}
         return np.asarray(region)
+
+
+MAPPING_CACHE_ENTRIES = 32
+MAPPING_CACHE_BYTES = 256 * 2**20
+"""Receivers keep the mappings of up to this many (and this many bytes of) pooled
+segments: a sender refills the same few segments, so the next message that names one
+costs no open/mmap and no page faults (a fresh mapping faults its pages in as they are
+read, ~0.5 ms per 8 MiB here, and unmapping read pages costs TLB shootdowns). Entries
+whose segment was unlinked are dropped at the next miss."""
+_mappings: OrderedDict[str, _Mapping] = OrderedDict()
+_mappings_bytes = 0
+
+
+def _cached_mapping(name: str) -> _Mapping:
+    global _mappings_bytes
+    with _lock:
+        found = _mappings.get(name)
+        if found is not None:
+            _mappings.move_to_end(name)
+            return found
+    mapping = _map(name)
+    with _lock:
+        for stale in [n for n in _mappings if not _exists(n)]:
+            _mappings_bytes -= _mappings.pop(stale).size
+        _mappings[name] = mapping
+        _mappings_bytes += mapping.size
+        while len(_mappings) > 1 and (len(_mappings) > MAPPING_CACHE_ENTRIES
+                                      or _mappings_bytes > MAPPING_CACHE_BYTES):
+            _mappings_bytes -= _mappings.popitem(last=False)[1].size
+    return mapping
+
+
+def _exists(name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=_shm_dir_fd(), follow_symlinks=False)
+    except OSError:
+        return False
+    return True
+
+
+def forget_mappings() -> None:
+    """Drop the cached mappings of received pooled segments (arrays still using one keep
+    it until they are collected)."""
+    global _mappings_bytes
+    with _lock:
+        _mappings.clear()
+        _mappings_bytes = 0
 
 
 def check_name(name: str) -> None:
@@ -585,9 +653,13 @@ def check_name(name: str) -> None:
 
 
 def open_segment(name: str, pooled: bool = False) -> Mapped:
-    """Map the segment ``name`` (a name off the wire: checked, see the module docstring).
-    Raises ShmError."""
+    """Map the segment ``name`` (a name off the wire: checked, see the module docstring)
+    for one message; pooled segments' mappings are cached. Raises ShmError."""
     check_name(name)
+    return Mapped(_cached_mapping(name) if pooled else _map(name), pooled)
+
+
+def _map(name: str) -> _Mapping:
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=_shm_dir_fd())
     except OSError as exc:
@@ -604,7 +676,7 @@ def open_segment(name: str, pooled: bool = False) -> Mapped:
             raise ShmError(f"cannot map segment {name!r}: {exc}") from None
     finally:
         os.close(fd)
-    return Mapped(name, mm, info.st_size, pooled)
+    return _Mapping(name, mm, info.st_size)
 
 
 def map_region(name: str, offset: int, nbytes: int, pooled: bool = False) -> np.ndarray:
