@@ -190,6 +190,26 @@ def test_receivers_cache_mappings_of_pooled_segments() -> None:
     shm.forget_mappings()
 
 
+def test_a_full_dev_shm_falls_back_to_frames_with_one_warning(monkeypatch, caplog) -> None:
+    def full(*_args, **_kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(shm.Segment, "create", full)
+    monkeypatch.setattr(shm.Segment, "from_array", full)
+    monkeypatch.setattr(shm, "_warned", False)
+    codec = Codec()
+    pool = shm.SegmentPool()
+    value = [np.ones(BIG // 8), np.zeros(BIG // 8)]
+    with caplog.at_level("WARNING", logger="transport.shm"):
+        for placer in (shm.CallPlacer(pool), shm.StoredPlacer({})):
+            frames = codec.encode(value, placer)
+            assert len(frames) == 3, "both arrays went as frames"
+            out = codec.decode(frames, allow_shm=True)
+            assert np.array_equal(out[0], value[0]) and np.array_equal(out[1], value[1])
+    assert len([r for r in caplog.records if "shared memory unavailable" in r.message]) == 1
+    pool.close()
+
+
 def test_handles_are_refused_unless_allowed() -> None:
     codec = Codec()
     pool = shm.SegmentPool()

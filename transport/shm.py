@@ -134,14 +134,14 @@ def _my_identity() -> tuple[int, str]:
 
 
 def _after_fork_in_child() -> None:
-    """A forked child owns none of its parent's segments (and must not unlink them)."""
-    global _identity, _counter, _dir_fd, _mappings_bytes
+    """A forked child owns none of its parent's segments (and must not unlink them); the
+    directory descriptor stays valid."""
+    global _identity, _counter, _mappings_bytes
     _owned.clear()
     _mappings.clear()
     _mappings_bytes = 0
     _identity = None
     _counter = itertools.count()
-    _dir_fd = None
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
