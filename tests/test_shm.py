@@ -43,6 +43,9 @@ class ShmPeer:
     def make(self, nbytes: int) -> dict[str, np.ndarray]:
         return {"a": np.arange(nbytes // 8, dtype=np.float64)}
 
+    def make_full(self, nbytes: int, fill: float) -> np.ndarray:
+        return np.full(nbytes // 8, fill)
+
     def put_big(self, nbytes: int) -> list[rt.ObjectRef]:
         return [rt.Runtime.current().put(np.full(nbytes // 8, 7.0))]
 
@@ -270,6 +273,32 @@ def test_stored_placer_places_each_array_once() -> None:
     assert out["w"].sum() == value["w"].size
 
 
+def test_pooled_stored_object_lends_a_byte_per_fetcher() -> None:
+    """Each fetch of a stored object holds a lent byte of its own: after the object is
+    freed, its segment is reused only once every fetcher dropped what it read."""
+    codec = Codec()
+    pool = shm.SegmentPool()
+    value = {"w": np.ones(BIG // 8)}
+    cache: dict = {}
+    first = codec.decode(codec.encode(value, shm.StoredPlacer(cache, pool=pool)),
+                         allow_shm=True)
+    second = codec.decode(codec.encode(value, shm.StoredPlacer(cache, pool=pool)),
+                          allow_shm=True)
+    (_, seg), = cache.values()
+    assert pool.created == 1
+    shm.StoredPlacer.release(cache, pool)
+    assert not seg.in_flight and seg.lent
+    del first
+    gc.collect()
+    assert seg.lent, "the second fetcher still reads it"
+    assert pool.acquire(BIG) is not seg
+    del second
+    gc.collect()
+    assert not seg.lent
+    assert pool.acquire(BIG) is seg
+    pool.close()
+
+
 def _handle(name: str, offset: int = 0, shape: tuple[int, ...] = (16,),
             dtype: str = "<f8") -> bytes:
     record = (_SHM_HEAD.pack(len(dtype), len(shape), 0, 0, offset) + dtype.encode()
@@ -402,7 +431,7 @@ async def test_calls_and_fetches_through_shm_and_their_lifetimes(tmp_path) -> No
         assert pool.reused == 4 and len(pool) == 4
         await driver.get(peer.drop.remote(), timeout_s=30)
 
-        # A result kept by its owner and fetched through a placed segment.
+        # A result kept by its owner and fetched through a segment of its pool.
         pid = driver.node.process_of(peer).pid
         ref = peer.make.remote(BIG)
         received = client.bytes_received
@@ -414,13 +443,16 @@ async def test_calls_and_fetches_through_shm_and_their_lifetimes(tmp_path) -> No
         [put_ref] = await driver.get(peer.put_big.remote(BIG), timeout_s=30)
         assert (await driver.get(put_ref, timeout_s=30) == 7.0).all()
         assert len(_owned_by(pid)) == 2
-        # Freed refs unlink their segments (the free goes before the next call).
-        driver.free([ref, put_ref])
+        # Freed objects hand their segments back to the owner's pool (the free goes
+        # before the next call); one whose data a fetcher still reads is not reused.
+        driver.free([ref, put_ref])  # drops put_ref's cached value: that segment is free
         await asyncio.sleep(0)  # the batched free is sent (a queued callback) before...
         await driver.get(peer.drop.remote(), timeout_s=30)  # ...this call, on that socket
-        assert _owned_by(pid) == []
-        assert got["a"][-1] == BIG // 8 - 1, "mappings outlive the names"
-        assert len(_owned_by(os.getpid())) == 4  # the pool, until the runtime closes
+        third = await driver.get(peer.make_full.remote(BIG, 5.0), timeout_s=30)
+        assert (third == 5.0).all()
+        assert len(_owned_by(pid)) == 2, "the free segment was reused"
+        assert got["a"][-1] == BIG // 8 - 1, "the held one was not overwritten"
+        assert len(_owned_by(os.getpid())) == 4  # the driver's pool, until it closes
     assert _owned_by(os.getpid()) == []
 
 

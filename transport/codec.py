@@ -74,7 +74,7 @@ more than a handful; a flood has thousands)."""
 MAX_ARRAY_BYTES = 2**31 - 1
 
 _HEAD = struct.Struct("<BBBi")  # dtype length, ndim, flags, frame index (-1 = inline)
-_SHM_HEAD = struct.Struct("<BBBBQ")  # dtype length, ndim, flags, pooled, data offset
+_SHM_HEAD = struct.Struct("<BBBBQ")  # dtype length, ndim, flags, lent slot+1, data offset
 _FLAG_FORTRAN = 1
 
 
@@ -175,8 +175,8 @@ def _array_ext(arr: np.ndarray, frames: list, inline_budget: list[int], allow_la
     if placer is not None and arr.nbytes >= placer.threshold:
         handle = placer.place(arr, flat)
         if handle is not None:
-            name, offset, pooled = handle
-            head = _SHM_HEAD.pack(len(dtype_str), arr.ndim, flags, pooled, offset)
+            name, offset, slot = handle
+            head = _SHM_HEAD.pack(len(dtype_str), arr.ndim, flags, slot, offset)
             return msgpack.ExtType(code + (EXT_SHM_ARRAY - EXT_ARRAY),
                                    head + dtype_str + shape + name.encode())
     frames.append(flat.data)
@@ -225,7 +225,7 @@ def _array_from_shm(data: bytes, mapped: dict[str, Any]) -> np.ndarray:
     """The array a shared-memory record names, mapped (once per segment per message, in
     ``mapped``); every field off the wire is checked (see :func:`transport.shm.open_segment`)."""
     try:
-        dlen, ndim, flags, pooled, offset = _SHM_HEAD.unpack_from(data)
+        dlen, ndim, flags, slot, offset = _SHM_HEAD.unpack_from(data)
         pos = _SHM_HEAD.size
         dtype_text = data[pos:pos + dlen].decode()
         try:
@@ -243,7 +243,7 @@ def _array_from_shm(data: bytes, mapped: dict[str, Any]) -> np.ndarray:
         name = data[pos:].decode("ascii")
         segment = mapped.get(name)
         if segment is None:
-            segment = mapped[name] = shm.open_segment(name, pooled=bool(pooled))
+            segment = mapped[name] = shm.open_segment(name, slot - 1 if slot else None)
         flat = segment.array(offset, nbytes)
         mapped[""] = mapped.get("", 0) + nbytes  # bytes that arrived through segments
         order = "F" if flags & _FLAG_FORTRAN else "C"

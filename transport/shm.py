@@ -16,16 +16,17 @@ unlinked, so an owner may unlink a segment as soon as its receivers have mapped 
 
 Three kinds of segment, by who decides their lifetime:
 
-- *Pooled* (:class:`SegmentPool`, call arguments): the sender copies the array into a
-  segment it keeps mapped and reuses. The first 64 bytes of every segment are a header;
-  byte 8 is the *lent* flag: the sender sets it when it hands the segment out, the
-  receiver clears it when the last array it read from the segment is garbage collected.
-  A segment is reused only when it is neither in flight (call not answered) nor lent.
-  Creating a fresh segment costs page allocation (on this VM ~2.7 ms per 8 MiB, more than
-  sending it through a ZeroMQ frame); refilling a pooled one costs one ``memcpy``.
-- *Placed* (:meth:`Segment.from_array`, stored objects fetched by others): one segment per
-  array, written once with ``pwrite`` (no separate zeroing), answered to every same-host
-  fetch, unlinked when the object is freed.
+- *Pooled* (:class:`SegmentPool`: call arguments, and stored objects fetched by others):
+  the owner copies the array into a segment it keeps mapped and reuses. The first 64
+  bytes of every segment are a header: 8 magic bytes, then 56 *lent* bytes. The owner sets
+  one when it hands the segment to a receiver (the handle names it), the receiver clears
+  it when the last array it read from the segment is garbage collected. A segment is
+  reused only when it is neither in flight (call not answered, object not freed) nor
+  lent. Creating a fresh segment costs page allocation (on this VM ~2.7 ms per 8 MiB, more
+  than sending it through a ZeroMQ frame); refilling a pooled one costs one ``memcpy``.
+  Receivers cache the mappings of pooled segments, so a refilled one costs them nothing.
+- *Placed* (:meth:`Segment.from_array`): one segment per array written with ``pwrite``,
+  unlinked when its object is freed (stored objects of an owner without a pool).
 - *Allocated* (:func:`empty`): the producer builds its array directly in a segment;
   sending it copies nothing. Unlinked when the producer's array is garbage collected.
 
@@ -92,6 +93,9 @@ HEADER_BYTES = 64
 """Bytes before the data of every segment: 8 magic bytes, then the lent flag."""
 MAGIC = b"ACTRLSHM"
 _LENT = 8
+SLOTS = HEADER_BYTES - _LENT
+"""Receivers one pooled segment can be lent to at once (one lent byte each)."""
+_NO_SLOT_LENT = bytes(SLOTS)
 _ALIGN = 64
 _NAME = re.compile(r"actorrl-shm\.(\d{1,10})\.(\d{1,10})\.(\d{1,20})\.(\d{1,20})")
 _lock = threading.Lock()
@@ -251,12 +255,18 @@ class Segment:
 
     @property
     def lent(self) -> bool:
-        """Whether a receiver still reads the data handed out last."""
-        return self.mm[_LENT] != 0
+        """Whether a receiver still reads data handed out (a lent byte is set)."""
+        return self.mm[_LENT:HEADER_BYTES] != _NO_SLOT_LENT
 
-    def lend(self) -> None:
-        """Mark the segment handed out (the receiver clears the mark when done)."""
-        self.mm[_LENT] = 1
+    def lend(self, slot: int = 0) -> None:
+        """Mark the segment handed out to a receiver through lent byte ``slot`` (the
+        receiver clears it when done)."""
+        self.mm[_LENT + slot] = 1
+
+    def free_slot(self) -> int | None:
+        """A lent byte no receiver holds, or None when all are held."""
+        found = self.mm[_LENT:HEADER_BYTES].find(0)
+        return None if found < 0 else found
 
     def write(self, flat: np.ndarray, offset: int = 0) -> None:
         """Copy the uint8 array ``flat`` to data offset ``offset``."""
@@ -290,10 +300,10 @@ class SegmentPool:
 
     :meth:`acquire` returns a segment not in flight and not lent (its last receiver
     dropped what it read), creating one when none fits; :meth:`finish` hands it back when
-    the call is answered (``ok``) or unlinks it (the call failed: whether the receiver will
-    ever read it is unknown). At most ``max_bytes`` of segments stay named: past that the
-    least recently used ones not in flight are unlinked (a receiver still reading one keeps
-    its mapping). Thread-safe.
+    the call is answered or the stored object freed (``ok``), or unlinks it (the call
+    failed: whether the receiver will ever read it is unknown). At most ``max_bytes`` of
+    segments stay named: past that the least recently used ones not in flight are unlinked
+    (a receiver still reading one keeps its mapping). Thread-safe.
     """
 
     def __init__(self, max_bytes: int = DEFAULT_POOL_BYTES) -> None:
@@ -305,8 +315,9 @@ class SegmentPool:
         self.reused = 0
 
     def acquire(self, nbytes: int) -> Segment:
-        """A segment of at least ``nbytes`` data bytes, marked in flight and lent.
-        Raises OSError when none can be created (``/dev/shm`` missing or full)."""
+        """A segment of at least ``nbytes`` data bytes, marked in flight (lend it with
+        :meth:`Segment.lend`). Raises OSError when none can be created (``/dev/shm``
+        missing or full)."""
         need = max(_ALIGN, -(-nbytes // _ALIGN) * _ALIGN)
         with self._lock:
             for i, seg in enumerate(self._segments):
@@ -315,13 +326,11 @@ class SegmentPool:
                     del self._segments[i]
                     self._segments.append(seg)
                     seg.in_flight = True
-                    seg.lend()
                     self.reused += 1
                     return seg
             self._evict(self.max_bytes - need)
         seg = Segment.create(need)
         seg.in_flight = True
-        seg.lend()
         with self._lock:
             self._segments.append(seg)
             self._bytes += seg.capacity
@@ -438,8 +447,9 @@ def region_of(arr: np.ndarray) -> tuple[Segment, int] | None:
 # ---------------------------------------------------------------------------- placing
 
 
-Handle = tuple[str, int, bool]
-"""``(segment name, data offset, pooled)``: what the wire carries instead of an array."""
+Handle = tuple[str, int, int]
+"""``(segment name, data offset, lent slot + 1 or 0)``: what the wire carries instead of
+an array; a receiver clears the lent byte it names once it dropped the data."""
 
 
 class Placer:
@@ -471,7 +481,7 @@ class CallPlacer(Placer):
         found = region_of(arr)
         if found is not None:
             self.keep.append(arr)  # alive (named) until the call is answered
-            return found[0].name, found[1], False
+            return found[0].name, found[1], 0
         try:
             seg = self.pool.acquire(flat.nbytes)
         except OSError as exc:
@@ -479,7 +489,8 @@ class CallPlacer(Placer):
             return None
         self.segments.append(seg)
         seg.write(flat)
-        return seg.name, 0, True
+        seg.lend(0)
+        return seg.name, 0, 1
 
     def finish(self, ok: bool) -> None:
         """The call was answered (``ok``) or failed: release what it held."""
@@ -490,17 +501,22 @@ class CallPlacer(Placer):
 
 
 class StoredPlacer(Placer):
-    """Arrays of a stored object answered to same-host fetches: each placed once in a
-    segment of its own, remembered in ``cache`` (keyed by the address and size of the
-    array's bytes, which the stored object keeps alive; the owner unlinks them with
-    :meth:`release` when the object is freed) and reused by every later fetch."""
+    """Arrays of a stored object answered to same-host fetches: each copied once into a
+    segment of ``pool`` (or, without a pool, a segment of its own written with
+    ``pwrite``), remembered in ``cache`` (keyed by the address and size of the array's
+    bytes, which the stored object keeps alive) and handed to every later fetch through a
+    lent byte of its own (:data:`SLOTS` fetchers at once; more get frames). When the object
+    is freed the owner calls :meth:`release`: pooled segments go back to the pool (reused
+    once every fetcher dropped its data), others are unlinked. One placer per reply."""
 
-    __slots__ = ("cache", "threshold")
+    __slots__ = ("cache", "threshold", "pool", "slots")
 
     def __init__(self, cache: dict[tuple[int, int], tuple[np.ndarray, Segment]],
-                 threshold: int = DEFAULT_THRESHOLD) -> None:
+                 threshold: int = DEFAULT_THRESHOLD, pool: SegmentPool | None = None) -> None:
         self.cache = cache
         self.threshold = threshold
+        self.pool = pool
+        self.slots: dict[str, int] = {}  # segment -> slot lent to this reply
 
     def place(self, arr: np.ndarray, flat: np.ndarray) -> Handle | None:
         """See :meth:`Placer.place`."""
@@ -508,31 +524,54 @@ class StoredPlacer(Placer):
         key = (flat.__array_interface__["data"][0], flat.nbytes)
         if found is not None:
             self.cache.setdefault(key, (arr, found[0]))  # keeps it alive, not unlinked
-            return found[0].name, found[1], False
+            return found[0].name, found[1], 0
         hit = self.cache.get(key)
-        if hit is not None:
-            return hit[1].name, 0, False
-        try:
-            seg = Segment.from_array(flat)
-        except OSError as exc:
-            warn_fallback(exc)
-            return None
-        self.cache[key] = (flat, seg)  # flat alive: its address is not reused meanwhile
-        return seg.name, 0, False
+        if hit is None:
+            try:
+                if self.pool is not None:
+                    seg = self.pool.acquire(flat.nbytes)
+                    seg.write(flat)
+                else:
+                    seg = Segment.from_array(flat)
+            except OSError as exc:
+                warn_fallback(exc)
+                return None
+            # flat stays alive: its address is not reused while the entry exists
+            hit = self.cache[key] = (flat, seg)
+        seg = hit[1]
+        if self.pool is None:
+            return seg.name, 0, 0
+        slot = self.slots.get(seg.name)
+        if slot is None:
+            slot = seg.free_slot()
+            if slot is None:
+                return None
+            seg.lend(slot)
+            self.slots[seg.name] = slot
+        return seg.name, 0, slot + 1
 
     @staticmethod
-    def release(cache: dict[tuple[int, int], tuple[np.ndarray, Segment]]) -> None:
-        """Unlink the segments ``cache`` placed (the object was freed)."""
+    def release(cache: dict[tuple[int, int], tuple[np.ndarray, Segment]],
+                pool: SegmentPool | None = None) -> None:
+        """The object was freed: hand its pooled segments back to ``pool``, unlink the
+        others it placed (arrays allocated with :func:`empty` unlink when collected)."""
+        pooled = []
         for arr, seg in cache.values():
-            if region_of(arr) is None:  # allocated arrays unlink when collected
+            if region_of(arr) is not None:
+                continue
+            if pool is not None and seg.in_flight:
+                pooled.append(seg)
+            else:
                 seg.unlink()
+        if pooled:
+            pool.finish(pooled, ok=True)
         cache.clear()
 
 
 # ---------------------------------------------------------------------------- receiving
 
 
-def _clear_lent(name: str) -> None:
+def _clear_lent(name: str, slot: int) -> None:
     """Tell the owner of pooled segment ``name`` that its data is no longer read here: a
     ``pwrite`` of the flag by name (a store through the mapping would fault the page in
     writable, and unmapping a written page costs a TLB shootdown, ~20 us on a VM). The name
@@ -542,7 +581,7 @@ def _clear_lent(name: str) -> None:
     except OSError:
         return
     try:
-        os.pwrite(fd, b"\0", _LENT)
+        os.pwrite(fd, b"\0", _LENT + slot)
     except OSError:
         pass
     finally:
@@ -564,15 +603,15 @@ class _Mapping:
 
 class Mapped:
     """A received segment, mapped read-only, for one message: hand out arrays with
-    :meth:`array`. For a pooled segment the lent flag is cleared once the last of them is
-    garbage collected."""
+    :meth:`array`. For a pooled segment its lent byte ``slot`` is cleared once the last of
+    them is garbage collected."""
 
     __slots__ = ("mapping", "__weakref__")
 
-    def __init__(self, mapping: _Mapping, pooled: bool) -> None:
+    def __init__(self, mapping: _Mapping, slot: int | None) -> None:
         self.mapping = mapping
-        if pooled:
-            weakref.finalize(self, _clear_lent, mapping.name)
+        if slot is not None:
+            weakref.finalize(self, _clear_lent, mapping.name, slot)
 
     @property
     def name(self) -> str:
@@ -652,11 +691,16 @@ def check_name(name: str) -> None:
         raise ShmError(f"segment {name!r} belongs to another user")
 
 
-def open_segment(name: str, pooled: bool = False) -> Mapped:
+def open_segment(name: str, slot: int | None = None) -> Mapped:
     """Map the segment ``name`` (a name off the wire: checked, see the module docstring)
-    for one message; pooled segments' mappings are cached. Raises ShmError."""
+    for one message. ``slot``: the lent byte of a pooled segment this receiver clears when
+    done (its mapping is cached). Raises ShmError."""
     check_name(name)
-    return Mapped(_cached_mapping(name) if pooled else _map(name), pooled)
+    if slot is None:
+        return Mapped(_map(name), None)
+    if not 0 <= slot < SLOTS:
+        raise ShmError(f"lent slot {slot} out of range")
+    return Mapped(_cached_mapping(name), slot)
 
 
 def _map(name: str) -> _Mapping:
@@ -679,9 +723,9 @@ def _map(name: str) -> _Mapping:
     return _Mapping(name, mm, info.st_size)
 
 
-def map_region(name: str, offset: int, nbytes: int, pooled: bool = False) -> np.ndarray:
+def map_region(name: str, offset: int, nbytes: int, slot: int | None = None) -> np.ndarray:
     """Open ``name`` and return a read-only uint8 array over the data bytes it names."""
-    return open_segment(name, pooled).array(offset, nbytes)
+    return open_segment(name, slot).array(offset, nbytes)
 
 
 # ---------------------------------------------------------------------------- cleanup

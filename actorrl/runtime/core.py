@@ -20,11 +20,11 @@ Protocol (methods served by every runtime):
 Same-host bulk data (:mod:`transport.shm`): a runtime's connections to processes of its
 host (ipc) send call arguments' big arrays (>= ``shm_threshold``, 256 KiB by default)
 through pooled shared-memory segments the caller reuses once the call is answered and the
-callee dropped what it read, and answer same-host fetches of stored objects with segments
-placed once per array and unlinked when the object is freed. Segments of a process that
-died are swept where its death is noticed (:meth:`Runtime.mark_dead`) and when runtimes
-start and close. ``ACTORRL_SHM=0`` (or ``Runtime(shm=False)``) turns it off; across hosts
-arrays travel as ZeroMQ frames.
+callee dropped what it read, and answer same-host fetches of stored objects with pooled
+segments filled once per array, handed back to the pool when the object is freed.
+Segments of a process that died are swept where its death is noticed
+(:meth:`Runtime.mark_dead`) and when runtimes start and close. ``ACTORRL_SHM=0`` (or
+``Runtime(shm=False)``) turns it off; across hosts arrays travel as ZeroMQ frames.
 - ``__wait__(object_id)``: reply ``status`` once the object exists (no value).
 - ``__free__(object_ids)``: notification; drop the objects.
 - ``__exit__()``: notification; leave the process.
@@ -422,7 +422,7 @@ class Runtime:
         if self.shm_pool is not None:
             self.shm_pool.close()
             for cache in self._shm_objects.values():
-                shm_segments.StoredPlacer.release(cache)
+                shm_segments.StoredPlacer.release(cache)  # unlinked: the pool is closed
             self._shm_objects.clear()
             shm_segments.sweep_dead_owner_segments()
 
@@ -513,7 +513,7 @@ class Runtime:
     def _drop_shm_object(self, object_id: bytes) -> None:
         cache = self._shm_objects.pop(object_id, None)
         if cache:
-            shm_segments.StoredPlacer.release(cache)
+            shm_segments.StoredPlacer.release(cache, self.shm_pool)
 
     def forget_dead(self, endpoint: str) -> None:
         """Allow calls to ``endpoint`` again (a restarted actor reusing it)."""
@@ -895,8 +895,8 @@ class Runtime:
                     # A same-host fetch: big arrays go as segments placed once per object
                     # (unlinked when it is freed), never before it is freed.
                     cache = self._shm_objects.setdefault(object_id, {})
-                    request.reply([status, value],
-                                  shm_segments.StoredPlacer(cache, self.shm_threshold))
+                    request.reply([status, value], shm_segments.StoredPlacer(
+                        cache, self.shm_threshold, self.shm_pool))
                     if not cache:
                         del self._shm_objects[object_id]
                 else:
