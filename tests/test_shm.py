@@ -471,13 +471,23 @@ async def test_shm_off(tmp_path, monkeypatch) -> None:
         assert _owned_by(os.getpid()) == []
 
 
-async def test_runtime_parameter_turns_shm_off(tmp_path) -> None:
+async def test_runtime_parameters(tmp_path, monkeypatch) -> None:
     runtime = Runtime(asyncio.get_running_loop(), str(tmp_path), "x", shm=False)
     try:
         assert not runtime.shm and runtime.shm_pool is None
         assert not runtime.shm_to(runtime.address)
     finally:
         runtime.close()
+    monkeypatch.setenv("ACTORRL_SHM_THRESHOLD", "1000000")
+    runtime = Runtime(asyncio.get_running_loop(), str(tmp_path), "y")
+    try:
+        assert runtime.shm and runtime.shm_threshold == 1_000_000
+        assert runtime.shm_to(runtime.address)
+    finally:
+        runtime.close()
+    runtime = Runtime(asyncio.get_running_loop(), str(tmp_path), "z", shm_threshold=4096)
+    assert runtime.shm_threshold == 4096
+    runtime.close()
 
 
 async def _death_reported(driver: Driver) -> asyncio.Event:

@@ -24,7 +24,8 @@ callee dropped what it read, and answer same-host fetches of stored objects with
 segments filled once per array, handed back to the pool when the object is freed.
 Segments of a process that died are swept where its death is noticed
 (:meth:`Runtime.mark_dead`) and when runtimes start and close. ``ACTORRL_SHM=0`` (or
-``Runtime(shm=False)``) turns it off; across hosts arrays travel as ZeroMQ frames.
+``Runtime(shm=False)``) turns it off, ``ACTORRL_SHM_THRESHOLD`` (or ``shm_threshold``) sets
+the size; across hosts arrays travel as ZeroMQ frames.
 - ``__wait__(object_id)``: reply ``status`` once the object exists (no value).
 - ``__free__(object_ids)``: notification; drop the objects.
 - ``__exit__()``: notification; leave the process.
@@ -311,10 +312,10 @@ class Runtime:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, address_dir: str, name: str,
                  extra_bind: Sequence[str] = (), network: Network | None = None, *,
-                 shm: bool | None = None,
-                 shm_threshold: int = shm_segments.DEFAULT_THRESHOLD) -> None:
+                 shm: bool | None = None, shm_threshold: int | None = None) -> None:
         """``shm``: send bulk arrays to same-host processes through shared memory (None:
-        unless ``ACTORRL_SHM=0``); ``shm_threshold``: the smallest array that goes so."""
+        unless ``ACTORRL_SHM=0``); ``shm_threshold``: the smallest array in bytes that
+        goes so (None: ``ACTORRL_SHM_THRESHOLD``, else 256 KiB)."""
         self.loop = loop
         self.loop_thread_id = threading.get_ident()
         self.name = name
@@ -326,6 +327,9 @@ class Runtime:
             shm = False
         self.shm = shm
         """Whether bulk arrays to same-host processes go through shared memory."""
+        if shm_threshold is None:
+            shm_threshold = int(os.environ.get("ACTORRL_SHM_THRESHOLD",
+                                               shm_segments.DEFAULT_THRESHOLD))
         self.shm_threshold = shm_threshold
         self.shm_calls = shm
         """Whether call arguments use shared memory (set False to send them as ZeroMQ
