@@ -16,6 +16,9 @@ Protocol (methods served by every runtime):
   under ``object_id`` here. Reply ``[status, inline, value]``: small values come back inline
   so one round trip suffices, large ones stay here until fetched.
 - ``__fetch__(object_id, free)``: reply ``[status, value]`` once the object exists.
+- ``__wait__(object_id)``: reply ``status`` once the object exists (no value).
+- ``__free__(object_ids)``: notification; drop the objects.
+- ``__exit__()``: notification; leave the process.
 
 Same-host bulk data (:mod:`transport.shm`): a runtime's connections to processes of its
 host (ipc) send call arguments' big arrays (>= ``shm_threshold``, 256 KiB by default)
@@ -26,9 +29,6 @@ Segments of a process that died are swept where its death is noticed
 (:meth:`Runtime.mark_dead`) and when runtimes start and close. ``ACTORRL_SHM=0`` (or
 ``Runtime(shm=False)``) turns it off, ``ACTORRL_SHM_THRESHOLD`` (or ``shm_threshold``) sets
 the size; across hosts arrays travel as ZeroMQ frames.
-- ``__wait__(object_id)``: reply ``status`` once the object exists (no value).
-- ``__free__(object_ids)``: notification; drop the objects.
-- ``__exit__()``: notification; leave the process.
 """
 
 from __future__ import annotations
