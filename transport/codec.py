@@ -358,9 +358,7 @@ class Codec:
     def take_shm_bytes(self) -> int:
         """Bytes of arrays this thread's decodes read through shared memory since the last
         call (the transport counts them as received)."""
-        n = getattr(self._local, "shm_bytes", 0)
-        self._local.shm_bytes = 0
-        return n
+        return self._local.__dict__.pop("shm_bytes", 0)
 
     def decode(self, frames: Sequence[Any], allow_shm: bool = False) -> Any:
         """Rebuild the value from ``[header, *buffers]`` without copying the buffers.
