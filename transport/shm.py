@@ -90,7 +90,7 @@ DEFAULT_POOL_BYTES = 256 * 2**20
 DEFAULT_POOL_IDLE_S = 10.0
 """Pooled segments unused this long are unlinked by :meth:`SegmentPool.trim`."""
 HEADER_BYTES = 64
-"""Bytes before the data of every segment: 8 magic bytes, then the lent flag."""
+"""Bytes before the data of every segment: 8 magic bytes, then the lent bytes."""
 MAGIC = b"ACTRLSHM"
 _LENT = 8
 SLOTS = HEADER_BYTES - _LENT
@@ -573,7 +573,7 @@ class StoredPlacer(Placer):
 
 def _clear_lent(name: str, slot: int) -> None:
     """Tell the owner of pooled segment ``name`` that its data is no longer read here: a
-    ``pwrite`` of the flag by name (a store through the mapping would fault the page in
+    ``pwrite`` of lent byte ``slot`` by name (a store through the mapping would fault the page in
     writable, and unmapping a written page costs a TLB shootdown, ~20 us on a VM). The name
     is never reused; gone means the owner dropped it."""
     try:
