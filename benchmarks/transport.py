@@ -27,11 +27,14 @@ load hits both alike. Figures:
   (``runtime.shm_calls = False``): the arrays travel as zero-copy ZeroMQ frames, as
   across hosts (and as everything did before shared memory). It goes to a second Store
   actor: in the actor that also receives shm-backed values, the frame path measured 2x
-  low (its allocator no longer reused the freed 2 MiB frame buffers: fresh pages, faulted
-  in per message).
+  low (most likely its allocator stopped reusing the freed 2 MiB frame buffers, so every
+  message faulted fresh pages in). With ``ACTORRL_SHM=0`` (``"shm": false`` in the output)
+  every bulk figure goes through frames.
 - ``shm_gbps_8mb``: the same call through shared memory (= ``bulk_gbps_8mb``);
   ``shm_ratio_8mb`` = shm / memcpy (target >= 0.8). It includes one copy of the 8 MiB into
-  the segments plus a call round trip, so it stays below 1 by construction.
+  the segments plus a call round trip, so it stays below 1 by construction; and no
+  sequential call can reach 0.8 while a no-op call's round trip (``call_rtt_us_median``)
+  is longer than 8 MiB / (0.8 x memcpy), ~200 us at 52 GB/s.
 - ``shm_alloc_gbps_8mb``: the same call with the 4 arrays allocated in shared memory by the
   producer (``transport.shm.empty``): sending copies nothing, the message carries handles,
   the actor maps them. ``shm_alloc_ratio_8mb`` = that / memcpy.
