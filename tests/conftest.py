@@ -1,1 +1,78 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures, and the check that a test session leaves nothing behind."""
+
+from __future__ import annotations
+
+import glob
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.procs import pids_alive
+
+EXIT_GRACE_S = 15.0
+"""How long processes still exiting at the end of the session may take."""
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live descendant of ``pid`` (from /proc/<pid>/task/*/children)."""
+    found: set[int] = set()
+    stack = [pid]
+    while stack:
+        parent = stack.pop()
+        for children_file in glob.glob(f"/proc/{parent}/task/*/children"):
+            try:
+                children = Path(children_file).read_text().split()
+            except OSError:
+                continue
+            for child in map(int, children):
+                if child not in found:
+                    found.add(child)
+                    stack.append(child)
+    return found
+
+
+def _temp_entries() -> set[str]:
+    """This user's ``actorrl-*`` entries in the temp folder and in /dev/shm."""
+    paths = glob.glob(os.path.join(tempfile.gettempdir(), "actorrl-*"))
+    paths += glob.glob("/dev/shm/actorrl*")
+    mine = set()
+    for path in paths:
+        try:
+            if os.lstat(path).st_uid == os.getuid():
+                mine.add(path)
+        except OSError:
+            continue
+    return mine
+
+
+def _owned_by_other_live_process(path: str) -> bool:
+    """A session folder whose owner (``owner.pid``) is another live process: another test
+    run on this machine, not a leak of this one."""
+    try:
+        pid = int(Path(path, "owner.pid").read_text().strip() or 0)
+    except (OSError, ValueError):
+        return False
+    if pid in (0, os.getpid()):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nothing_left_behind():
+    """After the whole session: no actor, zygote or server process of ours still runs, and
+    no ``actorrl-*`` temp folder or shared-memory segment created during it remains
+    (SIGKILLed drivers included: the runtime must clean up after them)."""
+    before = _temp_entries()
+    yield
+    still_running = pids_alive(sorted(_descendants(os.getpid())), EXIT_GRACE_S)
+    left = sorted(p for p in _temp_entries() - before if not _owned_by_other_live_process(p))
+    assert not still_running, f"processes left running after the tests: {still_running}"
+    assert not left, f"temp folders or shared-memory segments left after the tests: {left}"
