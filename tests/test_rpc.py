@@ -29,7 +29,17 @@ import zmq.asyncio
 from tests.raw_rpc import collect_replies
 from transport.codec import EXT_ARRAY, TYPE_MARKER, Codec, DecodeError
 from transport.errors import CallTimeoutError, PeerLostError, RemoteError
-from transport.rpc import KIND_ERROR, KIND_NOTIFY, KIND_OK, KIND_REQUEST, RpcClient
+from transport.rpc import (
+    BATCH_ID_BIT,
+    KIND_BATCH,
+    KIND_ERROR,
+    KIND_NOTIFY,
+    KIND_OK,
+    KIND_REQUEST,
+    MAX_BATCH,
+    RpcClient,
+    split_batch,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 PREFIX = struct.Struct("<BQ")
@@ -423,6 +433,105 @@ def test_server_survives_malformed_messages_and_answers_when_it_can(server,
     oversize = [rid for _, rid, reason in messages if reason == "oversize"]
     assert "exceeds" in replies[oversize[0]][1].message
     assert server.alive(), server.log_tail()
+
+
+def _batch(entries: list[tuple[int, int, bytes]]) -> list[bytes]:
+    """A KIND_BATCH message of ``(kind, request id, header)`` entries."""
+    entry = struct.Struct("<BQI")
+    return [PREFIX.pack(KIND_BATCH, len(entries)),
+            b"".join(entry.pack(k, rid, len(h)) for k, rid, h in entries),
+            b"".join(h for _, _, h in entries)]
+
+
+def test_a_batch_of_requests_runs_in_order_and_bare_peers_get_single_replies(
+        raw_dealer) -> None:
+    """Each entry of a batch is handled as the message it stands for, in order (a
+    notification between two calls is seen before the second); a peer whose ids lack
+    BATCH_ID_BIT gets its replies one message each (collect_replies checks every one)."""
+    ids = [next(_raw_ids) for _ in range(3)]
+    header = _codec.encode
+    raw_dealer.send_multipart(_batch([
+        (KIND_REQUEST, ids[0], header(["echo", ["a"], {}])[0]),
+        (KIND_NOTIFY, 0, header(["note", ["batched"], {}])[0]),
+        (KIND_REQUEST, ids[1], header(["notes", [], {}])[0]),
+        (KIND_REQUEST, ids[2], header(["no-such-method", [], {}])[0]),
+    ]))
+    replies = _replies_until(raw_dealer, ids[2])
+    assert list(replies) == ids
+    assert replies[ids[0]] == (KIND_OK, "a")
+    assert replies[ids[1]][1][-1] == "batched"
+    assert replies[ids[2]][0] == KIND_ERROR
+
+
+def test_replies_to_batch_capable_ids_come_batched(raw_dealer) -> None:
+    """Requests with BATCH_ID_BIT answered in one loop iteration come back as batches
+    (after the first, which goes out at once), each entry its own reply."""
+    ids = [next(_raw_ids) | BATCH_ID_BIT for _ in range(20)]
+    raw_dealer.send_multipart(_batch([
+        (KIND_REQUEST, rid, _codec.encode(["echo", [i], {}])[0]) for i, rid in enumerate(ids)]))
+    got: dict[int, object] = {}
+    batches = 0
+    while len(got) < len(ids):
+        assert raw_dealer.poll(WAIT_S * 1000), f"only {len(got)} replies arrived"
+        frames = raw_dealer.recv_multipart()
+        kind, _ = PREFIX.unpack(frames[0])
+        if kind == KIND_BATCH:
+            batches += 1
+            entries = split_batch(frames)
+        else:
+            entries = [(kind, PREFIX.unpack(frames[0])[1], frames[1])]
+        for kind, rid, body in entries:
+            assert kind == KIND_OK
+            got[rid] = _codec.decode([body])
+    assert list(got) == ids and list(got.values()) == list(range(20))
+    assert batches >= 1
+
+
+@pytest.mark.parametrize("frames, reason", [
+    ([PREFIX.pack(KIND_BATCH, 1), b""], "two frames"),
+    ([PREFIX.pack(KIND_BATCH, 0), b"", b""], "count 0"),
+    ([PREFIX.pack(KIND_BATCH, MAX_BATCH + 1), b"\0" * 13 * (MAX_BATCH + 1), b""],
+     "count too large"),
+    ([PREFIX.pack(KIND_BATCH, 2), b"\0" * 13, b""], "short table"),
+    ([PREFIX.pack(KIND_BATCH, 1), struct.pack("<BQI", KIND_REQUEST, 7, 50), b"x" * 10],
+     "lengths past the headers"),
+    ([PREFIX.pack(KIND_BATCH, 1), struct.pack("<BQI", KIND_REQUEST, 7, 1), b"xx"],
+     "bytes left over"),
+    ([PREFIX.pack(KIND_BATCH, 2), b"\xff" * 26, b""], "lengths overflow"),
+])
+def test_malformed_batches_are_dropped_whole(raw_dealer, frames, reason) -> None:
+    """A batch whose frame count, count, table or lengths do not add up is dropped without
+    any reply (no entry of it is trusted); the server goes on answering."""
+    with pytest.raises(ValueError):
+        split_batch(frames)
+    raw_dealer.send_multipart(frames)
+    good_id, good = _request("echo", reason)
+    raw_dealer.send_multipart(good)
+    replies = _replies_until(raw_dealer, good_id)
+    assert replies == {good_id: (KIND_OK, reason)}, reason
+
+
+async def test_calls_made_in_one_iteration_are_batched_and_keep_their_order(server) -> None:
+    """Small calls made in one loop iteration travel batched; a call carrying an array
+    frame between them flushes the waiting ones first, and one with a header too big to
+    batch goes alone after them too, so the server sees every call in order."""
+    client = RpcClient(server.endpoint, codec=Codec(inline_threshold=1024),
+                       connect_timeout_s=WAIT_S)
+    try:
+        for i in range(5):
+            client.notify("note", [f"n{i}"])
+        echo = client.call("echo", [np.arange(4096, dtype=np.uint8)])  # an array frame
+        for i in range(5):
+            client.notify("note", [f"m{i}"])
+        client.notify("note", ["x" * 20_000])  # a header above 16 KiB
+        client.notify("note", ["last"])
+        notes = client.call("notes")
+        assert len(await _bounded(echo)) == 4096
+        seen = await _bounded(notes)
+        assert seen[-12:] == ([f"n{i}" for i in range(5)] + [f"m{i}" for i in range(5)]
+                              + ["x" * 20_000, "last"])
+    finally:
+        client.close()
 
 
 def test_request_without_body_gets_an_error_reply(raw_dealer) -> None:

@@ -8,6 +8,20 @@ Wire format of every message (after the ROUTER identity frame on the server side
 
 A request's codec body is ``[method, args, kwargs]``; a reply's is the value (kind OK) or a
 :class:`RemoteError` record (kind ERROR). Kind NOTIFY is a request that wants no reply.
+
+Kind BATCH carries several header-only messages to one peer in one ZeroMQ message (every
+ZeroMQ message costs a wake-up of libzmq's I/O threads on both sides, the largest share of
+a small call's CPU here)::
+
+    frame 0: prefix = KIND_BATCH + count (u64)
+    frame 1: table  = count x (kind u8, request id u64, header length u32)
+    frame 2: the count codec headers, concatenated
+
+Each entry is then handled exactly as the message ``[prefix(kind, id), header]`` would be
+(same checks, same order). A connection sends one when several small messages to a peer
+are made in one event-loop iteration: the first goes out at once, the rest at the end of
+the iteration (:class:`Outbox`). A server batches only replies to requests whose id has
+:data:`BATCH_ID_BIT` set (an :class:`RpcClient` sets it; a bare ZeroMQ peer does not).
 A request whose id has its top bit (:data:`LOCAL_ID_BIT`) set comes from a client on
 this host (``RpcClient(shm=True)`` over ipc): its bulk arrays may be shared-memory handles
 (:mod:`transport.shm`), and so may those of its reply. A server accepts handles only in
@@ -80,8 +94,18 @@ KIND_REQUEST = 1
 KIND_NOTIFY = 2
 KIND_OK = 3
 KIND_ERROR = 4
+KIND_BATCH = 5
+MAX_BATCH = 1024
+"""The most messages one batch carries (a longer one is refused whole)."""
+BATCH_ITEM_BYTES = 16 * 1024
+"""Header-only messages up to this size are coalesced into batches; larger ones and
+messages with array frames go alone (after the peer's earlier waiting messages)."""
+_BATCH_ENTRY = struct.Struct("<BQI")
 LOCAL_ID_BIT = 1 << 63
 """Set in the request ids of a client on this host that takes shared-memory handles."""
+BATCH_ID_BIT = 1 << 62
+"""Set in the request ids of a client that reads batched replies (:data:`KIND_BATCH`);
+servers batch only replies to such requests (every server reads batched requests)."""
 _IPC_PEER = re.compile(r"[^:]*:(\d+):\d+:\d+")
 _PREFIX = struct.Struct("<BQ")
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024**3
@@ -102,6 +126,110 @@ def _frame_len(frame: Any) -> int:
     if isinstance(frame, zmq.Frame):
         return len(frame)
     return memoryview(frame).nbytes
+
+
+def split_batch(frames: list[Any]) -> list[tuple[int, int, memoryview]]:
+    """The ``(kind, request id, header)`` entries of a received batch ``[prefix, table,
+    headers]`` (the identity frame removed); ValueError when it is malformed (wrong frame
+    count, a count of 0 or above :data:`MAX_BATCH`, a table that does not match, lengths
+    that do not add up to the headers frame)."""
+    if len(frames) != 3:
+        raise ValueError(f"batch of {len(frames)} frames (expected 3)")
+    count = _PREFIX.unpack(_frame_bytes(frames[0]))[1]
+    if not 0 < count <= MAX_BATCH:
+        raise ValueError(f"batch of {count} messages (1 to {MAX_BATCH} allowed)")
+    table = _frame_bytes(frames[1])
+    if len(table) != count * _BATCH_ENTRY.size:
+        raise ValueError(f"batch table of {len(table)} bytes for {count} messages")
+    headers = memoryview(frames[2].buffer if isinstance(frames[2], zmq.Frame) else frames[2])
+    entries = []
+    pos = 0
+    for kind, request_id, length in _BATCH_ENTRY.iter_unpack(table):
+        entries.append((kind, request_id, headers[pos:pos + length]))
+        pos += length
+    if pos != headers.nbytes:
+        raise ValueError(f"batch headers of {headers.nbytes} bytes, table says {pos}")
+    return entries
+
+
+def _frame_bytes(frame: Any) -> bytes:
+    return frame.bytes if isinstance(frame, zmq.Frame) else bytes(frame)
+
+
+class Outbox:
+    """Sends a connection's messages, coalescing the small ones that one event-loop
+    iteration sends to a peer into :data:`KIND_BATCH` messages.
+
+    The first message of an iteration goes out at once (a lone call waits for nothing);
+    header-only messages sent after it in the same iteration wait for the end of the
+    iteration and go as one batch per peer (or alone when there is one). A message with
+    array frames first sends what its peer has waiting, so each peer's messages keep their
+    order. ``on_failed(exc, entries)`` runs when a waiting message could not be sent at the
+    end of the iteration (the socket closed meanwhile, a full send backlog);
+    ``entries`` are its ``(kind, request_id)`` pairs.
+    """
+
+    def __init__(self, sock: AsyncSocket, routed: bool,
+                 on_failed: Callable[[BaseException, list[tuple[int, int]]], None]) -> None:
+        """``routed``: the socket is a ROUTER (each message starts with the peer's
+        identity) and batches only replies to ids with :data:`BATCH_ID_BIT`; a DEALER
+        batches every small message."""
+        self._sock = sock
+        self._routed = routed
+        self._batch_mask = BATCH_ID_BIT if routed else 0
+        self._on_failed = on_failed
+        self._waiting: dict[bytes, list[tuple[int, int, Any]]] = {}
+        self._scheduled = False
+
+    def send(self, peer: bytes, kind: int, request_id: int, frames: list[Any]) -> None:
+        """Send ``[prefix(kind, request_id), *frames]`` to ``peer`` (``b""`` on a
+        DEALER); raises at once when the socket is closed or its backlog full."""
+        sock = self._sock
+        if not self._scheduled:
+            self._scheduled = True
+            sock.loop.call_soon(self.flush)
+            sock.send(self._message(peer, _PREFIX.pack(kind, request_id), frames))
+            return
+        if sock.closed:
+            raise zmq.ZMQError(zmq.ENOTSOCK, "socket is closed")
+        if (len(frames) == 1 and request_id & self._batch_mask == self._batch_mask
+                and _frame_len(frames[0]) <= BATCH_ITEM_BYTES):
+            waiting = self._waiting.get(peer)
+            if waiting is None:
+                self._waiting[peer] = [(kind, request_id, frames[0])]
+            else:
+                waiting.append((kind, request_id, frames[0]))
+            return
+        if peer in self._waiting:
+            self._flush_peer(peer, self._waiting.pop(peer))
+        sock.send(self._message(peer, _PREFIX.pack(kind, request_id), frames))
+
+    def _message(self, peer: bytes, prefix: bytes, frames: list[Any]) -> list[Any]:
+        return [peer, prefix, *frames] if self._routed else [prefix, *frames]
+
+    def flush(self) -> None:
+        """Send every waiting message now (runs at the end of each iteration that sent)."""
+        self._scheduled = False
+        waiting, self._waiting = self._waiting, {}
+        for peer, entries in waiting.items():
+            self._flush_peer(peer, entries)
+
+    def _flush_peer(self, peer: bytes, entries: list[tuple[int, int, Any]]) -> None:
+        try:
+            for start in range(0, len(entries), MAX_BATCH):
+                chunk = entries[start:start + MAX_BATCH]
+                if len(chunk) == 1:
+                    kind, request_id, header = chunk[0]
+                    self._sock.send(self._message(peer, _PREFIX.pack(kind, request_id),
+                                                  [header]))
+                    continue
+                table = b"".join([_BATCH_ENTRY.pack(kind, request_id, len(header))
+                                  for kind, request_id, header in chunk])
+                self._sock.send(self._message(peer, _PREFIX.pack(KIND_BATCH, len(chunk)),
+                                              [table, b"".join([h for _, _, h in chunk])]))
+        except (zmq.ZMQError, OSError) as exc:
+            sent = start  # chunks before this one went out
+            self._on_failed(exc, [(k, r) for k, r, _ in entries[sent:]])
 
 
 def ipc_peer(frame: Any) -> bool:
@@ -267,6 +395,7 @@ class RpcServer:
         """Start serving on the running event loop."""
         self._monitor_async = AsyncSocket(self._monitor, self._on_monitor_event)
         self._async = AsyncSocket(self._sock, self._on_message)
+        self._outbox = Outbox(self._async, True, self._send_failed)
 
     def _on_monitor_event(self, frames: list[Any]) -> None:
         event, _value = struct.unpack("=hi", frames[0].bytes[:6])
@@ -295,18 +424,35 @@ class RpcServer:
             log.warning("dropped message with a malformed %d-byte prefix", len(prefix))
             return
         kind, request_id = _PREFIX.unpack(prefix)
+        if kind == KIND_BATCH:
+            try:
+                entries = split_batch(frames[1:])
+            except ValueError as exc:
+                self.messages_dropped += 1
+                log.warning("dropped malformed batch: %s", exc)
+                return
+            for kind, request_id, header in entries:
+                self._on_request(peer, frames[1], kind, request_id, [header])
+        else:
+            self._on_request(peer, frames[1], kind, request_id, frames[2:])
+
+    def _on_request(self, peer: bytes, prefix_frame: Any, kind: int, request_id: int,
+                    body_frames: list[Any]) -> None:
+        """Handle one message (alone or from a batch); ``prefix_frame`` is the received
+        frame whose connection properties (peer address, ZAP user id) apply."""
         local = False
         if request_id & LOCAL_ID_BIT and kind == KIND_REQUEST:
-            local = not self._remote_binds or ipc_peer(frames[1])
+            local = not self._remote_binds or ipc_peer(prefix_frame)
         elif kind not in (KIND_REQUEST, KIND_NOTIFY):
             self.messages_dropped += 1
             log.warning("dropped message of unknown kind %d", kind)
             return
         wants_reply = kind == KIND_REQUEST
-        if len(frames) < 3:
+        if not body_frames:
             self._refuse(peer, request_id, wants_reply, DecodeError("request has no body"))
             return
-        size = sum(_frame_len(f) for f in frames[2:])
+        size = sum(_frame_len(f) for f in body_frames) if len(body_frames) > 1 else \
+            _frame_len(body_frames[0])
         if size > self.max_message_bytes:
             self._refuse(peer, request_id, wants_reply, ValueError(
                 f"message of {size} bytes exceeds this server's limit of "
@@ -314,12 +460,12 @@ class RpcServer:
             return
         try:
             if local:
-                body = self.codec.decode(frames[2:], allow_shm=True)
+                body = self.codec.decode(body_frames, allow_shm=True)
                 shm_bytes = self.codec.take_shm_bytes()
                 self.bytes_received += shm_bytes
                 self.shm_bytes_received += shm_bytes
             else:
-                body = self.codec.decode(frames[2:])
+                body = self.codec.decode(body_frames)
             method, args, kwargs = body
             if not isinstance(method, str) or not isinstance(args, list) or not isinstance(
                     kwargs, dict):
@@ -329,7 +475,7 @@ class RpcServer:
             return
         # Only a socket with a CURVE bind has ZAP user ids: asking without one raises (an
         # exception per message, ~4% of a no-op call's CPU).
-        role, key = caller_of(frames[1]) if self._authenticated else (None, None)
+        role, key = caller_of(prefix_frame) if self._authenticated else (None, None)
         request = Request(self, peer, request_id, method, args, kwargs, wants_reply,
                           role=role, key=key, local=local)
         try:
@@ -357,20 +503,25 @@ class RpcServer:
         except EncodeError as exc:
             self.send_error(peer, request_id, RemoteError.from_exception(exc))
             return
-        self._send([peer, _PREFIX.pack(KIND_OK, request_id), *frames])
+        self._send(peer, KIND_OK, request_id, frames)
 
     def send_error(self, peer: bytes, request_id: int, error: RemoteError) -> None:
         """Send an error reply."""
-        self._send([peer, _PREFIX.pack(KIND_ERROR, request_id), *self.codec.encode(error)])
+        self._send(peer, KIND_ERROR, request_id, self.codec.encode(error))
 
-    def _send(self, frames: list[Any]) -> None:
+    def _send(self, peer: bytes, kind: int, request_id: int, frames: list[Any]) -> None:
         if self._async is None:
             return
-        self.bytes_sent += sum(_frame_len(f) for f in frames)
+        self.bytes_sent += len(peer) + _PREFIX.size + (
+            _frame_len(frames[0]) if len(frames) == 1 else sum(_frame_len(f) for f in frames))
         try:
-            self._async.send(frames)
+            self._outbox.send(peer, kind, request_id, frames)
         except zmq.ZMQError as exc:
             log.warning("could not send reply: %s", exc)
+
+    @staticmethod
+    def _send_failed(exc: BaseException, entries: list[tuple[int, int]]) -> None:
+        log.warning("could not send %d replies: %s", len(entries), exc)
 
     def close(self) -> None:
         """Stop serving and close the socket and its monitor."""
@@ -381,6 +532,7 @@ class RpcServer:
         else:
             self._monitor.close(linger=0)
         if self._async is not None:
+            self._outbox.flush()  # replies made in this iteration still go out
             self._async.close()
         else:
             self._sock.close(linger=0)
@@ -418,7 +570,7 @@ class RpcClient:
         self.endpoint = endpoint
         self.local = shm and endpoint.startswith("ipc://")
         """Request ids carry LOCAL_ID_BIT and replies may carry shm handles."""
-        self._id_flag = LOCAL_ID_BIT if self.local else 0
+        self._id_flag = (LOCAL_ID_BIT if self.local else 0) | BATCH_ID_BIT
         self.codec = codec or Codec()
         self.loop = asyncio.get_running_loop()
         self.on_lost: list[Callable[[PeerLostError], None]] = []
@@ -456,6 +608,7 @@ class RpcClient:
             raise
         self._monitor, self._monitor_async = monitor, monitor_async
         self._async = AsyncSocket(sock, self._on_message)
+        self._outbox = Outbox(self._async, False, self._send_failed)
         self.connected = False
         """Whether the peer is reachable: for CURVE, once the handshake succeeded (a TCP
         connect alone may still be refused by the server's key check)."""
@@ -521,17 +674,30 @@ class RpcClient:
             log.warning("dropped malformed reply from %s", self.endpoint)
             return
         kind, request_id = _PREFIX.unpack(frames[0].bytes)
+        if kind == KIND_BATCH:
+            try:
+                entries = split_batch(frames)
+            except ValueError as exc:
+                log.warning("dropped malformed batch of replies from %s: %s", self.endpoint,
+                            exc)
+                return
+            for kind, request_id, header in entries:
+                self._on_reply(kind, request_id, [header])
+        else:
+            self._on_reply(kind, request_id, frames[1:])
+
+    def _on_reply(self, kind: int, request_id: int, body_frames: list[Any]) -> None:
         fut = self._pending.pop(request_id, None)
         if fut is None or fut.done():
             return
         try:
             if self.local:
-                value = self.codec.decode(frames[1:], allow_shm=True)
+                value = self.codec.decode(body_frames, allow_shm=True)
                 shm_bytes = self.codec.take_shm_bytes()
                 self.bytes_received += shm_bytes
                 self.shm_bytes_received += shm_bytes
             else:
-                value = self.codec.decode(frames[1:])
+                value = self.codec.decode(body_frames)
         except DecodeError as exc:
             fut.set_exception(exc)
             return
@@ -567,7 +733,7 @@ class RpcClient:
             return fut
         self._pending[request_id] = fut
         try:
-            self._send([_PREFIX.pack(KIND_REQUEST, request_id), *frames])
+            self._send(KIND_REQUEST, request_id, frames)
         except BaseException:
             del self._pending[request_id]
             raise
@@ -583,11 +749,18 @@ class RpcClient:
                kwargs: dict[str, Any] | None = None) -> None:
         """Send a request that wants no reply (best effort)."""
         frames = self.codec.encode([method, list(args), kwargs or {}])
-        self._send([_PREFIX.pack(KIND_NOTIFY, 0), *frames])
+        self._send(KIND_NOTIFY, 0, frames)
 
-    def _send(self, frames: list[Any]) -> None:
-        self.bytes_sent += sum(_frame_len(f) for f in frames)
-        self._async.send(frames)
+    def _send(self, kind: int, request_id: int, frames: list[Any]) -> None:
+        self.bytes_sent += _PREFIX.size + (
+            _frame_len(frames[0]) if len(frames) == 1 else sum(_frame_len(f) for f in frames))
+        self._outbox.send(b"", kind, request_id, frames)
+
+    def _send_failed(self, exc: BaseException, entries: list[tuple[int, int]]) -> None:
+        for kind, request_id in entries:
+            fut = self._pending.pop(request_id, None) if kind == KIND_REQUEST else None
+            if fut is not None and not fut.done():
+                fut.set_exception(exc)
 
     def _expire(self, request_id: int, timeout_s: float) -> None:
         fut = self._pending.pop(request_id, None)
@@ -607,4 +780,5 @@ class RpcClient:
         with contextlib.suppress(Exception):
             self._async.sock.disable_monitor()
         self._monitor_async.close()
+        self._outbox.flush()  # notifications made in this iteration still go out
         self._async.close()
