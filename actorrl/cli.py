@@ -6,7 +6,7 @@
                        [--seed N] [--output DIR] [--checkpoint-every N] [--restore PATH]
                        [--stop-reward R|none] [--stop-timesteps N] [--stop-time S|none]
                        [--address ADDR [--keys DIR] | --serial] [--progress auto|rich|plain]
-                       [--debug]
+                       [--start-method fork|spawn] [--debug]
     actorrl evaluate CHECKPOINT [--episodes N] [--render no|human] [--env ENV] [--seed N]
                                 [--json] [--debug]
     actorrl plot RESULTS_DIR [RESULTS_DIR ...] [-o OUT.png] [--title TEXT]
@@ -165,6 +165,10 @@ def _add_train(subparsers: argparse._SubParsersAction) -> None:
                    help="run every actor (workers, learner, replay shards) in this process "
                         "and event loop, with the same pipelines: breakpoints and stack "
                         "traces span the whole step; no child process is started")
+    p.add_argument("--start-method", choices=("fork", "spawn"), default=None,
+                   help="how actor processes start: forked from a fork server that "
+                        "imported torch once (default where available), or each a fresh "
+                        "interpreter (default: $ACTORRL_START_METHOD, else fork)")
     p.add_argument("--progress", choices=("auto", "rich", "plain"), default="auto",
                    help="live display: rich on a terminal, one line per iteration "
                         "otherwise (default: auto)")
@@ -228,13 +232,17 @@ def _cmd_train(args: argparse.Namespace) -> int:
         stop_reward_given=args.stop_reward != "auto", stop_timesteps=args.stop_timesteps,
         stop_time_s=None if args.stop_time is STOP_TIME_DEFAULT else args.stop_time,
         stop_time_given=args.stop_time is not STOP_TIME_DEFAULT, debug=args.debug,
-        command=["actorrl", *args.argv], serial=args.serial)
+        command=["actorrl", *args.argv], serial=args.serial,
+        start_method=args.start_method)
     if args.address:
         if args.restore:
             raise UsageError("--restore works with local training only; on a cluster, "
                              "jobs resume from their own checkpoints")
         if args.serial:
             raise UsageError("--serial runs locally; it cannot be combined with --address")
+        if args.start_method:
+            raise UsageError("--start-method applies to local training; on a cluster each "
+                             "node chooses (ACTORRL_START_METHOD where it joins)")
         return _train_remote(plan, args)
     return _train_local(plan, args)
 

@@ -13,6 +13,9 @@ For each algorithm the real CLI runs in a subprocess (plain progress lines on a 
   process, as RSS does); ``peak_pss_mb`` is the same with proportional set sizes, which
   splits shared pages between processes and so does not double-count them.
 
+Actors are forked from the fork server by default (``--start-method``); ``--compare-spawn``
+runs the first algorithm again with spawned actors, the reference in the same run.
+
 With ``--compare-workers M`` the first algorithm runs a second time with ``M`` workers
 (same cap) and the summary adds ``pss_per_extra_worker_mb`` = (peak PSS with M workers -
 peak PSS with ``--num-workers``) / (M - num_workers): what each more worker process costs.
@@ -23,6 +26,7 @@ before and after (the machine may be shared; compare runs on equal load).
     python benchmarks/end_to_end.py            # apex, impala, a3c, a2c; 300 s cap each
     python benchmarks/end_to_end.py --quick    # apex only, 60 s cap
     python benchmarks/end_to_end.py --quick --compare-workers 6   # + apex with 6 workers
+    python benchmarks/end_to_end.py --quick --compare-spawn       # + apex spawned, as before
 """
 
 from __future__ import annotations
@@ -131,12 +135,12 @@ def _number(text: str | None) -> float | None:
 
 
 def run_algorithm(algorithm: str, cap_s: float, sample_s: float, workdir: Path,
-                  num_workers: int) -> dict:
+                  num_workers: int, start_method: str = "fork") -> dict:
     """Train ``algorithm`` through the CLI and measure it (see the module docstring)."""
-    output = workdir / f"{algorithm}-{num_workers}w"
-    stderr_path = workdir / f"{algorithm}-{num_workers}w.stderr"
+    output = workdir / f"{algorithm}-{num_workers}w-{start_method}"
+    stderr_path = workdir / f"{algorithm}-{num_workers}w-{start_method}.stderr"
     command = [sys.executable, "-m", "actorrl.cli", "train", algorithm, "--env", "CartPole-v1",
-               "--num-workers", str(num_workers),
+               "--num-workers", str(num_workers), "--start-method", start_method,
                "--stop-reward", str(SOLVED_REWARD), "--stop-time", str(cap_s),
                "--checkpoint-every", "0", "--progress", "plain", "--output", str(output)]
     env = dict(os.environ)
@@ -150,6 +154,7 @@ def run_algorithm(algorithm: str, cap_s: float, sample_s: float, workdir: Path,
     watchdog = threading.Timer(cap_s + EXIT_GRACE_S, proc.kill)
     watchdog.start()
     out: dict[str, Any] = {"algorithm": algorithm, "num_workers": num_workers,
+                           "start_method": start_method,
                            "cap_s": cap_s, "startup_s": None,
                            "solve_time_s": None, "solve_timesteps": None, "best_reward": None,
                            "iterations": 0}
@@ -197,6 +202,8 @@ def targets_met(results: list[dict], comparison: dict | None) -> dict[str, bool]
     3 s, a 2-worker Ape-X run within 450 MB PSS, each extra worker within 60 MB."""
     met = {}
     for r in results:
+        if r["start_method"] != "fork":
+            continue
         if r["startup_s"] is not None:
             met[f"{r['algorithm']}_startup_s_le_3"] = r["startup_s"] <= 3.0
         if r["algorithm"] == "apex" and r["num_workers"] == 2:
@@ -221,6 +228,11 @@ def main() -> None:
     parser.add_argument("--compare-workers", type=int, default=None, metavar="M",
                         help="run the first algorithm again with M workers and report the "
                              "PSS each extra worker adds")
+    parser.add_argument("--start-method", choices=("fork", "spawn"), default="fork",
+                        help="how the CLI starts actor processes (default: fork)")
+    parser.add_argument("--compare-spawn", action="store_true",
+                        help="also run the first algorithm with --start-method spawn, as the "
+                             "reference for startup and memory in the same run")
     args = parser.parse_args()
     algorithms = ["apex"] if args.quick else [a for a in args.algorithms.split(",") if a]
     cap_s = args.cap_s if args.cap_s is not None else (60.0 if args.quick else 300.0)
@@ -229,12 +241,19 @@ def main() -> None:
     results = []
     try:
         for algorithm in algorithms:
-            result = run_algorithm(algorithm, cap_s, args.sample_s, workdir, args.num_workers)
+            result = run_algorithm(algorithm, cap_s, args.sample_s, workdir, args.num_workers,
+                                   args.start_method)
             results.append(result)
             print(json.dumps(result), flush=True)
+        if args.compare_spawn and args.start_method != "spawn":
+            reference = run_algorithm(algorithms[0], cap_s, args.sample_s, workdir,
+                                      args.num_workers, "spawn")
+            print(json.dumps(reference), flush=True)
+        else:
+            reference = None
         if args.compare_workers is not None and args.compare_workers != args.num_workers:
             more = run_algorithm(algorithms[0], cap_s, args.sample_s, workdir,
-                                 args.compare_workers)
+                                 args.compare_workers, args.start_method)
             print(json.dumps(more), flush=True)
             extra = (more["peak_pss_mb"] - results[0]["peak_pss_mb"]) / (
                 args.compare_workers - args.num_workers)
@@ -250,6 +269,8 @@ def main() -> None:
     print(json.dumps({"summary": {r["algorithm"]: {k: r.get(k) for k in (
         "num_workers", "startup_s", "solve_time_s", "solve_timesteps", "best_reward",
         "peak_rss_mb", "peak_pss_mb")} for r in results}, "workers_comparison": comparison,
+        "spawn_reference": None if reference is None else {k: reference.get(k) for k in (
+            "algorithm", "startup_s", "solve_time_s", "peak_rss_mb", "peak_pss_mb")},
         "targets_met": targets_met(results, comparison),
         "cpu_count": os.cpu_count(), "loadavg_before": [round(x, 2) for x in load_before],
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],

@@ -106,6 +106,8 @@ class TrainPlan:
     command: tuple[str, ...] = ()
     serial: bool = False
     """Run every actor in this process and event loop (``--serial``)."""
+    start_method: str | None = None
+    """How actor processes start (``--start-method``: fork or spawn; None: the default)."""
 
 
 @dataclass(frozen=True)
@@ -314,7 +316,8 @@ def plan_training(algorithm: str | None, *, env: str | None = None,
                   stop_reward_given: bool = False, stop_timesteps: int | None = None,
                   stop_time_s: float | None = DEFAULT_STOP_TIME_S,
                   stop_time_given: bool = True, debug: bool = False,
-                  command: Sequence[str] = (), serial: bool = False) -> TrainPlan:
+                  command: Sequence[str] = (), serial: bool = False,
+                  start_method: str | None = None) -> TrainPlan:
     """Validate all inputs of ``actorrl train`` (see the module docstring).
 
     ``algorithm`` None takes the algorithm from the config file (``algorithm``/``run``) or
@@ -345,7 +348,7 @@ def plan_training(algorithm: str | None, *, env: str | None = None,
     return TrainPlan(spec=spec, config=config, stop=stop, output_dir=output_dir,
                      checkpoint_every=checkpoint_every, restore_from=restore_from,
                      restore_state=restore_state, debug=debug, command=tuple(command),
-                     serial=serial)
+                     serial=serial, start_method=start_method)
 
 
 @dataclass
@@ -505,9 +508,9 @@ class LocalRun(TrainingRun):
         # actor logs go straight to the results folder through a symlink.
         session_dir = make_session_dir()
         os.symlink(self.run_dir.logs_dir.resolve(), os.path.join(session_dir, "logs"))
-        serial: dict[str, Any] = {"serial": True} if self.plan.serial else {}
         try:
-            async with Driver.start(session_dir=session_dir, **serial) as driver:
+            async with Driver.start(session_dir=session_dir, serial=self.plan.serial,
+                                    start_method=self.plan.start_method) as driver:
                 await self._run_trainer(driver)
         finally:
             shutil.rmtree(session_dir, ignore_errors=True)

@@ -1,4 +1,5 @@
-"""Entry point of an actor process: ``python -m actorrl.runtime.actor_main PARENT ID DIR FD``.
+"""Entry point of an actor process: ``python -m actorrl.runtime.actor_main PARENT ID DIR FD``
+(spawned), or :func:`run` in a child of the fork server (forked).
 
 Says hello to the parent node (receiving the class path and arguments), builds the actor
 off the event loop, reports ready, then serves calls until told to exit or until the
@@ -51,14 +52,20 @@ async def serve_actor(parent: str, actor_id: str, session_dir: str, lifeline_fd:
     return 0
 
 
-def main() -> None:
-    """Parse argv and run the actor."""
+def run(argv: list[str]) -> int:
+    """Run the actor described by ``argv`` (``PARENT ID DIR FD``) on a fresh event loop;
+    returns its exit code. Used by spawned interpreters and by forked ones alike."""
     logging.basicConfig(level=os.environ.get("ACTORRL_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    parent, actor_id, session_dir, fd = sys.argv[1:5]
+    parent, actor_id, session_dir, fd = argv[:4]
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
-    code = loop.run_until_complete(serve_actor(parent, actor_id, session_dir, int(fd)))
+    return loop.run_until_complete(serve_actor(parent, actor_id, session_dir, int(fd)))
+
+
+def main() -> None:
+    """Parse argv and run the actor."""
+    code = run(sys.argv[1:5])
     # Worker threads (torch, the actor executor) must not keep a finished actor alive.
     os._exit(code)
 

@@ -72,9 +72,11 @@ def _run(coro: Coroutine[Any, Any, T], runtime: Runtime,
 
 
 def init(session_dir: str | None = None, num_cpus: float | None = None,
-         num_gpus: float | None = None, *, serial: bool = False) -> Driver:
+         num_gpus: float | None = None, *, serial: bool = False,
+         start_method: str | None = None) -> Driver:
     """Start the runtime and a local node in a background event-loop thread; with
-    ``serial``, actors run in that loop instead of in processes."""
+    ``serial``, actors run in that loop instead of in processes. ``start_method``:
+    ``fork`` or ``spawn`` (see :meth:`Driver.start`)."""
     global _driver, _loop, _thread
     if _driver is not None:
         raise RuntimeError("actorrl.runtime.init() was already called; call shutdown() first")
@@ -87,7 +89,8 @@ def init(session_dir: str | None = None, num_cpus: float | None = None,
     started.wait()
 
     async def start() -> Driver:
-        return Driver.start(session_dir, num_cpus, num_gpus, serial=serial)
+        return Driver.start(session_dir, num_cpus, num_gpus, serial=serial,
+                            start_method=start_method)
 
     _driver = asyncio.run_coroutine_threadsafe(start(), loop).result()
     _loop, _thread = loop, thread

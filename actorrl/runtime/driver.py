@@ -122,10 +122,14 @@ class Driver(ObjectOps):
 
     @classmethod
     def start(cls, session_dir: str | None = None, num_cpus: float | None = None,
-              num_gpus: float | None = None, *, serial: bool = False) -> Driver:
+              num_gpus: float | None = None, *, serial: bool = False,
+              start_method: str | None = None) -> Driver:
         """Start on the running event loop. ``session_dir`` holds sockets and actor logs (a
         fresh temporary directory by default, removed at shutdown). ``serial``: run every
-        actor in this process and event loop (no child process at all), for debugging."""
+        actor in this process and event loop (no child process at all), for debugging.
+        ``start_method``: ``fork`` (actors forked from a fork server; the default where the
+        platform allows) or ``spawn`` (a fresh interpreter per actor); unset, it comes from
+        ``$ACTORRL_START_METHOD``."""
         owns = session_dir is None
         session_dir = session_dir or make_session_dir()
         os.makedirs(session_dir, exist_ok=True)
@@ -134,7 +138,8 @@ class Driver(ObjectOps):
         if serial:
             node = SerialNode(runtime, num_cpus=num_cpus, num_gpus=num_gpus)
         else:
-            node = LocalNode(runtime, session_dir, num_cpus=num_cpus, num_gpus=num_gpus)
+            node = LocalNode(runtime, session_dir, num_cpus=num_cpus, num_gpus=num_gpus,
+                             start_method=start_method)
         return cls(runtime, node, session_dir, owns)
 
     @property

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from actorrl.runtime.actor import ActorHandle, ActorSpec
 from actorrl.runtime.core import Runtime
 from actorrl.runtime.errors import ActorCreationError
-from actorrl.runtime.process import ChildProcess, Lifeline, exit_description
+from actorrl.runtime.forking import ForkServer, resolve_start_method
+from actorrl.runtime.process import ActorProcess, ChildProcess, Lifeline, exit_description
 from transport.rpc import Request
 from transport.timeouts import wait_for
 
@@ -30,7 +31,7 @@ DEFAULT_START_TIMEOUT_S = 120.0
 @dataclass
 class _Running:
     spec: ActorSpec
-    process: ChildProcess
+    process: ActorProcess
     ready: asyncio.Future
     endpoint: str = ""
     stopping: bool = False
@@ -50,11 +51,17 @@ class LocalNode:
     ``num_cpus`` / ``num_gpus`` describe the host for placement; the node records what each
     actor asked for (``used_cpus``) but does not refuse oversubscription on its own host.
     ``on_death(actor_id, reason)`` callbacks fire when an actor process exits unasked.
+
+    ``start_method`` (see :func:`~actorrl.runtime.forking.resolve_start_method`): ``fork``
+    starts a fork server at once (it imports torch while the caller gets on with its own
+    start) and forks every actor from it; ``spawn`` starts each actor as a fresh
+    interpreter.
     """
 
     def __init__(self, runtime: Runtime, session_dir: str, num_cpus: float | None = None,
                  num_gpus: float | None = None,
-                 child_env: dict[str, str] | None = None) -> None:
+                 child_env: dict[str, str] | None = None,
+                 start_method: str | None = None) -> None:
         self.runtime = runtime
         self.child_env = dict(child_env or {})
         """Environment every actor process gets (e.g. a cluster node's network)."""
@@ -67,6 +74,28 @@ class LocalNode:
         os.makedirs(os.path.join(session_dir, "logs"), exist_ok=True)
         runtime.serve("__actor_hello__", self._on_hello)
         runtime.serve("__actor_ready__", self._on_ready)
+        self.start_method = resolve_start_method(start_method)
+        self._fork_server: ForkServer | None = None
+        if self.start_method == "fork":
+            self._fork_server = self._start_fork_server()
+
+    def _start_fork_server(self) -> ForkServer:
+        log_path = os.path.join(self.session_dir, "logs", "fork-server.log")
+        return ForkServer(self.lifeline, log_path, {**os.environ, **self.child_env})
+
+    def _new_process(self, actor_id: str, argv: list[str], env: dict[str, str],
+                     log_path: str) -> ActorProcess:
+        """Fork (from a fork server, restarted if it died) or spawn the actor's process."""
+
+        def on_exit(process: ActorProcess) -> None:
+            self._on_exit(actor_id, process)
+
+        if self.start_method == "spawn":
+            return ChildProcess(["-m", "actorrl.runtime.actor_main", *argv], log_path,
+                                self.lifeline, env=env, on_exit=on_exit)
+        if self._fork_server is None or not self._fork_server.alive:
+            self._fork_server = self._start_fork_server()
+        return self._fork_server.fork(argv, {**os.environ, **env}, log_path, on_exit)
 
     @property
     def used_cpus(self) -> float:
@@ -96,11 +125,9 @@ class LocalNode:
         ready = asyncio.get_running_loop().create_future()
         # If the caller gave up (cancelled), a late exit still sets an error: consume it.
         ready.add_done_callback(lambda f: f.cancelled() or f.exception())
-        process = ChildProcess(
-            ["-m", "actorrl.runtime.actor_main", self.runtime.address, actor_id,
-             self.session_dir, str(self.lifeline.read_fd)],
-            log_path, self.lifeline, env=env,
-            on_exit=lambda p, a=actor_id: self._on_exit(a, p))
+        process = self._new_process(
+            actor_id, [self.runtime.address, actor_id, self.session_dir,
+                       str(self.lifeline.read_fd)], env, log_path)
         running = self.actors[actor_id] = _Running(spec, process, ready)
         try:
             endpoint = await wait_for(asyncio.shield(ready), timeout_s)
@@ -137,7 +164,7 @@ class LocalNode:
         else:
             running.ready.set_result(endpoint)
 
-    def _on_exit(self, actor_id: str, process: ChildProcess) -> None:
+    def _on_exit(self, actor_id: str, process: ActorProcess) -> None:
         running = self.actors.pop(actor_id, None)
         if running is None:
             return
@@ -154,7 +181,7 @@ class LocalNode:
             for callback in list(self.on_death):
                 callback(actor_id, reason)
 
-    def process_of(self, handle: ActorHandle) -> ChildProcess | None:
+    def process_of(self, handle: ActorHandle) -> ActorProcess | None:
         """The child process running ``handle``'s actor, if it runs here."""
         running = self.actors.get(handle.actor_id)
         return running.process if running else None
@@ -168,14 +195,15 @@ class LocalNode:
         await self._stop(running, timeout_s)
 
     async def _stop(self, running: _Running, timeout_s: float) -> None:
-        if running.endpoint and running.process.returncode is None:
+        process = running.process
+        if running.endpoint and process.returncode is None:
             try:
                 self.runtime.client(running.endpoint).notify("__exit__")
             except Exception as exc:
                 log.debug("could not ask %s to exit: %s", running.endpoint, exc)
-        if await running.process.wait(timeout_s) is None:
-            running.process.kill()
-            await running.process.wait(timeout_s)
+        if await process.wait(timeout_s) is None:
+            process.kill()
+            await process.wait(timeout_s)
 
     def kill_actor(self, handle: ActorHandle) -> None:
         """SIGKILL the actor's process (it is reported dead, like a crash)."""
@@ -189,6 +217,8 @@ class LocalNode:
         for r in running:
             r.stopping = True
         await asyncio.gather(*(self._stop(r, timeout_s) for r in running))
+        if self._fork_server is not None:
+            await self._fork_server.close(timeout_s)
         self.lifeline.close()
 
 

@@ -1,4 +1,6 @@
-"""Starting, watching and reaping actor processes (spawned fresh interpreters, never fork).
+"""Watching and reaping actor processes, and starting them as fresh interpreters (spawn).
+
+Forked actor processes (the default on Linux) come from :mod:`actorrl.runtime.forking`.
 
 Every child inherits the read end of a *lifeline* pipe whose write end only its parent
 holds. When the parent dies, even by SIGKILL, the pipe reports EOF and the child exits, so
@@ -59,56 +61,46 @@ def exit_description(returncode: int | None) -> str:
     return f"exited with code {returncode}"
 
 
-class ChildProcess:
-    """A spawned Python child process whose exit is reported on the event loop."""
+class ActorProcess:
+    """An actor's OS process as its node sees it: its exit reported on the event loop (the
+    ``exited`` future and an ``on_exit`` callback), signals, and its log file. Subclasses
+    say how it was started and how a signal reaches it."""
 
-    def __init__(self, argv: Sequence[str], log_path: str, lifeline: Lifeline,
-                 env: dict[str, str] | None = None,
-                 on_exit: Callable[[ChildProcess], None] | None = None) -> None:
+    def __init__(self, pid: int, log_path: str,
+                 on_exit: Callable[[ActorProcess], None] | None = None) -> None:
+        self.pid = pid
         self.log_path = log_path
-        self.exited = asyncio.get_running_loop().create_future()
-        self._on_exit = on_exit
-        full_env = dict(os.environ)
-        full_env.update(env or {})
-        with open(log_path, "ab") as log_file:
-            self.popen = subprocess.Popen(
-                [sys.executable, *argv],
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                env=full_env,
-                pass_fds=(lifeline.read_fd,),
-            )
-        self.pid = self.popen.pid
         self._loop = asyncio.get_running_loop()
-        self._pidfd = os.pidfd_open(self.pid)
-        self._loop.add_reader(self._pidfd, self._reap)
-
-    def _reap(self) -> None:
-        self._loop.remove_reader(self._pidfd)
-        os.close(self._pidfd)
-        self.popen.wait()
-        if not self.exited.done():
-            self.exited.set_result(self.popen.returncode)
-        if self._on_exit is not None:
-            self._on_exit(self)
+        self.exited: asyncio.Future[int] = self._loop.create_future()
+        self._on_exit = on_exit
+        self._returncode: int | None = None
 
     @property
     def returncode(self) -> int | None:
-        """The exit code once reaped, else None."""
-        return self.popen.returncode
+        """The exit code once reaped (negative: killed by that signal), else None."""
+        return self._returncode
+
+    def _exited_with(self, returncode: int) -> None:
+        """Record the exit (once) and tell whoever waits."""
+        if self._returncode is not None:
+            return
+        self._returncode = returncode
+        if not self.exited.done():
+            self.exited.set_result(returncode)
+        if self._on_exit is not None:
+            self._on_exit(self)
+
+    def send_signal(self, signum: int) -> None:
+        """Deliver ``signum`` (no-op once the process exited)."""
+        raise NotImplementedError
 
     def kill(self) -> None:
         """SIGKILL the process (no-op if it already exited)."""
-        if self.popen.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.popen.kill()
+        self.send_signal(signal.SIGKILL)
 
     def terminate(self) -> None:
         """SIGTERM the process (no-op if it already exited)."""
-        if self.popen.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.popen.terminate()
+        self.send_signal(signal.SIGTERM)
 
     async def wait(self, timeout_s: float) -> int | None:
         """Wait for exit up to ``timeout_s``; returns the exit code or None if still alive."""
@@ -127,3 +119,39 @@ class ChildProcess:
                 return f.read().decode(errors="replace")
         except OSError:
             return ""
+
+
+class ChildProcess(ActorProcess):
+    """A spawned Python child process (a fresh interpreter) whose exit is reported on the
+    event loop through a pidfd."""
+
+    def __init__(self, argv: Sequence[str], log_path: str, lifeline: Lifeline,
+                 env: dict[str, str] | None = None,
+                 on_exit: Callable[[ActorProcess], None] | None = None,
+                 pass_fds: Sequence[int] = ()) -> None:
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        with open(log_path, "ab") as log_file:
+            self.popen = subprocess.Popen(
+                [sys.executable, *argv],
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=full_env,
+                pass_fds=(lifeline.read_fd, *pass_fds),
+            )
+        super().__init__(self.popen.pid, log_path, on_exit)
+        self._pidfd = os.pidfd_open(self.pid)
+        self._loop.add_reader(self._pidfd, self._reap)
+
+    def _reap(self) -> None:
+        self._loop.remove_reader(self._pidfd)
+        os.close(self._pidfd)
+        self.popen.wait()
+        self._exited_with(self.popen.returncode)
+
+    def send_signal(self, signum: int) -> None:
+        """Deliver ``signum`` (no-op once the process was reaped)."""
+        if self.popen.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.popen.send_signal(signum)

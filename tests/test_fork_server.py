@@ -1,0 +1,128 @@
+"""The fork server: actors forked from one process that imported torch once.
+
+The rest of the suite runs with the default start method (fork), so every runtime, kill,
+restart and no-orphan test exercises forked actors too; these tests check what forking
+itself must get right.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from actorrl.runtime.driver import Driver
+from actorrl.runtime.errors import ActorDiedError
+from actorrl.runtime.forking import ForkedProcess, resolve_start_method
+from actorrl.runtime.process import ChildProcess
+from tests.procs import pids_alive
+
+INFO = "tests.actors.process_info:ProcessInfo"
+
+
+def _threads(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+async def test_forked_actors_are_children_of_one_server_that_imported_torch():
+    """Every actor is a child of the same fork server (itself a child of the driver), was
+    built with torch already imported, and the server runs a single thread (nothing that
+    does not survive fork)."""
+    async with Driver.start(start_method="fork") as driver:
+        actors = [await driver.create_actor(INFO) for _ in range(2)]
+        parents = {await driver.get(a.parent.remote(), timeout_s=30) for a in actors}
+        assert len(parents) == 1
+        server_pid = parents.pop()
+        assert server_pid != os.getpid()
+        assert Path(f"/proc/{server_pid}/stat").read_text().split()[3] == str(os.getpid())
+        assert _threads(server_pid) == 1
+        for actor in actors:
+            assert isinstance(driver.node.process_of(actor), ForkedProcess)
+            assert await driver.get(actor.had_torch_before_first_call.remote(), timeout_s=30)
+
+
+async def test_forked_actors_share_the_servers_memory_spawned_ones_do_not():
+    """A forked actor shares the server's written pages (the imported modules): tens of MB
+    of shared dirty memory, against next to none for a spawned interpreter."""
+    async with Driver.start(start_method="fork") as driver:
+        forked = await driver.create_actor(INFO)
+        forked_kb = await driver.get(forked.shared_dirty_kb.remote(), timeout_s=30)
+    async with Driver.start(start_method="spawn") as driver:
+        spawned = await driver.create_actor(INFO)
+        assert isinstance(driver.node.process_of(spawned), ChildProcess)
+        spawned_kb = await driver.get(spawned.shared_dirty_kb.remote(), timeout_s=30)
+    assert forked_kb > 20_000, forked_kb
+    assert spawned_kb < forked_kb / 4, (spawned_kb, forked_kb)
+
+
+async def test_forked_actors_get_their_own_rng_threads_and_environment(monkeypatch):
+    """Global numpy/torch generators are reseeded per actor; torch's thread count follows
+    the CPU request; the environment is the driver's at creation time (not the server's
+    at its start) plus the actor's own, and CPU actors see no GPU."""
+    async with Driver.start(start_method="fork") as driver:
+        await driver.node._fork_server.ready  # the server's environment is fixed by now
+        monkeypatch.setenv("ACTORRL_TEST_LATE_VARIABLE", "late")
+        one = await driver.create_actor(INFO, num_cpus=1)
+        two = await driver.create_actor(INFO, num_cpus=2, env={"ACTORRL_TEST_OWN": "mine"})
+        draws = await driver.get([one.draws.remote(), two.draws.remote()], timeout_s=30)
+        assert draws[0][0] != draws[1][0] and draws[0][1] != draws[1][1]
+        assert await driver.get(one.torch_threads.remote(), timeout_s=30) == 1
+        assert await driver.get(two.torch_threads.remote(), timeout_s=30) == 2
+        assert await driver.get(one.env.remote("ACTORRL_TEST_LATE_VARIABLE")) == "late"
+        assert await driver.get(two.env.remote("ACTORRL_TEST_OWN")) == "mine"
+        assert await driver.get(one.env.remote("ACTORRL_TEST_OWN")) is None
+        assert await driver.get(one.env.remote("CUDA_VISIBLE_DEVICES")) == ""
+
+
+async def test_forked_actor_output_goes_to_its_own_log():
+    """What a forked actor prints lands in its own log file, not the server's."""
+    async with Driver.start(start_method="fork") as driver:
+        actor = await driver.create_actor(INFO, args=("hello from the forked actor",))
+        process = driver.node.process_of(actor)
+        await driver.get(actor.pid.remote(), timeout_s=30)
+        assert "hello from the forked actor" in process.log_tail()
+        server_log = Path(driver.session_dir, "logs", "fork-server.log").read_text()
+        assert "hello from the forked actor" not in server_log
+
+
+async def test_a_killed_fork_server_takes_its_actors_and_is_restarted():
+    """SIGKILL of the fork server kills its actors (reported dead, with the exit seen
+    through their pidfds); the next actor comes from a fresh server."""
+    async with Driver.start(start_method="fork") as driver:
+        actor = await driver.create_actor(INFO)
+        actor_pid = await driver.get(actor.pid.remote(), timeout_s=30)
+        server = driver.node._fork_server
+        deaths: list[str] = []
+        driver.node.on_death.append(lambda actor_id, reason: deaths.append(actor_id))
+        os.kill(server.process.pid, signal.SIGKILL)
+        assert await driver.node.process_of(actor).wait(30) == -signal.SIGKILL
+        assert deaths == [actor.actor_id]
+        with pytest.raises(ActorDiedError):
+            await driver.get(actor.pid.remote(), timeout_s=30)
+        assert pids_alive([actor_pid], timeout_s=10) == []
+        again = await driver.create_actor(INFO)
+        assert driver.node._fork_server is not server
+        assert await driver.get(again.pid.remote(), timeout_s=30) != actor_pid
+
+
+async def test_shutdown_stops_the_server_and_every_forked_actor():
+    """After shutdown neither the server nor any actor it forked is alive."""
+    async with Driver.start(start_method="fork") as driver:
+        actors = [await driver.create_actor(INFO) for _ in range(3)]
+        pids = await driver.get([a.pid.remote() for a in actors], timeout_s=30)
+        server_pid = driver.node._fork_server.process.pid
+    assert pids_alive([*pids, server_pid], timeout_s=10) == []
+
+
+def test_start_method_switch(monkeypatch):
+    """``spawn`` and ``fork`` are accepted (argument first, then the environment); any
+    other value is refused saying what the choices mean."""
+    monkeypatch.setenv("ACTORRL_START_METHOD", "spawn")
+    assert resolve_start_method() == "spawn"
+    assert resolve_start_method("fork") == "fork"
+    monkeypatch.delenv("ACTORRL_START_METHOD")
+    assert resolve_start_method() == "fork"
+    with pytest.raises(ValueError, match="'fork'.*'spawn'"):
+        resolve_start_method("forkserver")
