@@ -4,13 +4,15 @@
 
     actorrl keys generate DIR [--force] [--role client|node|admin] [--names NAME ...]
     actorrl coordinator start [--bind tcp://HOST:PORT] [--daemon] [--keys DIR]
-                              [--state-dir DIR] [--advertise HOST]
+                              [--state-dir DIR] [--advertise HOST] [--insecure-loopback]
     actorrl coordinator status [--json]
     actorrl coordinator stop [--with-nodes]
     actorrl node join ADDRESS [--cpus N] [--gpus N] [--keys DIR] [--name NAME] [--host IP]
+                              [--insecure-loopback]
     actorrl nodes
     actorrl submit CONFIG [--set KEY=VALUE ...] [--follow]
     actorrl jobs
+    actorrl jobs follow JOB [--all] [--reconnect-timeout S]
     actorrl logs JOB [--actors]
     actorrl stop JOB
 
@@ -27,6 +29,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -101,6 +104,12 @@ def _add_target(p: argparse.ArgumentParser) -> None:
                    "use (default: client; e.g. admin-NAME to act on every job)")
 
 
+def _add_insecure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--insecure-loopback", action="store_true",
+                   help="allow listening on loopback tcp without --keys: any local user "
+                   "can then connect and run code as you (default: refused)")
+
+
 # ---------------------------------------------------------------------------- commands
 def key_names(names: Sequence[str] | None, role: str | None) -> list[str]:
     """The key names ``keys generate`` writes: a key's role comes from its name
@@ -136,15 +145,23 @@ def _cmd_keys_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_coordinator_start(args: argparse.Namespace) -> int:
-    from actorrl.cluster.service import run_coordinator, start_daemon
+    from actorrl.cluster.service import DEFAULT_BIND, run_coordinator, start_daemon
     from transport.auth import Security, check_bind
 
     keys = os.path.abspath(os.path.expanduser(args.keys)) if args.keys else None
-    check_bind(args.bind, Security.from_dir(keys, "coordinator") if keys else None)
+    if args.bind is not None or keys:
+        check_bind(args.bind or DEFAULT_BIND,
+                   Security.from_dir(keys, "coordinator") if keys else None,
+                   args.insecure_loopback)
     state_dir = _state_dir(args)
     if args.daemon:
-        argv = ["--bind", args.bind, "--heartbeat-timeout", str(args.heartbeat_timeout),
+        argv = ["--heartbeat-timeout", str(args.heartbeat_timeout),
                 "--session-timeout", str(args.session_timeout)]
+        if args.bind is not None:
+            argv += ["--bind", args.bind]
+        if args.insecure_loopback:
+            argv += ["--insecure-loopback"]
+        argv += ["--max-frame-mb", str(args.max_frame_mb), "--max-peers", str(args.max_peers)]
         if keys:
             argv += ["--keys", keys]
         if args.advertise:
@@ -156,7 +173,9 @@ def _cmd_coordinator_start(args: argparse.Namespace) -> int:
     return run_coordinator(args.bind, keys_dir=keys, state_dir=state_dir,
                            advertise=args.advertise,
                            heartbeat_timeout_s=args.heartbeat_timeout,
-                           session_timeout_s=args.session_timeout, ready_fd=args.ready_fd)
+                           session_timeout_s=args.session_timeout, ready_fd=args.ready_fd,
+                           insecure_loopback=args.insecure_loopback,
+                           max_frame_mb=args.max_frame_mb, max_peers=args.max_peers)
 
 
 def _cmd_coordinator_status(args: argparse.Namespace) -> int:
@@ -204,7 +223,8 @@ def _cmd_node_join(args: argparse.Namespace) -> int:
 
     keys = os.path.abspath(os.path.expanduser(args.keys)) if args.keys else None
     return run_node(args.address, name=args.name, host=args.host, num_cpus=args.cpus,
-                    num_gpus=args.gpus, keys_dir=keys, session_dir=args.session_dir)
+                    num_gpus=args.gpus, keys_dir=keys, session_dir=args.session_dir,
+                    insecure_loopback=args.insecure_loopback)
 
 
 def _cmd_nodes(args: argparse.Namespace) -> int:
@@ -237,6 +257,72 @@ def _read_submission(args: argparse.Namespace) -> dict[str, Any]:
     return config
 
 
+def _print_result(result: dict[str, Any]) -> None:
+    print(f"iter {result.get('training_iteration')}  "
+          f"steps {result.get('timesteps_total')}  "
+          f"reward {_fmt(result.get('episode_reward_mean'))}", flush=True)
+
+
+def _follow(args: argparse.Namespace, job_id: str, after: int, client: Any = None) -> int:
+    """Print job ``job_id``'s results from index ``after`` until it ends; exit 0 when it
+    finished, 1 otherwise (130 on Ctrl-C, the job keeps running).
+
+    A lost coordinator (killed, restarting) does not end it: it reconnects to the same
+    address (each try waits up to ``--timeout`` for an answer) and goes on from the next
+    result the restarted coordinator has (jobs resume from their checkpoints), giving up
+    after ``--reconnect-timeout`` seconds without one. ``client``: one already open (used
+    until it fails; closed by the caller)."""
+    from actorrl.client import Client, JobFailedError
+    from transport.errors import TransportError
+
+    address, keys = _target(args)
+    identity = getattr(args, "identity", None) or "client"
+    index, lost_since, own = after, None, None
+    try:
+        while True:
+            try:
+                if client is None:
+                    client = own = Client(address, keys_dir=keys, identity=identity,
+                                          bind_host=None, connect_timeout_s=args.timeout)
+                    if lost_since is not None:
+                        print(f"reconnected to the coordinator at {address}", file=sys.stderr,
+                              flush=True)
+                lost_since = None
+                job = client.job(job_id)
+                job_id = job.id
+                try:
+                    for result in job.results(after=index):
+                        _print_result(result)
+                        index += 1
+                except JobFailedError:
+                    pass
+                status = job.status()
+                print(f"job {job.id} {status['state']}"
+                      + (f": {status['error']}" if status.get("error") else ""), flush=True)
+                return 0 if status["state"] == "finished" else 1
+            except (ConnectionError, TransportError) as exc:
+                now = time.monotonic()
+                if lost_since is None:
+                    lost_since = now
+                    print(f"lost the coordinator at {address} ({exc}); reconnecting for up "
+                          f"to {args.reconnect_timeout:g} s", file=sys.stderr, flush=True)
+                elif now - lost_since > args.reconnect_timeout:
+                    raise CommandError(
+                        f"the coordinator at {address} did not come back within "
+                        f"{args.reconnect_timeout:g} s; the job resumes when it restarts: "
+                        f"`actorrl jobs follow {job_id}` again then (or raise "
+                        "--reconnect-timeout)") from None
+                if own is not None:
+                    own.close()
+                client = own = None
+    except KeyboardInterrupt:
+        print(f"stopped following; the job keeps running (actorrl stop {job_id})")
+        return 130
+    finally:
+        if own is not None:
+            own.close()
+
+
 def _cmd_submit(args: argparse.Namespace) -> int:
     submission = _read_submission(args)
     with _client(args) as client:
@@ -244,18 +330,16 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         print(job.id, flush=True)
         if not args.follow:
             return 0
-        try:
-            for result in job.results():
-                print(f"iter {result.get('training_iteration')}  "
-                      f"steps {result.get('timesteps_total')}  "
-                      f"reward {_fmt(result.get('episode_reward_mean'))}", flush=True)
-        except KeyboardInterrupt:
-            print(f"stopped following; the job keeps running (actorrl stop {job.id})")
-            return 130
-        status = job.status()
-        print(f"job {job.id} {status['state']}"
-              + (f": {status['error']}" if status.get("error") else ""))
-        return 0 if status["state"] == "finished" else 1
+        return _follow(args, job.id, 0, client)
+
+
+def _cmd_jobs_follow(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        status = client.job(args.job).status()
+        after = 0 if args.all else max(int(status["num_results"]) - 1, 0)
+        print(f"following job {status['job_id']} ({status['state']}, "
+              f"{status['num_results']} result(s) so far)", flush=True)
+        return _follow(args, status["job_id"], after, client)
 
 
 def _cmd_jobs(args: argparse.Namespace) -> int:
@@ -310,9 +394,10 @@ def register(subparsers: Any) -> None:
     coord_sub = coord.add_subparsers(dest="coordinator_command", metavar="ACTION",
                                      required=True)
     p = coord_sub.add_parser("start", help="run the coordinator")
-    p.add_argument("--bind", default="tcp://127.0.0.1:7450",
-                   help="address to listen on (default: tcp://127.0.0.1:7450); a "
-                   "non-loopback address needs --keys")
+    p.add_argument("--bind", help="address to listen on (default: with --keys "
+                   "tcp://127.0.0.1:7450, without an ipc socket in the private state "
+                   "directory); tcp needs --keys (or, on loopback, --insecure-loopback)")
+    _add_insecure(p)
     p.add_argument("--daemon", action="store_true", help="detach and run in the background")
     p.add_argument("--keys", metavar="DIR", help="CURVE keys directory (encrypts and "
                    "authenticates every tcp connection)")
@@ -325,6 +410,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--session-timeout", type=float, default=20.0, metavar="S",
                    help="seconds a client may stay silent before the actors it created are "
                    "stopped (default: 20)")
+    p.add_argument("--max-frame-mb", type=float, default=64.0, metavar="MB",
+                   help="largest message the coordinator reads, in MiB (default: 64); larger "
+                   "ones are dropped with their connection before they are buffered")
+    p.add_argument("--max-peers", type=int, default=1000, metavar="N",
+                   help="open connections past which new CURVE handshakes are refused "
+                   "(default: 1000; lowered to fit the fd limit)")
     p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     p.set_defaults(func=_guarded(_cmd_coordinator_start))
     p = coord_sub.add_parser("status", help="nodes and jobs of the running coordinator")
@@ -350,6 +441,7 @@ def register(subparsers: Any) -> None:
                    "(default: the interface that routes to the coordinator)")
     p.add_argument("--session-dir", metavar="DIR", help="sockets and actor logs (default: a "
                    "fresh temporary directory, removed when the node exits)")
+    _add_insecure(p)
     p.set_defaults(func=_guarded(_cmd_node_join))
 
     p = subparsers.add_parser("nodes", help="list the cluster's nodes")
@@ -368,10 +460,25 @@ def register(subparsers: Any) -> None:
     _add_target(p)
     p.set_defaults(func=_guarded(_cmd_submit))
 
-    p = subparsers.add_parser("jobs", help="list jobs")
+    p.add_argument("--reconnect-timeout", type=float, default=120.0, metavar="S",
+                   help="with --follow: seconds to keep reconnecting to a lost coordinator "
+                   "(default: 120)")
+
+    p = subparsers.add_parser("jobs", help="list jobs, or follow one (jobs follow JOB)")
     _add_target(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_guarded(_cmd_jobs))
+    jobs_sub = p.add_subparsers(dest="jobs_command", metavar="ACTION")
+    f = jobs_sub.add_parser("follow", help="re-attach to a running job: print its results "
+                            "until it ends (exit 0 if it finished), across coordinator "
+                            "restarts")
+    f.add_argument("job", metavar="JOB", help="job id (a unique prefix is enough)")
+    f.add_argument("--all", action="store_true", help="print every result from the first "
+                   "(default: from the latest one)")
+    f.add_argument("--reconnect-timeout", type=float, default=120.0, metavar="S",
+                   help="seconds to keep reconnecting to a lost coordinator (default: 120)")
+    _add_target(f)
+    f.set_defaults(func=_guarded(_cmd_jobs_follow))
 
     p = subparsers.add_parser("logs", help="print a job's log")
     p.add_argument("job", metavar="JOB", help="job id (a unique prefix is enough)")

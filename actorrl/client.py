@@ -143,16 +143,21 @@ class Client:
     ``address``: the coordinator's, or a :class:`LocalCluster` to start one in this process
     (what :meth:`local` does). ``keys_dir`` (default ``$ACTORRL_KEYS_DIR``): the CURVE keys
     directory, needed when the coordinator uses keys; ``identity`` names the key pair used
-    (``client``).
+    (``client``). ``bind_host``: where this client's own objects are served to other
+    hosts (``"auto"``: the interface routing to the coordinator; None: connect out only).
+    Without keys a client binds no tcp at all unless ``insecure_loopback`` allows it on
+    loopback (:func:`transport.auth.check_bind`).
     """
 
     def __init__(self, address: str | LocalCluster, keys_dir: str | None = None, *,
                  identity: str = "client", bind_host: str | None = "auto",
-                 connect_timeout_s: float = 10.0) -> None:
+                 connect_timeout_s: float = 10.0, insecure_loopback: bool = False) -> None:
         self._closed = True
         self._runtime: Runtime | None = None
         self._local: tuple[Coordinator, LocalNode, Any] | None = None
         self._pinger: asyncio.Task | None = None
+        self._max_frame_bytes: int | None = None
+        """The largest request the coordinator reads (from its ``coord.hello``)."""
         self._session = uuid.uuid4().hex
         local = address if isinstance(address, LocalCluster) else None
         self.address = "local" if local is not None else str(address)
@@ -163,34 +168,43 @@ class Client:
                 self._runtime, self._local = self._run(self._start_local(local))
                 self._coordinator = self._runtime.address
             else:
-                self._connect(self.address, keys_dir, identity, bind_host, connect_timeout_s)
+                self._connect(self.address, keys_dir, identity, bind_host, connect_timeout_s,
+                              insecure_loopback)
         except BaseException:
             self._local = None
             self._teardown()
             raise
 
     def _connect(self, address: str, keys_dir: str | None, identity: str,
-                 bind_host: str | None, connect_timeout_s: float) -> None:
+                 bind_host: str | None, connect_timeout_s: float,
+                 insecure_loopback: bool = False) -> None:
         keys_dir = keys_dir or os.environ.get("ACTORRL_KEYS_DIR") or None
         keys_dir = os.path.expanduser(keys_dir) if keys_dir else None
         if bind_host == "auto":
-            bind_host = route_host(address)
-            if keys_dir is None and not is_loopback_address(f"tcp://{bind_host}:0"):
-                bind_host = None  # no keys: connect out only, never bind in the clear
+            if address.startswith("ipc://"):
+                bind_host = None  # a coordinator on this host: ipc is enough
+            else:
+                bind_host = route_host(address)
+                if keys_dir is None and not (insecure_loopback and is_loopback_address(
+                        f"tcp://{bind_host}:0")):
+                    bind_host = None  # no keys: connect out only, never bind in the clear
 
         async def start() -> Runtime:
-            network = Network.create(bind_host, None, keys_dir, identity)
+            network = Network.create(bind_host, None, keys_dir, identity,
+                                     insecure_loopback=insecure_loopback)
             return Runtime.start(self._session_dir, f"client-{self._session[:8]}",
                                  network=network)
 
         self._runtime = self._run(start())
         self._coordinator = coordinator_endpoint(address, keys_dir)
         try:
-            self.call("coord.hello", timeout_s=connect_timeout_s)
+            hello = self.call("coord.hello", timeout_s=connect_timeout_s)
         except Exception as exc:
             raise ClusterConnectionError(
                 f"cannot reach the coordinator at {address}: {exc}"
                 + ("" if keys_dir else " (if it uses CURVE, pass keys_dir)")) from None
+        limit = hello.get("max_frame_bytes") if isinstance(hello, dict) else None
+        self._max_frame_bytes = limit if isinstance(limit, int) and limit > 0 else None
 
     async def _start_local(self, local: LocalCluster
                            ) -> tuple[Runtime, tuple[Coordinator, LocalNode, Any]]:
@@ -250,6 +264,20 @@ class Client:
         hop per call."""
         return self._run(coro, timeout_s)
 
+    def _check_size(self, method: str, frames: Sequence[Any]) -> None:
+        """ValueError, naming the coordinator's setting, for a request larger than the
+        coordinator reads (it would drop the connection without a reply)."""
+        limit = self._max_frame_bytes
+        if limit is None:
+            return
+        size = sum(memoryview(f).nbytes for f in frames)
+        if size > limit:
+            raise ValueError(
+                f"{method} request of {size} bytes is larger than the coordinator at "
+                f"{self.address} accepts ({limit} bytes: its --max-frame-mb setting, "
+                f"max_frame_mb in serve_coordinator); pass large data through an actor or "
+                "a ref instead, or start the coordinator with a larger --max-frame-mb")
+
     def call(self, method: str, args: Sequence[Any] = (), timeout_s: float = 60.0) -> Any:
         """Call a coordinator method (``coord.*``, ``job.*``) and return its reply."""
         if self._closed:
@@ -257,7 +285,9 @@ class Client:
 
         async def go() -> Any:
             client = self.runtime.client(self._coordinator)
-            return await client.call(method, list(args), timeout_s=timeout_s)
+            frames = client.codec.encode([method, list(args), {}])
+            self._check_size(method, frames)
+            return await client.call_encoded(frames, timeout_s=timeout_s)
 
         try:
             result = self._run(go(), timeout_s + 5)

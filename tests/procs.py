@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import select
+import subprocess
 import time
 
 
@@ -34,3 +35,37 @@ def _running(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def tcp_listeners(pid: int) -> int:
+    """How many listening tcp sockets (IPv4 and IPv6) process ``pid`` holds."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 9 and fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                count += 1
+    return count
+
+
+def terminate(proc: subprocess.Popen, timeout_s: float = 30) -> None:
+    """SIGTERM ``proc`` and reap it; SIGKILL it if it has not exited within ``timeout_s``."""
+    proc.terminate()
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)

@@ -25,7 +25,7 @@ import zmq
 
 from actorrl.client import Client, ClusterConnectionError, Job
 from actorrl.runtime.network import Network
-from tests.procs import pids_alive
+from tests.procs import pids_alive, tcp_listeners, terminate
 from transport.auth import (
     InsecureBindError,
     KeyFileError,
@@ -65,12 +65,18 @@ def spawn(args: list[str], log_path: str, pass_fds: tuple[int, ...] = ()) -> sub
                                 stdout=log, stderr=subprocess.STDOUT, pass_fds=pass_fds)
 
 
-def start_coordinator(tmp: str, keys: str | None, bind: str = "tcp://127.0.0.1:0",
-                      timeout_s: float = 60.0) -> tuple[subprocess.Popen, str]:
-    """Start ``actorrl coordinator start`` and wait for its READY line (a handshake)."""
+def start_coordinator(tmp: str, keys: str | None, bind: str | None = "tcp://127.0.0.1:0",
+                      timeout_s: float = 60.0, insecure_loopback: bool = False
+                      ) -> tuple[subprocess.Popen, str]:
+    """Start ``actorrl coordinator start`` and wait for its READY line (a handshake);
+    ``bind`` None: its default (ipc without keys)."""
     read_fd, write_fd = os.pipe()
-    args = ["coordinator", "start", "--bind", bind, "--state-dir", os.path.join(tmp, "state"),
+    args = ["coordinator", "start", "--state-dir", os.path.join(tmp, "state"),
             "--ready-fd", str(write_fd), "--session-timeout", str(SESSION_TIMEOUT_S)]
+    if bind is not None:
+        args += ["--bind", bind]
+    if insecure_loopback:
+        args += ["--insecure-loopback"]
     if keys:
         args += ["--keys", keys]
     proc = spawn(args, os.path.join(tmp, "coordinator.log"), pass_fds=(write_fd,))
@@ -88,14 +94,17 @@ def start_coordinator(tmp: str, keys: str | None, bind: str = "tcp://127.0.0.1:0
     return proc, line.split()[1]
 
 
-def join_node(tmp: str, address: str, keys: str | None, host: str, name: str,
+def join_node(tmp: str, address: str, keys: str | None, host: str | None, name: str,
               cpus: float, sessions: list[str]) -> subprocess.Popen:
-    """Start ``actorrl node join`` on loopback address ``host``; its session directory is
-    appended to ``sessions`` (for the test to remove, even after a SIGKILL)."""
+    """Start ``actorrl node join`` on loopback address ``host`` (None: the node's default,
+    ipc only for an ipc coordinator); its session directory is appended to ``sessions``
+    (for the test to remove, even after a SIGKILL)."""
     session = tempfile.mkdtemp(prefix="arl-node-")  # short: ipc paths max ~107 bytes
     sessions.append(session)
-    args = ["node", "join", address, "--host", host, "--name", name, "--cpus", str(cpus),
+    args = ["node", "join", address, "--name", name, "--cpus", str(cpus),
             "--gpus", "0", "--session-dir", session]
+    if host is not None:
+        args += ["--host", host]
     if keys:
         args += ["--keys", keys]
     return spawn(args, os.path.join(tmp, f"node-{name}.log"))
@@ -213,22 +222,73 @@ def test_key_files_have_safe_modes_and_unsafe_secrets_are_refused(tmp_path):
         load_allowed_keys(d)
 
 
-def test_non_loopback_binds_need_keys(tmp_path):
-    """Binding tcp anywhere but loopback without CURVE keys is a clear error, for the
-    runtime and the coordinator alike; loopback and ipc are allowed."""
+def test_tcp_binds_need_keys_or_the_insecure_flag(tmp_path):
+    """Binding tcp without CURVE keys is a clear error, for the runtime and the coordinator
+    alike: anywhere but loopback always, on loopback too unless --insecure-loopback says
+    so (a keyless loopback listener lets any local user run code); ipc is allowed."""
     with pytest.raises(InsecureBindError, match="CURVE"):
         check_bind("tcp://0.0.0.0:7450", None)
     with pytest.raises(InsecureBindError, match="CURVE"):
         Network.create("10.1.2.3")
-    check_bind("tcp://127.0.0.2:0", None)
+    with pytest.raises(InsecureBindError, match="CURVE"):
+        check_bind("tcp://0.0.0.0:7450", None, insecure_loopback=True)
+    with pytest.raises(InsecureBindError, match="insecure-loopback"):
+        check_bind("tcp://127.0.0.2:0", None)
+    with pytest.raises(InsecureBindError, match="actorrl keys generate"):
+        Network.create("127.0.0.1")
+    check_bind("tcp://127.0.0.2:0", None, insecure_loopback=True)
+    assert Network.create("127.0.0.1", insecure_loopback=True).to_env()[
+        "ACTORRL_INSECURE_LOOPBACK"] == "1"
     check_bind("ipc:///tmp/x.sock", None)
     generate_keys(str(tmp_path / "k"))
     check_bind("tcp://0.0.0.0:7450", Security.from_dir(str(tmp_path / "k"), "node"))
-    result = subprocess.run([*CLI, "coordinator", "start", "--bind", "tcp://0.0.0.0:0",
-                             "--state-dir", str(tmp_path / "s")], cwd=REPO,
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 2
-    assert "needs CURVE keys" in result.stderr
+    for bind, words in (("tcp://0.0.0.0:0", "needs CURVE keys"),
+                        ("tcp://127.0.0.1:0", "--insecure-loopback")):
+        result = subprocess.run([*CLI, "coordinator", "start", "--bind", bind,
+                                 "--state-dir", str(tmp_path / "s")], cwd=REPO,
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2
+        assert words in result.stderr and "actorrl keys generate" in result.stderr
+    result = subprocess.run([*CLI, "node", "join", "tcp://127.0.0.1:1", "--cpus", "1"],
+                            cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0 and "--insecure-loopback" in result.stderr, result.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_keyless_cluster_is_private_to_the_user(tmp_path):
+    """Without keys or --bind the coordinator listens on an ipc socket in its fresh 0700
+    state folder and binds no tcp; a keyless node joins it over ipc (no tcp either) and a
+    client reaches both. With --insecure-loopback keyless loopback tcp still works."""
+    proc, address = start_coordinator(str(tmp_path), None, bind=None)
+    sessions: list[str] = []
+    node = None
+    try:
+        assert address.startswith("ipc://" + str(tmp_path / "state" / "run")), address
+        run_dir = tmp_path / "state" / "run"
+        assert run_dir.stat().st_mode & 0o777 == 0o700
+        assert run_dir.stat().st_uid == os.getuid()
+        assert tcp_listeners(proc.pid) == 0
+        node = join_node(str(tmp_path), address, None, None, "private", 1, sessions)
+        with Client(address) as client:
+            assert client.wait_for_nodes(1, 60) == 1
+            info = client.nodes()[0]
+            assert info["name"] == "private"
+        assert tcp_listeners(node.pid) == 0
+    finally:
+        for p in (node, proc):
+            if p is not None:
+                terminate(p)
+        for session in sessions:
+            shutil.rmtree(session, ignore_errors=True)
+    (tmp_path / "insecure").mkdir()
+    proc, address = start_coordinator(str(tmp_path / "insecure"), None,
+                                      insecure_loopback=True)
+    try:
+        assert address.startswith("tcp://127.0.0.1:")
+        with Client(address, insecure_loopback=True) as client:
+            assert client.nodes() == []
+    finally:
+        terminate(proc)
 
 
 def test_endpoints_route_ipc_within_a_node_and_curve_tcp_across():
@@ -495,6 +555,59 @@ def test_restarted_coordinator_resumes_the_job_from_its_checkpoint(tmp_path, key
         c.remember(job)
         job.stop()
     finally:
+        c.close()
+
+
+def _read_until(stream: Any, text: str, timeout_s: float, seen: list[str]) -> None:
+    """Read lines of ``stream`` (a pipe) into ``seen`` until one contains ``text``."""
+    deadline = time.monotonic() + timeout_s
+    while not any(text in line for line in seen):
+        remaining = deadline - time.monotonic()
+        ready, _, _ = select.select([stream], [], [], max(remaining, 0))
+        line = stream.readline().decode() if ready else ""
+        if not line:
+            raise AssertionError(f"no {text!r} within {timeout_s} s: {''.join(seen)}")
+        seen.append(line)
+
+
+@pytest.mark.timeout(300)
+def test_jobs_follow_reattaches_across_a_coordinator_restart(tmp_path, keys):
+    """``actorrl jobs follow JOB`` re-attaches to a job submitted without --follow: it
+    prints its results, keeps following through a SIGKILL and restart of the coordinator
+    (which resumes the job from its checkpoint), and exits 0 once the job finished."""
+    c = Cluster(str(tmp_path), keys)
+    follower = None
+    try:
+        c.join("127.0.0.7", "f", 4)
+        job = c.client.submit({**APEX_TINY, "stop": {"training_iteration": 6},
+                               "job": {"checkpoint_interval_s": 0}})
+        next_result(job, 0, lambda r: r["training_iteration"] >= 2, 150)
+        c.remember(job)
+        follower = subprocess.Popen(
+            [*CLI, "jobs", "follow", job.id[:10], "--address", c.address, "--keys", keys,
+             "--reconnect-timeout", "120", "--timeout", "5"], cwd=REPO,
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        seen: list[str] = []
+        _read_until(follower.stdout, "iter ", 60, seen)
+        assert f"following job {job.id}" in "".join(seen)
+        c.client.close()
+        c.coordinator.kill()
+        c.coordinator.wait(10)
+        _read_until(follower.stdout, "lost the coordinator", 60, seen)
+        c.coordinator, address = start_coordinator(str(tmp_path), keys, bind=c.address)
+        c.pids.add(c.coordinator.pid)
+        c.client = Client(c.address, keys_dir=keys)
+        _read_until(follower.stdout, "reconnected", 60, seen)
+        _read_until(follower.stdout, f"job {job.id} finished", 200, seen)
+        assert follower.wait(30) == 0, "".join(seen)
+        iterations = [int(line.split()[1]) for line in seen if line.startswith("iter ")]
+        assert iterations[-1] >= 6 and iterations == sorted(iterations), "".join(seen)
+    finally:
+        if follower is not None and follower.poll() is None:
+            follower.kill()
+            follower.wait(10)
+        if follower is not None:
+            follower.stdout.close()
         c.close()
 
 

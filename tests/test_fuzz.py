@@ -13,6 +13,7 @@ raise nothing but :class:`~transport.codec.DecodeError`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -34,6 +35,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from actorrl.runtime.core import _check_request
+from tests.procs import terminate
 from tests.raw_rpc import collect_replies as raw_collect_replies
 from tests.raw_rpc import colliding_key_map
 from transport.codec import EXT_ARRAY, Codec, DecodeError
@@ -196,15 +198,22 @@ async def healthy(target: Target, phase: str) -> None:
     finally:
         server.close()
         actor.close()
-    if not target.baseline:
-        target.baseline = {name: fds_and_rss(pid) for name, pid in target.pids.items()}
+    await settled(target.pids, target.baseline, phase)
+
+
+async def settled(pids: dict[str, int], baseline: dict[str, tuple[int, int]], phase: str
+                  ) -> None:
+    """Wait until the fds and RSS of ``pids`` are back near ``baseline`` (filled with the
+    current ones when empty); fail after :data:`SETTLE_S`."""
+    if not baseline:
+        baseline.update({name: fds_and_rss(pid) for name, pid in pids.items()})
         return
     deadline = asyncio.get_running_loop().time() + SETTLE_S
     while True:  # libzmq closes connections and fds on its own threads: bounded wait
-        now = {name: fds_and_rss(pid) for name, pid in target.pids.items()}
-        over = {name: (now[name], target.baseline[name]) for name in now
-                if now[name][0] > target.baseline[name][0] + FD_SLACK
-                or now[name][1] > target.baseline[name][1] + RSS_SLACK}
+        now = {name: fds_and_rss(pid) for name, pid in pids.items()}
+        over = {name: (now[name], baseline[name]) for name in now
+                if now[name][0] > baseline[name][0] + FD_SLACK
+                or now[name][1] > baseline[name][1] + RSS_SLACK}
         if not over:
             return
         if asyncio.get_running_loop().time() > deadline:
@@ -506,6 +515,193 @@ async def test_many_connections_come_and_go(target: Target, attacker: zmq.Contex
     finally:
         probe.close()
     await healthy(target, "many connections")
+
+
+# ---------------------------------------------------------------------------- keyed cluster
+KEYED_MAX_PEERS = 40
+"""The keyed coordinator's peer cap (``--max-peers``): small, so a CI-sized flood passes
+it."""
+
+
+def _start_cli(args: list[str], log_path: Path, ready: str, timeout_s: float = 90
+               ) -> tuple[subprocess.Popen, str]:
+    """Start ``python -m actorrl.cli_cluster ARGS`` and wait for a stdout line starting
+    with ``ready``; returns the process and that line."""
+    log = open(log_path, "wb")  # noqa: SIM115 - handed to the child, closed here
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "actorrl.cli_cluster", *args], cwd=REPO,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
+                                env=dict(os.environ, PYTHONPATH=str(REPO)))
+    finally:
+        log.close()
+    ready_fds, _, _ = select.select([proc.stdout], [], [], timeout_s)
+    line = proc.stdout.readline().decode() if ready_fds else ""
+    if not line.startswith(ready):
+        proc.kill()
+        proc.wait(10)
+        proc.stdout.close()
+        raise AssertionError(f"{args[:2]} did not start: {line!r}\n"
+                             + log_path.read_text(errors="replace")[-3000:])
+    return proc, line
+
+
+class KeyedTarget:
+    """A CURVE-keyed coordinator (``actorrl coordinator start --keys``, peer cap
+    :data:`KEYED_MAX_PEERS`) and a node agent joined to it (``actorrl node join``)."""
+
+    def __init__(self, directory: Path) -> None:
+        from transport.auth import generate_keys, load_keypair, load_public_key
+
+        self.dir = directory
+        self.keys = str(directory / "keys")
+        generate_keys(self.keys)
+        self.coord_public = load_public_key(self.keys, "coordinator")
+        client = load_keypair(self.keys, "client")
+        coord = load_keypair(self.keys, "coordinator")
+        self.client_keys = (self.coord_public, client.public, client.secret)
+        self.coord_pair = coord
+        self.procs: list[subprocess.Popen] = []
+        self.coordinator, line = _start_cli(
+            ["coordinator", "start", "--bind", "tcp://127.0.0.1:0", "--keys", self.keys,
+             "--state-dir", str(directory / "state"), "--max-peers", str(KEYED_MAX_PEERS)],
+            directory / "coordinator.log", "coordinator listening at ")
+        self.procs.append(self.coordinator)
+        self.tcp = line.split()[-1]
+        self.node, _ = _start_cli(
+            ["node", "join", self.tcp, "--keys", self.keys, "--host", "127.0.0.1",
+             "--name", "fuzzed", "--cpus", "1", "--gpus", "0", "--session-dir",
+             str(directory / "n")], directory / "node.log", "node fuzzed joined")
+        self.procs.append(self.node)
+        self.pids = {"coordinator": self.coordinator.pid, "node": self.node.pid}
+        self.node_tcp = ""
+        self.node_key = b""
+        self.baseline: dict[str, tuple[int, int]] = {}
+
+    def log(self, name: str) -> str:
+        """A process's log (``coordinator`` or ``node``)."""
+        return (self.dir / f"{name}.log").read_text(errors="replace")
+
+    def stop(self) -> None:
+        """SIGTERM both (the node leaves first), kill past a deadline."""
+        for proc in reversed(self.procs):
+            terminate(proc)
+            proc.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def keyed() -> Iterator[KeyedTarget]:
+    """One keyed coordinator and joined node for the keyed phases; both must survive."""
+    directory = Path(os.environ.get("TMPDIR", "/tmp")) / f"arl-kfuzz-{os.getpid()}"
+    directory.mkdir(exist_ok=True)
+    tgt = KeyedTarget(directory)
+    try:
+        yield tgt
+        alive = {name: proc.poll() is None for name, proc in
+                 (("coordinator", tgt.coordinator), ("node", tgt.node))}
+    finally:
+        tgt.stop()
+    logs = {name: tgt.log(name) for name in ("coordinator", "node")}
+    shutil.rmtree(directory, ignore_errors=True)
+    assert all(alive.values()), f"died during the fuzzing: {alive}\n{logs}"
+    for name, text in logs.items():
+        at = text.find("Traceback")
+        assert at < 0, f"{name}: an exception escaped:\n{text[max(0, at - 500):at + 3000]}"
+
+
+async def keyed_healthy(tgt: KeyedTarget, phase: str) -> None:
+    """A legitimate client call to the coordinator and a coordinator-key call to the node
+    answer within 1 s; the node is still joined (never declared lost); fds and RSS of
+    both are back near their baselines (the first call sets them)."""
+    for name, pid in tgt.pids.items():
+        assert os.path.exists(f"/proc/{pid}"), f"{name} died in phase {phase}"
+    client = RpcClient(tgt.tcp, curve_keys=tgt.client_keys, connect_timeout_s=LEGIT_S * 5)
+    try:
+        status = await client.call("coord.status", timeout_s=LEGIT_S)
+    finally:
+        client.close()
+    assert [n["name"] for n in status["nodes"]] == ["fuzzed"], status
+    assert status["lost_nodes"] == [], status["lost_nodes"]
+    if not tgt.node_tcp:
+        from transport.endpoint import Endpoint
+
+        endpoint = Endpoint.parse(status["nodes"][0]["endpoint"])
+        tgt.node_tcp, tgt.node_key = endpoint.address, endpoint.server_key or b""
+    node = RpcClient(tgt.node_tcp, curve_keys=(tgt.node_key, tgt.coord_pair.public,
+                                               tgt.coord_pair.secret),
+                     connect_timeout_s=LEGIT_S * 5)
+    try:
+        info = await node.call("node.info", timeout_s=LEGIT_S)
+        assert info["name"] == "fuzzed", info
+    finally:
+        node.close()
+    await settled(tgt.pids, tgt.baseline, phase)
+
+
+async def test_keyed_baseline(keyed: KeyedTarget) -> None:
+    """The keyed coordinator and its node answer legitimate calls; baselines taken."""
+    await keyed_healthy(keyed, "keyed baseline")
+    await keyed_healthy(keyed, "keyed baseline again")
+
+
+def _raw_garbage(endpoint: str, rng: random.Random, count: int) -> None:
+    """``count`` raw TCP connections each sending random bytes (some after a valid ZMTP
+    greeting for CURVE or NULL), then closing."""
+    host, port = endpoint.removeprefix("tcp://").rsplit(":", 1)
+    for i in range(count):
+        head = [b"", _zmtp_greeting(b"CURVE"), _zmtp_greeting()][i % 3]
+        with socket.create_connection((host, int(port)), timeout=REPLY_S) as conn, \
+                contextlib.suppress(OSError):
+            conn.sendall(head + rng.randbytes(rng.randrange(1, 4096)))
+
+
+async def test_keyed_unauthenticated_garbage_gets_nothing(keyed: KeyedTarget,
+                                                          attacker: zmq.Context) -> None:
+    """Raw garbage, keyless ZeroMQ peers and peers with unknown CURVE keys, against the
+    coordinator and the node: no request reaches a handler, no reply comes back, both
+    keep serving."""
+    await keyed_healthy(keyed, "keyed start")
+    rng = random.Random(13)
+    for endpoint in (keyed.tcp, keyed.node_tcp):
+        await asyncio.to_thread(_raw_garbage, endpoint, rng, 30)
+        stranger_public, stranger_secret = zmq.curve_keypair()
+        server_key = keyed.coord_public if endpoint == keyed.tcp else keyed.node_key
+        socks = []
+        for keys in (None, (server_key, stranger_public, stranger_secret)):
+            for _ in range(5):
+                sock = attacker.socket(zmq.DEALER)
+                sock.setsockopt(zmq.LINGER, 0)
+                if keys is not None:
+                    sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = keys
+                sock.connect(endpoint)
+                socks.append(sock)
+                for method in ("coord.status", "node.start_actor", "__call__"):
+                    _, frames = request(method, [])
+                    with contextlib.suppress(zmq.Again):
+                        sock.send_multipart(frames, zmq.NOBLOCK)
+        try:
+            poller = zmq.Poller()
+            for sock in socks:
+                poller.register(sock, zmq.POLLIN)
+            assert poller.poll(500) == [], "an unauthenticated peer got a reply"
+        finally:
+            for sock in socks:
+                sock.close(linger=0)
+    await keyed_healthy(keyed, "keyed garbage")
+
+
+async def test_keyed_oversize_frames_before_auth_are_dropped(keyed: KeyedTarget) -> None:
+    """A 3 GiB frame announced right after a CURVE greeting (before any authentication)
+    to the coordinator and the node: the connection is closed when its size is read, and
+    neither buffers it."""
+    frame_head = b"\x06" + struct.pack(">Q", 3 << 30)
+    for endpoint, name in ((keyed.tcp, "coordinator"), (keyed.node_tcp, "node")):
+        host, port = endpoint.removeprefix("tcp://").rsplit(":", 1)
+        before = fds_and_rss(keyed.pids[name])[1]
+        sent = await asyncio.to_thread(_stream_until_dropped, (host, int(port)),
+                                       _zmtp_greeting(b"CURVE") + frame_head, 128 << 20)
+        assert sent < 64 << 20, f"{name} read {sent} bytes of an oversize frame"
+        assert fds_and_rss(keyed.pids[name])[1] < before + (32 << 20)
+    await keyed_healthy(keyed, "keyed oversize frames")
 
 
 # ---------------------------------------------------------------------------- in process

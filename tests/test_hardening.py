@@ -347,3 +347,65 @@ def _owner(path: str) -> int:
             return int(f.read())
     except (OSError, ValueError):
         return -1
+
+
+def _lower_fd_limit() -> None:
+    """In a child: a soft fd limit of 1024 under the inherited hard limit."""
+    import resource
+
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))
+
+
+@pytest.mark.timeout(120)
+def test_the_coordinator_caps_frames_and_raises_its_fd_limit(tmp_path) -> None:
+    """The coordinator raises its soft fd limit to the hard one at start (so libzmq's
+    accept loop does not reach it), and its server reads no frame over --max-frame-mb: a
+    Client refuses to send a larger request with an error naming the setting, a raw
+    larger request is dropped with its connection, and the coordinator still answers."""
+    import resource
+
+    import numpy as np
+
+    from actorrl.client import Client
+    from tests.procs import terminate
+    from transport.errors import CallTimeoutError, PeerLostError
+    from transport.rpc import RpcClient
+
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    read_fd, write_fd = os.pipe()
+    state = tmp_path / "state"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "actorrl.cli_cluster", "coordinator", "start", "--state-dir",
+         str(state), "--ready-fd", str(write_fd), "--max-frame-mb", "1"], cwd=REPO,
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        pass_fds=(write_fd,), preexec_fn=_lower_fd_limit)
+    os.close(write_fd)
+    try:
+        import select
+
+        ready, _, _ = select.select([read_fd], [], [], 60)
+        line = os.read(read_fd, 4096).decode() if ready else ""
+        assert line.startswith("READY "), line
+        address = line.split()[1]
+        with open(f"/proc/{proc.pid}/limits") as f:
+            row = next(r for r in f if r.startswith("Max open files")).split()
+        assert int(row[3]) == hard, row  # soft limit raised from 1024
+        with Client(address) as client:
+            with pytest.raises(ValueError, match="--max-frame-mb"):
+                client.call("coord.hello", [np.zeros(2 << 20, np.uint8)])
+
+            async def raw() -> None:
+                raw = RpcClient(address, connect_timeout_s=5)
+                try:
+                    with pytest.raises((PeerLostError, CallTimeoutError)):
+                        await raw.call("coord.hello", [np.zeros(2 << 20, np.uint8)],
+                                       timeout_s=5)
+                finally:
+                    raw.close()
+
+            client.run(raw(), 30)
+            assert client.call("coord.hello", timeout_s=1)["max_frame_bytes"] == 1 << 20
+    finally:
+        os.close(read_fd)
+        terminate(proc)

@@ -14,7 +14,9 @@ is on the allow-list: a peer whose key is not there is refused during the handsh
 :class:`ZapAuthenticator` and gets nothing, not even an error reply. To admit another
 client, drop its ``.public`` file in the directory of every host and restart.
 
-Rule enforced by :func:`check_bind`: binding tcp on a non-loopback address requires keys.
+Rule enforced by :func:`check_bind`: binding tcp requires keys; on loopback an explicit
+``insecure_loopback`` flag may waive that (ipc needs none: its socket sits in a private
+directory).
 
 Roles: every allowed key has a *role*, taken from its file name (:func:`role_of_name`):
 ``coordinator*.public`` is the coordinator (:data:`ROLE_COORDINATOR`), ``node*.public`` a
@@ -32,7 +34,8 @@ import logging
 import os
 import stat
 import threading
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import zmq
@@ -108,7 +111,8 @@ class KeyFileError(ValueError):
 
 
 class InsecureBindError(ValueError):
-    """A non-loopback tcp bind was asked for without CURVE keys."""
+    """A tcp bind was asked for without CURVE keys (and, on loopback, without the
+    explicit insecure flag)."""
 
 
 @dataclass(frozen=True)
@@ -292,13 +296,67 @@ def load_key_roles(keys_dir: str) -> dict[bytes, str]:
     return roles
 
 
-def check_bind(address: str, security: Security | None) -> None:
-    """Raise :class:`InsecureBindError` for a non-loopback bind without CURVE keys."""
-    if security is None and not is_loopback_address(address):
+def check_bind(address: str, security: Security | None, insecure_loopback: bool = False
+               ) -> None:
+    """Raise :class:`InsecureBindError` for a tcp bind without CURVE keys.
+
+    ipc (a socket file in a private directory) needs no keys. tcp without keys is refused
+    everywhere: on a non-loopback address always, on loopback unless ``insecure_loopback``
+    (then any local user may connect, and what it may call is code execution)."""
+    if security is not None or address.startswith(("ipc://", "inproc://")):
+        return
+    if not is_loopback_address(address):
         raise InsecureBindError(
             f"refusing to bind {address} without encryption: anything bound on a "
             "non-loopback address needs CURVE keys (run `actorrl keys generate DIR` and "
-            "pass --keys DIR, or bind 127.0.0.1)")
+            "pass --keys DIR)")
+    if not insecure_loopback:
+        raise InsecureBindError(
+            f"refusing to bind {address} without keys: any local user could connect and "
+            "run code as you. Generate keys with `actorrl keys generate DIR` and pass "
+            "--keys DIR (keys_dir=...), or pass --insecure-loopback "
+            "(insecure_loopback=True) to accept that risk; without keys a coordinator "
+            "started without --bind listens on a private ipc socket instead")
+
+
+class PeerGate:
+    """A server's peer cap as the ZAP handler sees it: ``peers()`` counts its open
+    connections (read from the handler's thread), ``max_peers`` the most it takes. Past
+    the cap, handshakes are refused and a warning names the server, the count and the
+    setting, at most once per ``log_window_s`` (with the number refused meanwhile)."""
+
+    def __init__(self, name: str, peers: Callable[[], int], max_peers: int,
+                 setting: str = "max_peers", log_window_s: float = 60.0) -> None:
+        """``name``: the server (its endpoints) for the log; ``setting``: what to raise."""
+        self.name = name
+        self.peers = peers
+        self.max_peers = max_peers
+        self.setting = setting
+        self.log_window_s = log_window_s
+        self.refusals = 0
+        self._unlogged = 0
+        self._logged_at: float | None = None
+
+    def full(self) -> bool:
+        """Whether a new connection would pass the cap (the one being handshaken is
+        already counted once its accept was seen)."""
+        return self.peers() > self.max_peers
+
+    def refused(self) -> None:
+        """Count a refusal; log at most once per window."""
+        self.refusals += 1
+        self._unlogged += 1
+        now = time.monotonic()
+        if self._logged_at is not None and now - self._logged_at < self.log_window_s:
+            return
+        self._logged_at = now
+        log.warning("%s has %d connections, more than its cap of %d (%s): refused %d new "
+                    "connection(s) in the handshake (libzmq closes them); check for a "
+                    "connection flood, or raise %s if this many peers are expected; further "
+                    "refusals are logged at most every %g s", self.name, self.peers(),
+                    self.max_peers, self.setting, self._unlogged, self.setting,
+                    self.log_window_s)
+        self._unlogged = 0
 
 
 class ZapAuthenticator:
@@ -330,6 +388,9 @@ class ZapAuthenticator:
         self.accepted = 0
         self.refused = 0
         self._logged: dict[tuple[bytes, bytes, bytes], None] = {}
+        self._gates: dict[bytes, PeerGate] = {}
+        self.refused_full = 0
+        """Handshakes refused because their server had too many peers."""
         self._control_address = f"inproc://actorrl-zap-control-{id(self):x}"
         ctx = context()
         self._sock = ctx.socket(zmq.ROUTER)
@@ -349,6 +410,18 @@ class ZapAuthenticator:
         self.allowed = self.allowed | frozenset(keys)
         if roles:
             self.roles = {**self.roles, **roles}
+
+    def add_gate(self, domain: bytes, gate: PeerGate) -> None:
+        """Consult ``gate`` for every handshake on sockets whose ZAP domain is ``domain``
+        (one per server socket): past its cap the handshake is refused (ZAP status 500,
+        "too many peers"), which makes libzmq close that connection. (400 would tell the
+        client its key is unknown, and 300 closes the connection silently, which a CURVE
+        client reads as a wrong server key; 500 reaches the client as its own status.)"""
+        self._gates = {**self._gates, domain: gate}
+
+    def remove_gate(self, domain: bytes) -> None:
+        """Stop consulting the gate of ``domain`` (its server closed)."""
+        self._gates = {d: g for d, g in self._gates.items() if d != domain}
 
     @property
     def running(self) -> bool:
@@ -380,11 +453,19 @@ class ZapAuthenticator:
         if len(parts) < 8 or parts[1] != b"":
             log.warning("dropped a malformed ZAP request (%d frames)", len(parts))
             return
-        peer, _, version, request_id, _domain, address, _identity, mechanism = parts[:8]
+        peer, _, version, request_id, domain, address, _identity, mechanism = parts[:8]
         credentials = parts[8:]
         status, text, user, role = b"400", b"denied", b"", b""
+        gate = self._gates.get(domain)
         if version != b"1.0":
             text = b"unsupported ZAP version"
+        elif gate is not None and gate.full():
+            # Before any key check: a flood costs a dict lookup and a comparison each.
+            self.refused_full += 1
+            gate.refused()
+            self._sock.send_multipart([peer, b"", b"1.0", request_id, b"500",
+                                       b"too many peers", b"", b""])
+            return
         elif mechanism == b"NULL":
             # Only a plain (ipc / keyless loopback) listener produces NULL handshakes: a
             # CURVE listener refuses other mechanisms before asking ZAP.
@@ -458,6 +539,14 @@ def ensure_authenticator(allowed: Iterable[bytes],
         else:
             current.allow(allowed, roles)
         return _authenticator
+
+
+def current_authenticator() -> ZapAuthenticator | None:
+    """This process's running ZAP handler, if any."""
+    current = _authenticator
+    if current is None or _authenticator_pid != os.getpid() or not current.running:
+        return None
+    return current
 
 
 def stop_authenticator() -> None:

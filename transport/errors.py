@@ -28,6 +28,12 @@ class AuthenticationError(PeerLostError):
         self.key_refused = key_refused
 
 
+class ServerFullError(PeerLostError):
+    """The server refused the connection during the handshake because it has as many
+    peers as its cap allows (``max_peers``): a temporary condition, worth retrying later
+    (unlike :class:`AuthenticationError`)."""
+
+
 class CallTimeoutError(TransportError, TimeoutError):
     """A call's deadline passed before its reply arrived."""
 

@@ -21,6 +21,7 @@ import select
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -36,25 +37,37 @@ from actorrl.runtime.coordinator import (
     DEFAULT_SESSION_TIMEOUT_S,
     Coordinator,
 )
-from actorrl.runtime.core import Runtime
+from actorrl.runtime.core import Runtime, remove_ipc_fallback
 from actorrl.runtime.network import Network
 from actorrl.runtime.node_agent import NodeAgent
 from transport.auth import Security, check_bind
+from transport.limits import raise_fd_limit
+from transport.rpc import DEFAULT_MAX_PEERS
 from transport.sockets import new_event_loop
 
 log = logging.getLogger(__name__)
 
 STATE_FILE = "coordinator.json"
 DEFAULT_BIND = "tcp://127.0.0.1:7450"
+DEFAULT_MAX_FRAME_MB = 64
+"""The largest frame (and message) the coordinator's server socket reads
+(``ZMQ_MAXMSGSIZE``; ``--max-frame-mb``). Only control messages come in: node reports,
+job submissions, actor creations whose arguments travel inline. Bulk data never does:
+the coordinator fetches weights for checkpoints as *replies*, on its client sockets."""
 
 
 
 def make_private_dir(path: str) -> None:
     """Create ``path`` (and parents) mode 0700, or tighten an existing one of this user to
-    0700: job records, checkpoints and logs are this user's alone."""
+    0700: job records, checkpoints, logs and the coordinator's ipc socket are this user's
+    alone. A directory of another user (or a symlink in its place) is refused."""
     os.makedirs(path, mode=0o700, exist_ok=True)
-    if os.stat(path).st_uid == os.getuid():
-        os.chmod(path, 0o700)
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise PermissionError(f"{path} is not a directory of this user (owner uid "
+                              f"{info.st_uid}, or a symlink); use a state directory of your "
+                              "own (--state-dir DIR)")
+    os.chmod(path, 0o700)
 
 def default_state_dir() -> str:
     """``$ACTORRL_STATE_DIR`` or ``~/.actorrl``."""
@@ -107,32 +120,53 @@ def _setup_logging(level: str | None = None) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-async def serve_coordinator(bind: str = DEFAULT_BIND, *, keys_dir: str | None = None,
+async def serve_coordinator(bind: str | None = None, *, keys_dir: str | None = None,
                             state_dir: str | None = None, advertise: str | None = None,
                             heartbeat_s: float = DEFAULT_HEARTBEAT_S,
                             heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
                             session_timeout_s: float = DEFAULT_SESSION_TIMEOUT_S,
                             on_ready: Callable[[str], None] | None = None,
-                            stop: asyncio.Event | None = None) -> None:
-    """Run a coordinator until ``coord.shutdown``, SIGTERM/SIGINT or ``stop`` is set."""
+                            stop: asyncio.Event | None = None,
+                            insecure_loopback: bool = False,
+                            max_frame_mb: float = DEFAULT_MAX_FRAME_MB,
+                            max_peers: int = DEFAULT_MAX_PEERS) -> None:
+    """Run a coordinator until ``coord.shutdown``, SIGTERM/SIGINT or ``stop`` is set.
+
+    ``bind`` None: with keys :data:`DEFAULT_BIND` (CURVE tcp on loopback), without keys
+    only the ipc socket in the fresh 0700 ``STATE_DIR/run`` folder (this user alone can
+    reach it). A tcp ``bind`` needs ``keys_dir``, or on loopback ``insecure_loopback``
+    (:func:`transport.auth.check_bind`). ``max_frame_mb``: the largest frame its server
+    socket reads (:data:`DEFAULT_MAX_FRAME_MB`); ``max_peers``: open connections past which
+    CURVE handshakes are refused (:mod:`transport.rpc`). The soft fd limit is raised to the
+    hard one first (:func:`transport.limits.raise_fd_limit`)."""
+    raise_fd_limit()
     state_dir = os.path.abspath(state_dir or default_state_dir())
     make_private_dir(state_dir)
+    ipc_only = bind is None and not keys_dir
+    bind = bind or DEFAULT_BIND
     security = Security.from_dir(keys_dir, "coordinator") if keys_dir else None
-    check_bind(bind, security)
+    if not ipc_only:
+        check_bind(bind, security, insecure_loopback)
     state = read_state(state_dir)
     if state is not None and pid_alive(int(state.get("pid", 0))) and \
             int(state["pid"]) != os.getpid():
         raise RuntimeError(f"a coordinator (pid {state['pid']}) already runs with state "
                            f"directory {state_dir} at {state.get('address')}")
-    network = Network.create(_advertise_host(bind, advertise), f"coord-{uuid.uuid4().hex[:8]}",
-                             keys_dir, "coordinator")
+    # An ipc coordinator serves this host only: no tcp side at all.
+    host = None if ipc_only or bind.startswith("ipc://") else _advertise_host(bind, advertise)
+    network = Network.create(host, f"coord-{uuid.uuid4().hex[:8]}", keys_dir, "coordinator",
+                             insecure_loopback=insecure_loopback)
     # Sockets live in the state directory (one coordinator per state directory), so a
     # coordinator killed by SIGKILL leaves nothing in /tmp; the next start clears them.
     session_dir = os.path.join(state_dir, "run")
     shutil.rmtree(session_dir, ignore_errors=True)
     os.makedirs(session_dir, mode=0o700)
-    runtime = Runtime.start(session_dir, "coordinator", extra_bind=[bind], network=network)
-    address = runtime.server.endpoints[-1]
+    frame_bytes = int(max_frame_mb * 2**20)
+    runtime = Runtime.start(session_dir, "coordinator", extra_bind=[] if ipc_only else [bind],
+                            network=network, server_options={
+                                "max_frame_bytes": frame_bytes,
+                                "max_message_bytes": frame_bytes, "max_peers": max_peers})
+    address = runtime.local_address if ipc_only else runtime.server.endpoints[-1]
     coordinator = Coordinator(runtime, heartbeat_s, heartbeat_timeout_s, session_timeout_s)
     coordinator.extra_status.append(lambda: {"listen": address, "state_dir": state_dir,
                                              "pid": os.getpid()})
@@ -149,7 +183,8 @@ async def serve_coordinator(bind: str = DEFAULT_BIND, *, keys_dir: str | None = 
     try:
         resumed = await jobs.resume_all()
         with open(state_path + ".tmp", "w") as f:
-            json.dump({"pid": os.getpid(), "address": address, "bind": bind,
+            json.dump({"pid": os.getpid(), "address": address,
+                       "bind": address if ipc_only else bind,
                        "keys_dir": os.path.abspath(keys_dir) if keys_dir else None,
                        "state_dir": state_dir, "started_at": time.time()}, f)
         os.replace(state_path + ".tmp", state_path)
@@ -175,14 +210,17 @@ async def serve_coordinator(bind: str = DEFAULT_BIND, *, keys_dir: str | None = 
         if current is not None and current.get("pid") == os.getpid():
             with contextlib.suppress(OSError):
                 os.remove(state_path)
+        remove_ipc_fallback(session_dir)
         shutil.rmtree(session_dir, ignore_errors=True)
 
 
-def run_coordinator(bind: str = DEFAULT_BIND, *, keys_dir: str | None = None,
+def run_coordinator(bind: str | None = None, *, keys_dir: str | None = None,
                     state_dir: str | None = None, advertise: str | None = None,
                     heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
                     session_timeout_s: float = DEFAULT_SESSION_TIMEOUT_S,
-                    ready_fd: int | None = None) -> int:
+                    ready_fd: int | None = None, insecure_loopback: bool = False,
+                    max_frame_mb: float = DEFAULT_MAX_FRAME_MB,
+                    max_peers: int = DEFAULT_MAX_PEERS) -> int:
     """Blocking entry of the coordinator process; writes ``READY address`` to
     ``ready_fd`` (the daemon handshake) once it serves."""
     _setup_logging()
@@ -199,7 +237,8 @@ def run_coordinator(bind: str = DEFAULT_BIND, *, keys_dir: str | None = None,
         loop.run_until_complete(serve_coordinator(
             bind, keys_dir=keys_dir, state_dir=state_dir, advertise=advertise,
             heartbeat_timeout_s=heartbeat_timeout_s, session_timeout_s=session_timeout_s,
-            on_ready=ready))
+            on_ready=ready, insecure_loopback=insecure_loopback, max_frame_mb=max_frame_mb,
+            max_peers=max_peers))
     except Exception as exc:
         log.error("coordinator failed: %s", exc)
         if ready_fd is not None:
@@ -250,7 +289,8 @@ def start_daemon(argv: list[str], state_dir: str, timeout_s: float = 60.0) -> st
 
 def run_node(address: str, *, name: str | None = None, host: str | None = None,
              num_cpus: float | None = None, num_gpus: float | None = None,
-             keys_dir: str | None = None, session_dir: str | None = None) -> int:
+             keys_dir: str | None = None, session_dir: str | None = None,
+             insecure_loopback: bool = False) -> int:
     """Blocking entry of ``actorrl node join``: serve until SIGTERM/SIGINT."""
     _setup_logging()
     loop = new_event_loop()
@@ -258,7 +298,8 @@ def run_node(address: str, *, name: str | None = None, host: str | None = None,
 
     async def main() -> None:
         agent = NodeAgent(address, name=name, host=host, num_cpus=num_cpus,
-                          num_gpus=num_gpus, keys_dir=keys_dir, session_dir=session_dir)
+                          num_gpus=num_gpus, keys_dir=keys_dir, session_dir=session_dir,
+                          insecure_loopback=insecure_loopback)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, agent.stop)
 

@@ -417,7 +417,8 @@ class Coordinator:
             serve_async(rt, name, fn, roles)
         serve_guarded(rt, "coord.heartbeat", self._on_heartbeat, NODE_ROLES)
         serve_guarded(rt, "coord.session_ping", self._on_session_ping, CLIENT_ROLES)
-        serve_guarded(rt, "coord.hello", lambda r: r.reply({"address": rt.address}))
+        serve_guarded(rt, "coord.hello", lambda r: r.reply({
+            "address": rt.address, "max_frame_bytes": rt.server.max_frame_bytes}))
         serve_guarded(rt, "coord.nodes", lambda r: r.reply(self.describe_nodes()),
                       CLIENT_ROLES)
         serve_guarded(rt, "coord.actors", lambda r: r.reply(self.describe_actors(

@@ -48,7 +48,7 @@ import stat
 import tempfile
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -312,10 +312,13 @@ class Runtime:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, address_dir: str, name: str,
                  extra_bind: Sequence[str] = (), network: Network | None = None, *,
-                 shm: bool | None = None, shm_threshold: int | None = None) -> None:
+                 shm: bool | None = None, shm_threshold: int | None = None,
+                 server_options: Mapping[str, Any] | None = None) -> None:
         """``shm``: send bulk arrays to same-host processes through shared memory (None:
         unless ``ACTORRL_SHM=0``); ``shm_threshold``: the smallest array in bytes that
-        goes so (None: ``ACTORRL_SHM_THRESHOLD``, else 256 KiB)."""
+        goes so (None: ``ACTORRL_SHM_THRESHOLD``, else 256 KiB); ``server_options``:
+        keyword arguments of its :class:`RpcServer` (socket limits such as
+        ``max_frame_bytes``, ``max_peers``)."""
         self.loop = loop
         self.loop_thread_id = threading.get_ident()
         self.name = name
@@ -342,7 +345,7 @@ class Runtime:
         self._shm_trim: asyncio.TimerHandle | None = None
         self.store = ObjectStore(loop, on_drop=self._drop_shm_object if shm else None)
         self.network = network
-        self.server = RpcServer(self._on_request, codec=self.codec)
+        self.server = RpcServer(self._on_request, codec=self.codec, **(server_options or {}))
         self.local_address = self.server.bind(ipc_address(address_dir, name))
         self.address = self.local_address
         """The endpoint other processes use (refs and handles carry it)."""
@@ -356,7 +359,7 @@ class Runtime:
                 tcp, security.identity.public if security else None, network.node_tag,
                 self.local_address if network.node_tag else None))
         for address in extra_bind:
-            check_bind(address, security)
+            check_bind(address, security, network is not None and network.insecure_loopback)
             self.server.bind(address, security.identity.secret if security else None)
         self._clients: dict[str, RpcClient] = {}
         self._dead: dict[str, str] = {}
@@ -375,14 +378,16 @@ class Runtime:
     # ------------------------------------------------------------------ lifecycle
     @classmethod
     def start(cls, address_dir: str, name: str, extra_bind: Sequence[str] = (),
-              network: Network | None = None) -> Runtime:
+              network: Network | None = None, *,
+              server_options: Mapping[str, Any] | None = None) -> Runtime:
         """Create a runtime on the running loop and start serving; the caller owns it and
         hands it to whatever needs it.
 
         With ``network`` it also binds tcp (see :mod:`actorrl.runtime.network`) and
         :attr:`address` becomes an endpoint reachable from other nodes.
         """
-        runtime = cls(asyncio.get_running_loop(), address_dir, name, extra_bind, network)
+        runtime = cls(asyncio.get_running_loop(), address_dir, name, extra_bind, network,
+                      server_options=server_options)
         runtime.server.start()
         if runtime.shm:
             shm_segments.sweep_dead_owner_segments()

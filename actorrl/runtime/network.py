@@ -1,8 +1,8 @@
 """How a runtime is reached from other hosts: its tcp host, node tag and CURVE keys.
 
 A runtime without a :class:`Network` binds ipc only (single-host runs). With one, it also
-binds ``tcp://HOST:0`` (CURVE-encrypted when keys are given; keys are required for a
-non-loopback host) and publishes a composite endpoint (see :mod:`transport.endpoint`), so
+binds ``tcp://HOST:0`` (CURVE-encrypted; without keys only on loopback with
+``insecure_loopback``) and publishes a composite endpoint (see :mod:`transport.endpoint`), so
 ObjectRefs and actor handles it creates can be used from any node, while processes of the
 same node keep talking over ipc.
 
@@ -23,6 +23,7 @@ ENV_HOST = "ACTORRL_TCP_HOST"
 ENV_NODE = "ACTORRL_NODE_TAG"
 ENV_KEYS = "ACTORRL_KEYS_DIR"
 ENV_IDENTITY = "ACTORRL_KEY_IDENTITY"
+ENV_INSECURE = "ACTORRL_INSECURE_LOOPBACK"
 
 
 @dataclass(frozen=True)
@@ -40,15 +41,20 @@ class Network:
     """Which key pair of ``keys_dir`` this process uses."""
     security: Security | None = None
     """Loaded keys (filled by :meth:`create`)."""
+    insecure_loopback: bool = False
+    """Allow binding tcp on loopback without keys (``--insecure-loopback``): any local
+    user may then connect."""
 
     @classmethod
     def create(cls, host: str | None, node_tag: str | None = None,
-               keys_dir: str | None = None, identity: str = "node") -> Network:
-        """Load the keys and check the bind rule (non-loopback tcp needs keys)."""
+               keys_dir: str | None = None, identity: str = "node", *,
+               insecure_loopback: bool = False) -> Network:
+        """Load the keys and check the bind rule (tcp needs keys; on loopback
+        ``insecure_loopback`` waives that)."""
         security = Security.from_dir(keys_dir, identity) if keys_dir else None
         if host is not None:
-            check_bind(f"tcp://{host}:0", security)
-        return cls(host, node_tag, keys_dir, identity, security)
+            check_bind(f"tcp://{host}:0", security, insecure_loopback)
+        return cls(host, node_tag, keys_dir, identity, security, insecure_loopback)
 
     def tcp_bind_address(self) -> str:
         """``tcp://HOST:0`` (IPv6 hosts bracketed)."""
@@ -66,6 +72,8 @@ class Network:
             env[ENV_NODE] = self.node_tag
         if self.keys_dir is not None:
             env[ENV_KEYS] = os.path.abspath(self.keys_dir)
+        if self.insecure_loopback:
+            env[ENV_INSECURE] = "1"
         return env
 
     @classmethod
@@ -75,4 +83,5 @@ class Network:
         host, node, keys = env.get(ENV_HOST), env.get(ENV_NODE), env.get(ENV_KEYS)
         if host is None and node is None and keys is None:
             return None
-        return cls.create(host, node, keys, env.get(ENV_IDENTITY, "node"))
+        return cls.create(host, node, keys, env.get(ENV_IDENTITY, "node"),
+                          insecure_loopback=env.get(ENV_INSECURE) == "1")

@@ -48,6 +48,7 @@ from actorrl.runtime.sessions import make_session_dir
 from transport.auth import load_public_key
 from transport.endpoint import Endpoint
 from transport.errors import AuthenticationError
+from transport.limits import raise_fd_limit
 from transport.rpc import RpcClient
 from transport.timeouts import wait_for
 
@@ -95,7 +96,7 @@ def coordinator_endpoint(address: str, keys_dir: str | None) -> str:
     coordinator authenticated. A host that does not resolve raises
     :class:`CoordinatorAddressError` naming ``address``."""
     check_resolvable(address)
-    if keys_dir is None:
+    if keys_dir is None or address.startswith("ipc://"):  # ipc: a private socket, no CURVE
         return address
     return str(Endpoint(address, load_public_key(keys_dir, "coordinator")))
 
@@ -126,11 +127,18 @@ class NodeAgent:
                  keys_dir: str | None = None, identity: str = "node",
                  session_dir: str | None = None, connect_timeout_s: float = 5.0,
                  auth_attempts: int = DEFAULT_AUTH_ATTEMPTS,
-                 auth_retry_s: float = DEFAULT_AUTH_RETRY_S) -> None:
+                 auth_retry_s: float = DEFAULT_AUTH_RETRY_S,
+                 insecure_loopback: bool = False) -> None:
         """Nothing is created until :meth:`run`; a coordinator address that does not
-        resolve and missing keys fail here."""
+        resolve, missing keys and a keyless tcp bind fail here.
+
+        A coordinator at an ``ipc://`` address (a keyless one on this host) makes a node
+        that binds ipc only, unless ``host`` is given. Binding tcp needs ``keys_dir``, or on
+        loopback ``insecure_loopback`` (:func:`transport.auth.check_bind`)."""
         self.coordinator_address = coordinator
-        self.host = host or route_host(coordinator)
+        self.host: str | None = host or (
+            None if coordinator.startswith("ipc://") else route_host(coordinator))
+        self.insecure_loopback = insecure_loopback
         self.name = name or f"{socket.gethostname()}-{uuid.uuid4().hex[:4]}"
         self.num_cpus = num_cpus
         self.num_gpus = num_gpus
@@ -151,6 +159,8 @@ class NodeAgent:
         self.joined = asyncio.Event()
         self._coord: RpcClient | None = None
         self._coord_endpoint = coordinator_endpoint(coordinator, keys_dir)
+        self._network = Network.create(self.host, f"node-{uuid.uuid4().hex[:12]}", keys_dir,
+                                       identity, insecure_loopback=insecure_loopback)
         self._heartbeat_s = DEFAULT_HEARTBEAT_S
         self._heartbeat_timeout_s = 3.0
         self._tasks: set[asyncio.Task] = set()
@@ -160,9 +170,10 @@ class NodeAgent:
         """Join, serve and heartbeat until :meth:`stop` (or SIGTERM in the CLI).
 
         Raises :class:`NodeJoinError` when the coordinator keeps refusing the keys; whatever
-        ends it, the actors are stopped and a temporary session directory is removed."""
-        network = Network.create(self.host, f"node-{uuid.uuid4().hex[:12]}", self.keys_dir,
-                                 self.identity)
+        ends it, the actors are stopped and a temporary session directory is removed.
+        The soft fd limit is raised to the hard one first (the peer cap stays below it)."""
+        raise_fd_limit()
+        network = self._network
         if self._owns_session_dir:
             self.session_dir = make_session_dir("node")
         local: LocalNode | None = None
@@ -244,7 +255,7 @@ class NodeAgent:
             try:
                 reply = await client.call(
                     "coord.register_node",
-                    [self.node_id, self.name, self.runtime.address, self.host,
+                    [self.node_id, self.name, self.runtime.address, self.host or "localhost",
                      self.local.num_cpus, self.local.num_gpus],
                     timeout_s=self.connect_timeout_s)
             except AuthenticationError as exc:
