@@ -704,6 +704,61 @@ async def test_keyed_oversize_frames_before_auth_are_dropped(keyed: KeyedTarget)
     await keyed_healthy(keyed, "keyed oversize frames")
 
 
+async def test_keyed_connections_past_the_peer_cap_are_refused(keyed: KeyedTarget,
+                                                               attacker: zmq.Context
+                                                               ) -> None:
+    """Authenticated client connections up to near the coordinator's peer cap are served;
+    raw TCP connections that never handshake then take it past the cap, and a further
+    client's handshake is refused (ServerFullError naming ``max_peers``); the coordinator
+    logs it once; once they close, a legitimate client gets in again within 1 s and
+    nothing is left open."""
+    from transport.errors import ServerFullError
+
+    host, port = keyed.tcp.removeprefix("tcp://").rsplit(":", 1)
+    socks: list[zmq.Socket] = []
+    raw: list[socket.socket] = []
+    refused: ServerFullError | None = None
+    try:
+        for _ in range(KEYED_MAX_PEERS - 10):
+            sock = attacker.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = \
+                keyed.client_keys
+            sock.connect(keyed.tcp)
+            socks.append(sock)
+            request_id, frames = request("coord.hello", [])
+            sock.send_multipart(frames)
+            collect_replies(sock, {request_id})  # one at a time: all within the cap
+        raw = [socket.create_connection((host, int(port)), timeout=REPLY_S)
+               for _ in range(30)]
+        late = RpcClient(keyed.tcp, curve_keys=keyed.client_keys, connect_timeout_s=5)
+        try:
+            await late.call("coord.hello", timeout_s=5)
+        except ServerFullError as exc:
+            refused = exc
+        finally:
+            late.close()
+    finally:
+        for sock in socks:
+            sock.close(linger=0)
+        for conn in raw:
+            conn.close()
+    assert refused is not None and "max_peers" in str(refused), refused
+    deadline = asyncio.get_running_loop().time() + SETTLE_S
+    while "more than its cap" not in keyed.log("coordinator"):  # written by the coordinator
+        assert asyncio.get_running_loop().time() < deadline, keyed.log("coordinator")[-2000:]
+        await asyncio.sleep(0.05)
+    assert keyed.log("coordinator").count("more than its cap") == 1
+    deadline = asyncio.get_running_loop().time() + SETTLE_S
+    while True:  # the closed connections leave on libzmq's threads: retry until admitted
+        try:
+            await keyed_healthy(keyed, "keyed peer cap")
+            break
+        except ServerFullError:
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.05)
+
+
 # ---------------------------------------------------------------------------- in process
 async def test_socket_caps_drop_oversize_frames_and_stalled_handshakes() -> None:
     """An RpcServer with ``max_frame_bytes=4096`` disconnects a peer sending a bigger

@@ -349,6 +349,56 @@ def _owner(path: str) -> int:
         return -1
 
 
+async def test_a_curve_server_refuses_handshakes_past_its_peer_cap(tmp_path, caplog) -> None:
+    """Past ``max_peers`` open connections a CURVE server's handshakes are refused in ZAP
+    (libzmq closes those connections): the client gets ServerFullError, which says so,
+    the server logs it once per window, and once peers leave a new one is admitted."""
+    from transport.auth import Security, ensure_authenticator, generate_keys
+    from transport.errors import ServerFullError
+    from transport.rpc import RpcClient, RpcServer
+
+    generate_keys(str(tmp_path / "k"))
+    security = Security.from_dir(str(tmp_path / "k"), "coordinator")
+    auth = ensure_authenticator(security.allowed, security.roles)
+    server = RpcServer(lambda request: request.reply("ok"), max_peers=3)
+    tcp = server.bind("tcp://127.0.0.1:0", security.identity.secret)
+    server.start()
+    keys = security.client_keys(security.identity.public)
+    admitted: list[RpcClient] = []
+    refused: list[BaseException] = []
+    clients: list[RpcClient] = []
+    full_before = auth.refused_full
+    try:
+        with caplog.at_level("WARNING", logger="transport.auth"):
+            for _ in range(8):  # one at a time: the server has seen each accept before ZAP
+                client = RpcClient(tcp, curve_keys=keys, connect_timeout_s=5)
+                clients.append(client)
+                try:
+                    assert await client.call("ping", timeout_s=5) == "ok"
+                    admitted.append(client)
+                except ServerFullError as exc:
+                    refused.append(exc)
+        # The count is the socket monitor's, read on the loop: the connection being
+        # handshaken may not be counted yet, so the cap can be passed by one here.
+        assert 3 <= len(admitted) <= 4, (len(admitted), refused)
+        assert len(refused) == 8 - len(admitted) and "max_peers" in str(refused[0])
+        assert auth.refused_full - full_before == len(refused)
+        warnings = [r.getMessage() for r in caplog.records if "cap of 3" in r.getMessage()]
+        assert len(warnings) == 1 and tcp in warnings[0], warnings
+        for client in admitted:
+            client.close()
+        deadline = asyncio.get_running_loop().time() + 10
+        while server.peers > 1 and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.02)  # libzmq's own threads close them: nothing to await
+        late = RpcClient(tcp, curve_keys=keys, connect_timeout_s=5)
+        clients.append(late)
+        assert await late.call("ping", timeout_s=5) == "ok"
+    finally:
+        for client in clients:
+            client.close()
+        server.close()
+
+
 def _lower_fd_limit() -> None:
     """In a child: a soft fd limit of 1024 under the inherited hard limit."""
     import resource

@@ -112,8 +112,12 @@ def test_a_wrong_coordinator_key_is_an_authentication_error(coordinator, tmp_pat
                                                             private_tmp):
     """With a ``coordinator.public`` that is not the coordinator's, the node says that the
     CURVE handshake failed and which file is likely wrong, and gives up (it used to say
-    "connection ... was lost" and retry forever)."""
+    "connection ... was lost" and retry forever). The coordinator logs it as an
+    authentication failure on its endpoint, with the likely cause, once for all tries (it
+    used to log nothing: no ZAP request happens)."""
     tmp, address, keys = coordinator
+    log_path = os.path.join(tmp, "coordinator.log")
+    before = read(log_path).count("authentication failure")
     node_keys = stranger_keys(tmp_path, keys, node_known=True, coordinator_right=False)
     error, took = asyncio.run(_join(address, node_keys))
     text = str(error)
@@ -121,6 +125,13 @@ def test_a_wrong_coordinator_key_is_an_authentication_error(coordinator, tmp_pat
     assert f"{node_keys}/coordinator.public" in text and "was lost" not in text, text
     assert took < 10, took
     assert not list(private_tmp.glob("actorrl-node-*"))
+    deadline = time.monotonic() + 10
+    while read(log_path).count("authentication failure") == before and \
+            time.monotonic() < deadline:  # the coordinator's own loop logs it: poll the file
+        time.sleep(0.05)
+    lines = [line for line in read(log_path).splitlines() if "authentication failure" in line]
+    assert len(lines) - before == 1, read(log_path)[-3000:]
+    assert address in lines[-1] and "wrong coordinator.public" in lines[-1], lines[-1]
 
 
 def _node_join(args: list[str], tmpdir: Path, timeout_s: float = 30

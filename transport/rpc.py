@@ -47,11 +47,17 @@ Socket-level limits (what libzmq enforces before Python sees anything):
   completed the ZMTP (and CURVE) handshake within this time is closed, so idle
   unauthenticated connections do not hold file descriptors for long.
 
-libzmq has no cap on the number of peers of a ROUTER and no call that closes one accepted
-connection: ``ZMQ_BACKLOG`` bounds only the kernel's queue of connections not yet
-accepted, and libzmq accepts eagerly. :attr:`RpcServer.peers` counts connected peers (from
-the socket monitor) and a warning names the count past ``max_peers``; refusing a peer
-beyond it would need closing a descriptor libzmq owns, which races with its reuse.
+- ``max_peers`` (servers with a CURVE bind): libzmq has no cap on the peers of a ROUTER
+  and no call that closes one accepted connection, but it asks the ZAP handler about
+  every handshake. :attr:`RpcServer.peers` counts open connections (socket monitor), and
+  past ``max_peers`` the ZAP handler refuses the handshake (status 500, "too many
+  peers": :class:`transport.auth.PeerGate`), so libzmq closes the connection; the client
+  gets :class:`ServerFullError`. The cap is lowered to fit the fd limit
+  (:func:`transport.limits.peer_budget`). The count is updated on the event loop, so a
+  burst can pass the cap by the accepts the loop has not seen yet (the connection being
+  handshaken, typically). Connections that never handshake are not seen
+  by ZAP: ``handshake_timeout_s`` closes them. Keyless servers (ipc, an insecure loopback
+  bind) have no ZAP handshake and only get a warning past the cap.
 """
 
 from __future__ import annotations
@@ -64,13 +70,14 @@ import logging
 import os
 import re
 import struct
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import zmq
 
-from transport.auth import parse_user_id
+from transport.auth import PeerGate, current_authenticator, parse_user_id
 from transport.codec import (
     DEFAULT_MAX_HEADER_BYTES,
     MAX_ARRAY_BYTES,
@@ -83,8 +90,10 @@ from transport.errors import (
     CallTimeoutError,
     PeerLostError,
     RemoteError,
+    ServerFullError,
     TransportError,
 )
+from transport.limits import peer_budget
 from transport.shm import CallPlacer, Placer
 from transport.sockets import AsyncSocket, context
 
@@ -117,9 +126,10 @@ DEFAULT_HANDSHAKE_TIMEOUT_S = 10.0
 """Servers close connections that have not finished the ZMTP/CURVE handshake by then
 (libzmq's default is 30 s)."""
 DEFAULT_MAX_PEERS = 1000
-"""Past this many connected peers a server logs a warning naming the count (libzmq
-cannot refuse a connection; see the module docstring)."""
+"""Past this many open connections a CURVE server refuses new handshakes (see the module
+docstring); a keyless one logs a warning."""
 ZAP_DOMAIN = b"actorrl"
+_server_ids = itertools.count(1)
 
 
 def _frame_len(frame: Any) -> int:
@@ -321,7 +331,8 @@ class RpcServer:
         """``max_message_bytes``: the largest message (all body frames) decoded, checked
         once it arrived; ``max_frame_bytes``: ``ZMQ_MAXMSGSIZE``, the largest frame libzmq
         reads at all (None: no limit); ``handshake_timeout_s``: ``ZMQ_HANDSHAKE_IVL``;
-        ``max_peers``: connected peers past which a warning is logged."""
+        ``max_peers``: open connections past which new handshakes are refused (CURVE
+        binds; lowered to fit the fd limit, :func:`transport.limits.peer_budget`)."""
         self.handler = handler
         self._authenticated = False
         """Whether a CURVE bind exists (then messages carry ZAP user ids)."""
@@ -330,7 +341,9 @@ class RpcServer:
         self.codec = codec or Codec()
         self.max_message_bytes = max_message_bytes
         self.max_frame_bytes = max_frame_bytes
-        self.max_peers = max_peers
+        self.max_peers = peer_budget(max_peers)
+        self._zap_domain = ZAP_DOMAIN + b"-%d-%d" % (os.getpid(), next(_server_ids))
+        """This socket's own ZAP domain: the handler finds its :class:`PeerGate` by it."""
         self.peers = 0
         """Connections accepted and not yet closed (all endpoints together)."""
         sock = context().socket(zmq.ROUTER)
@@ -345,12 +358,17 @@ class RpcServer:
                 sock.curve_server = True
                 sock.curve_secretkey = curve_server_secret_key
             self._monitor: zmq.Socket = sock.get_monitor_socket(
-                zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+                zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
+                | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
         except BaseException:
             sock.close(linger=0)
             raise
         self._monitor_async: AsyncSocket | None = None
         self._warned_peers = False
+        self.handshake_failures = 0
+        """Connections whose ZMTP/CURVE handshake failed (not those ZAP refused)."""
+        self._unlogged_failures = 0
+        self._failure_logged_at: float | None = None
         self._sock = sock
         self.endpoints: list[str] = []
         self._async: AsyncSocket | None = None
@@ -376,7 +394,7 @@ class RpcServer:
             # ZAP (the allow-list) is consulted only with a domain set; with it enforced, a
             # missing handler means "refuse", never "admit anyone". Plain binds made later
             # keep the domain and are not enforced: the handler admits NULL handshakes.
-            self._sock.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
+            self._sock.setsockopt(zmq.ZAP_DOMAIN, self._zap_domain)
             self._sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
             try:
                 self._sock.bind(address)
@@ -389,6 +407,10 @@ class RpcServer:
             self._remote_binds = True
         endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.endpoints.append(endpoint)
+        authenticator = current_authenticator() if curve_secret_key is not None else None
+        if authenticator is not None:
+            authenticator.add_gate(self._zap_domain, PeerGate(
+                f"the server at {endpoint}", lambda: self.peers, self.max_peers))
         return endpoint
 
     def start(self) -> None:
@@ -401,7 +423,8 @@ class RpcServer:
         event, _value = struct.unpack("=hi", frames[0].bytes[:6])
         if event == zmq.EVENT_ACCEPTED:
             self.peers += 1
-            if self.peers > self.max_peers and not self._warned_peers:
+            if self.peers > self.max_peers and not self._warned_peers and \
+                    not self._authenticated:  # CURVE servers refuse them (PeerGate)
                 self._warned_peers = True
                 log.warning("%d peers are connected to %s, more than the %d expected (libzmq "
                             "cannot refuse connections: check for a connection flood)",
@@ -410,6 +433,43 @@ class RpcServer:
             self.peers = max(0, self.peers - 1)
             if self.peers <= self.max_peers // 2:
                 self._warned_peers = False
+        else:  # a handshake failed
+            where = frames[1].bytes.decode(errors="replace") if len(frames) > 1 else ""
+            self._handshake_failed(event, _value, where)
+
+    HANDSHAKE_LOG_WINDOW_S = 60.0
+    """Handshake failures are logged at most once per window (with the count since)."""
+
+    def _handshake_failed(self, event: int, value: int, where: str) -> None:
+        """Count a failed handshake; on a CURVE server log it as an authentication
+        failure, naming the endpoint and the likely cause, at most once per window."""
+        self.handshake_failures += 1
+        self._unlogged_failures += 1
+        now = time.monotonic()
+        if self._failure_logged_at is not None and \
+                now - self._failure_logged_at < self.HANDSHAKE_LOG_WINDOW_S:
+            return
+        self._failure_logged_at = now
+        count, self._unlogged_failures = self._unlogged_failures, 0
+        where = where or ", ".join(self.endpoints)
+        if not self._authenticated:
+            log.debug("%d handshake(s) failed on %s (event %d, value %d)", count, where,
+                      event, value)
+            return
+        if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and \
+                value == zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC:
+            cause = ("its CURVE HELLO could not be decrypted: the peer uses a server public "
+                     "key that is not this server's (e.g. a node or client with a wrong "
+                     "coordinator.public: copy it from this server's keys directory)")
+        elif event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+            cause = (f"ZMTP/CURVE protocol error {value:#x}: the peer does not speak CURVE "
+                     "with this server's key (no keys, a wrong server key, or not ZeroMQ)")
+        else:
+            cause = ("the peer closed the connection during the handshake or did not "
+                     "finish it in time (a wrong server key, no keys, or not ZeroMQ)")
+        log.warning("authentication failure: %d connection(s) to %s failed the CURVE "
+                    "handshake: %s; further failures are logged at most every %g s", count,
+                    where, cause, self.HANDSHAKE_LOG_WINDOW_S)
 
     def _on_message(self, frames: list[Any]) -> None:
         self.bytes_received += sum(_frame_len(f) for f in frames)
@@ -525,6 +585,9 @@ class RpcServer:
 
     def close(self) -> None:
         """Stop serving and close the socket and its monitor."""
+        authenticator = current_authenticator() if self._authenticated else None
+        if authenticator is not None:
+            authenticator.remove_gate(self._zap_domain)
         with contextlib.suppress(Exception):
             self._sock.disable_monitor()
         if self._monitor_async is not None:
@@ -632,6 +695,11 @@ class RpcClient:
             self.connected = False
             self._async.drain()  # replies received before the disconnect still count
             self._fail_all(PeerLostError(f"connection to {self.endpoint} was lost"))
+        elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH and value == 500:
+            self._fail_all(ServerFullError(
+                f"{self.endpoint} refused the connection in the handshake (ZAP status 500): "
+                "it has as many peers as its cap allows (max_peers); retry later, or raise "
+                "that server's cap"))
         elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
             self._fail_all(AuthenticationError(
                 f"{self.endpoint} refused this client's key (CURVE authentication failed, "
