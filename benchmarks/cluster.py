@@ -67,8 +67,8 @@ class BenchCluster:
         read_fd, write_fd = os.pipe()
         args = ["coordinator", "start", "--bind", "tcp://127.0.0.1:0", "--state-dir",
                 os.path.join(root, "state"), "--ready-fd", str(write_fd)]
-        if keys:
-            args += ["--keys", keys]
+        # The plain cluster is the keyless reference: tcp on loopback, allowed explicitly.
+        args += ["--keys", keys] if keys else ["--insecure-loopback"]
         self.procs.append(self._spawn(args, "coordinator.log", (write_fd,)))
         os.close(write_fd)
         ready, _, _ = select.select([read_fd], [], [], 60)
@@ -77,13 +77,12 @@ class BenchCluster:
         if not line.startswith("READY "):
             raise RuntimeError(f"coordinator did not start: {line!r}")
         self.address = line.split()[1]
-        self.client = Client(self.address, keys_dir=keys)
+        self.client = Client(self.address, keys_dir=keys, insecure_loopback=not keys)
         self.session = tempfile.mkdtemp(prefix="arl-bench-")
         started = time.perf_counter()
         node_args = ["node", "join", self.address, "--host", node_host, "--name", "remote",
                      "--cpus", "4", "--gpus", "0", "--session-dir", self.session]
-        if keys:
-            node_args += ["--keys", keys]
+        node_args += ["--keys", keys] if keys else ["--insecure-loopback"]
         self.procs.append(self._spawn(node_args, "node.log"))
         if self.client.wait_for_nodes(1, 60) < 1:
             raise RuntimeError("the node did not join")
