@@ -8,7 +8,7 @@
     actorrl coordinator status [--json]
     actorrl coordinator stop [--with-nodes]
     actorrl node join ADDRESS [--cpus N] [--gpus N] [--keys DIR] [--name NAME] [--host IP]
-                              [--insecure-loopback]
+                              [--insecure-loopback] [--start-method fork|spawn]
     actorrl nodes
     actorrl submit CONFIG [--set KEY=VALUE ...] [--follow]
     actorrl jobs
@@ -224,7 +224,8 @@ def _cmd_node_join(args: argparse.Namespace) -> int:
     keys = os.path.abspath(os.path.expanduser(args.keys)) if args.keys else None
     return run_node(args.address, name=args.name, host=args.host, num_cpus=args.cpus,
                     num_gpus=args.gpus, keys_dir=keys, session_dir=args.session_dir,
-                    insecure_loopback=args.insecure_loopback)
+                    insecure_loopback=args.insecure_loopback,
+                    start_method=args.start_method)
 
 
 def _cmd_nodes(args: argparse.Namespace) -> int:
@@ -442,6 +443,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--session-dir", metavar="DIR", help="sockets and actor logs (default: a "
                    "fresh temporary directory, removed when the node exits)")
     _add_insecure(p)
+    p.add_argument("--start-method", choices=("fork", "spawn"), default=None,
+                   help="how actor processes start: forked from this node's fork server "
+                        "(default where available) or each a fresh interpreter (default: "
+                        "$ACTORRL_START_METHOD, else fork)")
     p.set_defaults(func=_guarded(_cmd_node_join))
 
     p = subparsers.add_parser("nodes", help="list the cluster's nodes")

@@ -126,3 +126,14 @@ def test_start_method_switch(monkeypatch):
     assert resolve_start_method() == "fork"
     with pytest.raises(ValueError, match="'fork'.*'spawn'"):
         resolve_start_method("forkserver")
+
+
+def test_a_node_agent_refuses_an_unknown_start_method(tmp_path):
+    """``actorrl node join --start-method`` reaches the node's LocalNode; a wrong value
+    fails when the agent is built, before anything starts."""
+    from actorrl.runtime.node_agent import NodeAgent
+
+    address = f"ipc://{tmp_path}/coordinator.sock"
+    assert NodeAgent(address, start_method="spawn").start_method == "spawn"
+    with pytest.raises(ValueError, match="unknown start method 'vfork'"):
+        NodeAgent(address, start_method="vfork")

@@ -290,7 +290,7 @@ def start_daemon(argv: list[str], state_dir: str, timeout_s: float = 60.0) -> st
 def run_node(address: str, *, name: str | None = None, host: str | None = None,
              num_cpus: float | None = None, num_gpus: float | None = None,
              keys_dir: str | None = None, session_dir: str | None = None,
-             insecure_loopback: bool = False) -> int:
+             insecure_loopback: bool = False, start_method: str | None = None) -> int:
     """Blocking entry of ``actorrl node join``: serve until SIGTERM/SIGINT."""
     _setup_logging()
     loop = new_event_loop()
@@ -299,7 +299,7 @@ def run_node(address: str, *, name: str | None = None, host: str | None = None,
     async def main() -> None:
         agent = NodeAgent(address, name=name, host=host, num_cpus=num_cpus,
                           num_gpus=num_gpus, keys_dir=keys_dir, session_dir=session_dir,
-                          insecure_loopback=insecure_loopback)
+                          insecure_loopback=insecure_loopback, start_method=start_method)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, agent.stop)
 

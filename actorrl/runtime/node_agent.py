@@ -42,6 +42,7 @@ from actorrl.runtime.coordinator import (
     spec_from_wire,
 )
 from actorrl.runtime.core import Runtime, remove_ipc_fallback
+from actorrl.runtime.forking import resolve_start_method
 from actorrl.runtime.network import Network
 from actorrl.runtime.node import LocalNode
 from actorrl.runtime.sessions import make_session_dir
@@ -128,9 +129,10 @@ class NodeAgent:
                  session_dir: str | None = None, connect_timeout_s: float = 5.0,
                  auth_attempts: int = DEFAULT_AUTH_ATTEMPTS,
                  auth_retry_s: float = DEFAULT_AUTH_RETRY_S,
-                 insecure_loopback: bool = False) -> None:
+                 insecure_loopback: bool = False, start_method: str | None = None) -> None:
         """Nothing is created until :meth:`run`; a coordinator address that does not
-        resolve, missing keys and a keyless tcp bind fail here.
+        resolve, missing keys, a keyless tcp bind and an unknown ``start_method`` (fork or
+        spawn, see :class:`~actorrl.runtime.node.LocalNode`) fail here.
 
         A coordinator at an ``ipc://`` address (a keyless one on this host) makes a node
         that binds ipc only, unless ``host`` is given. Binding tcp needs ``keys_dir``, or on
@@ -139,6 +141,7 @@ class NodeAgent:
         self.host: str | None = host or (
             None if coordinator.startswith("ipc://") else route_host(coordinator))
         self.insecure_loopback = insecure_loopback
+        self.start_method = resolve_start_method(start_method)
         self.name = name or f"{socket.gethostname()}-{uuid.uuid4().hex[:4]}"
         self.num_cpus = num_cpus
         self.num_gpus = num_gpus
@@ -182,7 +185,8 @@ class NodeAgent:
             os.makedirs(self.session_dir, exist_ok=True)
             runtime = self.runtime = Runtime.start(self.session_dir, "node", network=network)
             local = self.local = LocalNode(runtime, self.session_dir, self.num_cpus,
-                                           self.num_gpus, child_env=network.to_env())
+                                           self.num_gpus, child_env=network.to_env(),
+                                           start_method=self.start_method)
             local.on_death.append(self._on_actor_death)
             # node.* is the coordinator's: other keys (clients, other nodes, admins) are
             # refused; this node's own processes (ipc, no CURVE) are trusted.
