@@ -603,8 +603,14 @@ class RpcServer:
 
 def _answered(fut: asyncio.Future) -> bool:
     """Whether a call's future holds the server's answer (value or remote error): then the
-    server decoded the request, and whatever it mapped it holds on its own."""
-    return not fut.cancelled() and not isinstance(fut.exception(), TransportError)
+    server decoded the request, and whatever it mapped it holds on its own. (A future the
+    caller supplied may hold its own error for a transport error, with that as its
+    ``__cause__``.)"""
+    if fut.cancelled():
+        return False
+    exc = fut.exception()
+    return not isinstance(exc, TransportError) and not isinstance(
+        getattr(exc, "__cause__", None), TransportError)
 
 
 class RpcClient:
@@ -786,17 +792,20 @@ class RpcClient:
                                  timeout_s)
 
     def call_encoded(self, frames: list[Any], timeout_s: float | None = None,
-                     placer: CallPlacer | None = None) -> asyncio.Future:
+                     placer: CallPlacer | None = None,
+                     future: asyncio.Future | None = None) -> asyncio.Future:
         """Like :meth:`call`, with the body ``[method, args, kwargs]`` already encoded (so a
         caller on another thread can encode and fail early, then hand frames to the loop).
 
         ``placer``: the one the body was encoded with (only for a :attr:`local` client);
-        its segments are released once the call is answered (reused) or fails (unlinked)."""
+        its segments are released once the call is answered (reused) or fails (unlinked).
+        ``future``: resolve this future (of this loop) instead of a new one, saving the
+        caller a future and a loop iteration; when the send raises, it is left as it was."""
         request_id = next(self._ids) | self._id_flag
-        fut = self.loop.create_future()
-        if placer is not None:
-            fut.add_done_callback(lambda f: placer.finish(_answered(f)))
+        fut = self.loop.create_future() if future is None else future
         if self.lost is not None and not self.connected:
+            if placer is not None:
+                fut.add_done_callback(lambda f: placer.finish(_answered(f)))
             fut.set_exception(self.lost)
             return fut
         self._pending[request_id] = fut
@@ -805,6 +814,8 @@ class RpcClient:
         except BaseException:
             del self._pending[request_id]
             raise
+        if placer is not None:
+            fut.add_done_callback(lambda f: placer.finish(_answered(f)))
         # A caller that gives up (cancels) leaves no entry behind.
         fut.add_done_callback(
             lambda f, rid=request_id: f.cancelled() and self._pending.pop(rid, None))

@@ -112,6 +112,12 @@ def estimate_size(value: Any, budget: int = 256) -> int:
     return total
 
 
+FREE_DELAY_S = 0.005
+"""Frees of garbage-collected refs wait up to this long, so a run of calls sends one
+free message per owner instead of one per call (each message wakes both processes); an
+explicit ``free`` goes at once."""
+FREE_BATCH = 1024
+"""Past this many queued frees they go at once."""
 REF_ARGS_TIMEOUT_S = 300.0
 """How long an actor call waits for the values of its ref arguments before it fails."""
 IPC_FALLBACK_PREFIX = "actorrl-ipc-"
@@ -365,6 +371,7 @@ class Runtime:
         self._dead: dict[str, str] = {}
         self._frees: deque[tuple[str, bytes]] = deque()
         self._free_flush_scheduled = False
+        self._free_timer_armed = False
         self.actor: Any = None
         self._calls: dict[bytes, deque[_Call]] = {}
         """Calls not started yet, per caller (the connection they came on)."""
@@ -574,9 +581,8 @@ class Runtime:
     def _send_call(self, ref: ObjectRef, handle: ActorHandle, frames: list[Any],
                    placer: shm_segments.CallPlacer | None = None) -> None:
         placeholder = ref._future
-        fut = self.loop.create_future()
+        fut = _CallFuture(self, ref, handle)
         ref._future = fut
-        fut.add_done_callback(lambda f, r=ref: self._on_call_done(r, f))
         if placeholder is not None:
             placeholder.resolve(fut)
         if handle.endpoint in self._dead:
@@ -588,8 +594,8 @@ class Runtime:
             if host is not None:  # serial mode: the actor lives here; the call may run now
                 host.accept(ref, frames, fut)
                 return
-            try:
-                reply = self.client(handle.endpoint).call_encoded(frames, placer=placer)
+            try:  # the reply (or the connection's loss) resolves fut itself
+                self.client(handle.endpoint).call_encoded(frames, placer=placer, future=fut)
             except Exception as exc:  # a full send queue, a bad endpoint: the call failed
                 fut.set_exception(exc)
             else:
@@ -599,32 +605,6 @@ class Runtime:
                 placer = None  # released by the reply
         if placer is not None:
             placer.finish(False)
-        if fut.done():
-            return
-
-        def relay(r: asyncio.Future) -> None:
-            if fut.done():
-                return
-            exc = r.exception()
-            if isinstance(exc, (PeerLostError, TransportError)):
-                fut.set_exception(self._died_error(handle.endpoint, repr(handle), exc))
-            elif exc is not None:
-                fut.set_exception(exc)
-            else:
-                fut.set_result(r.result())
-
-        reply.add_done_callback(relay)
-
-    @staticmethod
-    def _on_call_done(ref: ObjectRef, fut: asyncio.Future) -> None:
-        ref._ready_seq = next(_ready_seq)
-        ref._pinned = None
-        if fut.cancelled() or fut.exception() is not None:
-            return
-        status, inline, value = fut.result()
-        if inline:
-            ref._value = (status, value)
-            ref._has_value = True
 
     # ------------------------------------------------------------------ get / wait / put / free
     async def get_async(self, ref: ObjectRef | Sequence[ObjectRef],
@@ -678,12 +658,11 @@ class Runtime:
             fut = ref._future
             if isinstance(fut, _PendingFuture):
                 fut = await fut.wait()
-            # Shielded: a caller's timeout or cancel must not cancel the call itself, which
-            # later gets of this ref still need. Raises ActorDiedError / transport errors.
-            if fut.done():
-                fut.result()
-            else:
-                await asyncio.shield(fut)
+            # A caller's timeout or cancel must not cancel the call itself, which later
+            # gets of this ref still need. Raises ActorDiedError / transport errors.
+            if not fut.done():
+                await fut.wait_done()
+            fut.result()
             if ref._has_value:
                 return _raise_for(*ref._value, ref)
         # One fetch per ref however many gets wait on it, shielded so a get that times out
@@ -862,12 +841,32 @@ class Runtime:
         finally:
             self.free(refs)
 
-    def release(self, owner: str, object_id: bytes) -> None:
-        """Queue a free of ``object_id`` at ``owner``; batched, any thread."""
-        self._frees.append((owner, object_id))
-        if not self._free_flush_scheduled and not self.closed:
+    def release(self, owner: str, object_id: bytes, soon: bool = True) -> None:
+        """Queue a free of ``object_id`` at ``owner``; batched, any thread. ``soon``:
+        send it in the next loop iteration; otherwise (a ref that was garbage-collected)
+        within :data:`FREE_DELAY_S`, together with the others of that time."""
+        frees = self._frees
+        frees.append((owner, object_id))
+        if self._free_flush_scheduled or self.closed:
+            return
+        if soon or len(frees) >= FREE_BATCH:
             self._free_flush_scheduled = True
-            self.loop.call_soon_threadsafe(self._flush_frees)
+            if self.on_loop():
+                self.loop.call_soon(self._flush_frees)
+            else:
+                self.loop.call_soon_threadsafe(self._flush_frees)
+        elif not self._free_timer_armed:
+            self._free_timer_armed = True
+            if self.on_loop():
+                self.loop.call_later(FREE_DELAY_S, self._free_timer_fired)
+            else:
+                self.loop.call_soon_threadsafe(self.loop.call_later, FREE_DELAY_S,
+                                               self._free_timer_fired)
+
+    def _free_timer_fired(self) -> None:
+        self._free_timer_armed = False
+        if not self.closed:
+            self._flush_frees()
 
     def _flush_frees(self) -> None:
         self._free_flush_scheduled = False
@@ -1027,6 +1026,76 @@ class Runtime:
         call.request.reply([status, inline, value if inline else None])
 
 
+class _CallFuture(asyncio.Future):
+    """The future of a call this process sent, resolved by its reply directly (no relay
+    future in between, so a get resumes one loop iteration after the reply is read).
+
+    A transport error (the actor's connection lost, a deadline) is set as the
+    ActorDiedError a caller sees, with the transport error as its ``__cause__``; the ref
+    gets an inline value the moment the reply sets it; and gets wait on waiters of their
+    own (:meth:`wait_done`), so one that gives up never cancels the call."""
+
+    def __init__(self, runtime: Runtime, ref: ObjectRef, handle: ActorHandle) -> None:
+        super().__init__(loop=runtime.loop)
+        self._runtime: Runtime | None = runtime
+        self._ref: ObjectRef | None = ref  # a cycle with ref._future until the call ends
+        self._handle = handle
+        self._waiters: list[asyncio.Future] | None = None
+
+    def set_result(self, result: Any) -> None:
+        """Resolve with the reply ``[status, inline, value]``."""
+        super().set_result(result)
+        ref = self._ref
+        if ref is not None and type(result) is list and len(result) == 3 and result[1]:
+            ref._value = (result[0], result[2])
+            ref._has_value = True
+        self._settle()
+
+    def set_exception(self, exception: Any) -> None:
+        """Fail the call; a transport error becomes an ActorDiedError."""
+        runtime = self._runtime
+        if isinstance(exception, TransportError) and runtime is not None:
+            died = runtime._died_error(self._handle.endpoint, repr(self._handle), exception)
+            died.__cause__ = exception
+            exception = died
+        super().set_exception(exception)
+        self._settle()
+
+    def cancel(self, msg: Any = None) -> bool:
+        """Cancel the call's future (nothing in the runtime does)."""
+        if not super().cancel(msg):
+            return False
+        self._settle()
+        return True
+
+    def _settle(self) -> None:
+        ref, self._ref, self._runtime = self._ref, None, None
+        if ref is not None:
+            ref._ready_seq = next(_ready_seq)
+            ref._pinned = None
+        waiters, self._waiters = self._waiters, None
+        if waiters:
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    async def wait_done(self) -> None:
+        """Return once the call ended (its result is then here); cancelling this wait
+        leaves the call running."""
+        if self.done():
+            return
+        waiter = self.get_loop().create_future()
+        if self._waiters is None:
+            self._waiters = [waiter]
+        else:
+            self._waiters.append(waiter)
+        try:
+            await waiter
+        finally:
+            if not waiter.done() and self._waiters is not None:
+                self._waiters.remove(waiter)
+
+
 class _PendingFuture:
     """Stands in for a call's future between a cross-thread submit and its send."""
 
@@ -1057,6 +1126,8 @@ class _ActorExecutor:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._incoming: list[tuple[_Call, Callable[..., Any]]] = []
+        self._handover_scheduled = False
         self._done: deque[tuple[_Call, int, Any]] = deque()
         self.pending_puts: deque[tuple[bytes, Any]] = deque()
         self._lock = threading.Lock()
@@ -1065,31 +1136,46 @@ class _ActorExecutor:
         self._thread.start()
 
     def submit(self, call: _Call, fn: Callable[..., Any]) -> None:
-        self._queue.put((call, fn))
+        """Run ``fn`` for ``call`` after the calls submitted before it (on the loop).
+
+        The calls started in one loop iteration are handed to the thread together at its
+        end: one wake-up of the thread per burst, made when the loop is about to let go of
+        the GIL (a thread woken earlier would wake again to wait for it)."""
+        self._incoming.append((call, fn))
+        if not self._handover_scheduled:
+            self._handover_scheduled = True
+            self.runtime.loop.call_soon(self._hand_over)
+
+    def _hand_over(self) -> None:
+        self._handover_scheduled = False
+        if self._incoming:
+            batch, self._incoming = self._incoming, []
+            self._queue.put(batch)
 
     def stop(self) -> None:
+        self._hand_over()
         self._queue.put(None)
 
     def _run(self) -> None:
         _hosting.set(self.runtime.hosting())  # this thread runs only the actor's methods
         while True:
-            item = self._queue.get()
-            if item is None:
+            batch = self._queue.get()
+            if batch is None:
                 return
-            call, fn = item
-            try:
-                result = (call, STATUS_OK, fn(*call.args, **call.kwargs))
-            except BaseException as exc:
-                result = (call, STATUS_ERROR, RemoteError.from_exception(exc))
-            with self._lock:
-                self._done.append(result)
-                wake = not self._wake_scheduled
-                self._wake_scheduled = True
-            if wake:
+            for call, fn in batch:
                 try:
-                    self.runtime.loop.call_soon_threadsafe(self._deliver)
-                except RuntimeError:  # loop closed during shutdown
-                    return
+                    result = (call, STATUS_OK, fn(*call.args, **call.kwargs))
+                except BaseException as exc:
+                    result = (call, STATUS_ERROR, RemoteError.from_exception(exc))
+                with self._lock:
+                    self._done.append(result)
+                    wake = not self._wake_scheduled
+                    self._wake_scheduled = True
+                if wake:
+                    try:
+                        self.runtime.loop.call_soon_threadsafe(self._deliver)
+                    except RuntimeError:  # loop closed during shutdown
+                        return
 
     def running_here(self) -> bool:
         """True when called from this executor's thread (inside an actor method)."""

@@ -86,7 +86,7 @@ class ObjectRef:
             runtime = self._runtime
             if runtime is not None:
                 try:
-                    runtime.release(self.owner, self.id)
+                    runtime.release(self.owner, self.id, soon=False)
                 except Exception:  # interpreter shutdown, closed loop: nothing to free
                     pass
 
