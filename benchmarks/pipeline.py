@@ -16,7 +16,8 @@ Prints one JSON object:
   themselves, apart from the cores the learner, shard and coordinator take (target >= 0.85).
 - ``cores_by_role``: CPU cores each kind of process used during the measured pipeline
   iterations (workers, learner, replay shards, the coordinator = this driver process, where
-  the pipeline's event loop runs), and ``coordinator_cpu_share``: the coordinator's share of
+  the pipeline's event loop runs, on the loop ``actorrl train`` uses: uvloop where
+  installed), and ``coordinator_cpu_share``: the coordinator's share of
   all the CPU the run used.
 
 Ape-X runs with ``training_intensity=None`` (RLlib's original free-running sampling) so the
@@ -171,7 +172,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="short run (< 50 s)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
-    print(json.dumps(asyncio.run(run(args.algo, args.quick))))
+    from transport.sockets import new_event_loop
+
+    # The coordinator's loop is the one `actorrl train` runs (uvloop where installed).
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        print(json.dumps(runner.run(run(args.algo, args.quick))))
 
 
 if __name__ == "__main__":

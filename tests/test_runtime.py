@@ -502,3 +502,48 @@ async def test_one_failing_waiter_does_not_starve_the_others():
     store.set(b"y" * 16, STATUS_OK, 9)
     assert got == [9]
     assert store.lookup(b"y" * 16) == (STATUS_OK, 9)
+
+
+async def test_frees_of_collected_refs_travel_with_the_next_call(tmp_path):
+    """The frees of collected refs wait for the next request to their owner and go in the
+    same message, before it (so that call already sees them freed); with no request they
+    go on their own within FREE_DELAY_S."""
+    import gc
+
+    from actorrl.runtime.core import FREE_DELAY_S
+
+    async with Driver.start(str(tmp_path / "s")) as driver:
+        counter = await driver.create_actor("tests.actors.basic:Counter", timeout_s=60)
+        refs = [counter.noop.remote() for _ in range(5)]
+        await driver.get(refs, timeout_s=30)
+        before = await driver.get(counter.stored.remote(), timeout_s=30)
+        del refs
+        gc.collect()
+        assert len(driver.runtime._frees) >= 5, "the frees wait"
+        # The previous `stored` result is freed along too, and this one is stored after.
+        assert await driver.get(counter.stored.remote(), timeout_s=30) == before - 5
+        refs = [counter.noop.remote() for _ in range(3)]
+        await driver.get(refs, timeout_s=30)
+        del refs
+        gc.collect()
+        deadline = asyncio.get_running_loop().time() + 100 * FREE_DELAY_S
+        while driver.runtime._frees and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(FREE_DELAY_S / 5)
+        assert not driver.runtime._frees, "sent on their own"
+
+
+async def test_a_get_that_gives_up_leaves_the_call_running(tmp_path):
+    """A get that times out (or is cancelled) while the call runs does not cancel the
+    call: a later get of the same ref returns its value."""
+    async with Driver.start(str(tmp_path / "s")) as driver:
+        gate = await driver.create_actor("tests.actors.basic:Gate", timeout_s=60)
+        ref = gate.wait_for.remote("k", 7)
+        with pytest.raises(rt.GetTimeoutError):
+            await driver.get(ref, timeout_s=0.2)
+        waiter = asyncio.ensure_future(driver.get(ref))
+        await asyncio.sleep(0)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        await driver.get(gate.open.remote("k"), timeout_s=30)
+        assert await driver.get(ref, timeout_s=30) == 7

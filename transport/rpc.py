@@ -191,15 +191,19 @@ class Outbox:
         self._waiting: dict[bytes, list[tuple[int, int, Any]]] = {}
         self._scheduled = False
 
-    def send(self, peer: bytes, kind: int, request_id: int, frames: list[Any]) -> None:
+    def send(self, peer: bytes, kind: int, request_id: int, frames: list[Any],
+             hold: bool = False) -> None:
         """Send ``[prefix(kind, request_id), *frames]`` to ``peer`` (``b""`` on a
-        DEALER); raises at once when the socket is closed or its backlog full."""
+        DEALER); raises at once when the socket is closed or its backlog full. ``hold``:
+        even as the iteration's first message, wait for its end (so the messages sent
+        right after it travel in the same batch)."""
         sock = self._sock
         if not self._scheduled:
             self._scheduled = True
             sock.loop.call_soon(self.flush)
-            sock.send(self._message(peer, _PREFIX.pack(kind, request_id), frames))
-            return
+            if not hold:
+                sock.send(self._message(peer, _PREFIX.pack(kind, request_id), frames))
+                return
         if sock.closed:
             raise zmq.ZMQError(zmq.ENOTSOCK, "socket is closed")
         if (len(frames) == 1 and request_id & self._batch_mask == self._batch_mask
@@ -825,15 +829,17 @@ class RpcClient:
         return fut
 
     def notify(self, method: str, args: Iterable[Any] = (),
-               kwargs: dict[str, Any] | None = None) -> None:
-        """Send a request that wants no reply (best effort)."""
+               kwargs: dict[str, Any] | None = None, hold: bool = False) -> None:
+        """Send a request that wants no reply (best effort). ``hold``: send it at the end
+        of this loop iteration, in one message with what else goes to the server by then
+        (for a notification made just before a request)."""
         frames = self.codec.encode([method, list(args), kwargs or {}])
-        self._send(KIND_NOTIFY, 0, frames)
+        self._send(KIND_NOTIFY, 0, frames, hold)
 
-    def _send(self, kind: int, request_id: int, frames: list[Any]) -> None:
+    def _send(self, kind: int, request_id: int, frames: list[Any], hold: bool = False) -> None:
         self.bytes_sent += _PREFIX.size + (
             _frame_len(frames[0]) if len(frames) == 1 else sum(_frame_len(f) for f in frames))
-        self._outbox.send(b"", kind, request_id, frames)
+        self._outbox.send(b"", kind, request_id, frames, hold)
 
     def _send_failed(self, exc: BaseException, entries: list[tuple[int, int]]) -> None:
         for kind, request_id in entries:

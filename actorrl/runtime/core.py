@@ -112,10 +112,11 @@ def estimate_size(value: Any, budget: int = 256) -> int:
     return total
 
 
-FREE_DELAY_S = 0.005
-"""Frees of garbage-collected refs wait up to this long, so a run of calls sends one
-free message per owner instead of one per call (each message wakes both processes); an
-explicit ``free`` goes at once."""
+FREE_DELAY_S = 0.05
+"""Frees of garbage-collected refs (and those of ``get_and_free``) wait up to this long;
+a request this process sends to the owner meanwhile takes them along (one ZeroMQ message,
+see :class:`transport.rpc.Outbox`), so steady traffic sends no free messages of its own
+(each message wakes both processes). An explicit ``free`` goes at once."""
 FREE_BATCH = 1024
 """Past this many queued frees they go at once."""
 REF_ARGS_TIMEOUT_S = 300.0
@@ -594,6 +595,8 @@ class Runtime:
             if host is not None:  # serial mode: the actor lives here; the call may run now
                 host.accept(ref, frames, fut)
                 return
+            if self._frees:
+                self._flush_frees(handle.endpoint)
             try:  # the reply (or the connection's loss) resolves fut itself
                 self.client(handle.endpoint).call_encoded(frames, placer=placer, future=fut)
             except Exception as exc:  # a full send queue, a bad endpoint: the call failed
@@ -678,6 +681,8 @@ class Runtime:
     async def _fetch(self, ref: ObjectRef, free: bool) -> tuple[int, Any]:
         if ref.owner in self._dead:
             raise ObjectLostError(str(self._died_error(ref.owner, f"owner of {ref!r}")))
+        if self._frees:
+            self._flush_frees(ref.owner)
         try:
             status, value = await self.client(ref.owner).call("__fetch__", [ref.id, free])
         except (PeerLostError, TransportError) as exc:
@@ -821,8 +826,9 @@ class Runtime:
             self.loop.call_soon_threadsafe(hosting.store.set, ref.id, STATUS_OK, value)
         return ref
 
-    def free(self, refs: ObjectRef | Iterable[ObjectRef]) -> None:
-        """Release objects at their owners now (thread-safe)."""
+    def free(self, refs: ObjectRef | Iterable[ObjectRef], soon: bool = True) -> None:
+        """Release objects at their owners now (thread-safe); ``soon=False``: within
+        :data:`FREE_DELAY_S`, with the next request to the owner."""
         if isinstance(refs, ObjectRef):
             refs = [refs]
         if not self.on_loop():
@@ -831,20 +837,22 @@ class Runtime:
             ref._freed = True
             ref._value = None
             ref._has_value = False
-            self.release(ref.owner, ref.id)
+            self.release(ref.owner, ref.id, soon)
 
     async def get_and_free_async(self, refs: ObjectRef | Sequence[ObjectRef],
                                  timeout_s: float | None = None) -> Any:
-        """Get, then free at the owner (like RLlib's ``ray_get_and_free``)."""
+        """Get, then free at the owner (like RLlib's ``ray_get_and_free``); the frees go
+        with the next request to each owner, or within :data:`FREE_DELAY_S`."""
         try:
             return await self.get_async(refs, timeout_s)
         finally:
-            self.free(refs)
+            self.free(refs, soon=False)
 
     def release(self, owner: str, object_id: bytes, soon: bool = True) -> None:
         """Queue a free of ``object_id`` at ``owner``; batched, any thread. ``soon``:
-        send it in the next loop iteration; otherwise (a ref that was garbage-collected)
-        within :data:`FREE_DELAY_S`, together with the others of that time."""
+        send it in the next loop iteration; otherwise (a ref that was garbage-collected, a
+        ``get_and_free``) with the next request to ``owner`` or within
+        :data:`FREE_DELAY_S`, together with the others of that time."""
         frees = self._frees
         frees.append((owner, object_id))
         if self._free_flush_scheduled or self.closed:
@@ -868,12 +876,21 @@ class Runtime:
         if not self.closed:
             self._flush_frees()
 
-    def _flush_frees(self) -> None:
-        self._free_flush_scheduled = False
+    def _flush_frees(self, only: str | None = None) -> None:
+        """Send the queued frees (``only``: those of that owner, just before a request
+        to it, so they travel in the same ZeroMQ message)."""
+        if only is None:
+            self._free_flush_scheduled = False
         by_owner: dict[str, list[bytes]] = {}
-        while self._frees:
-            owner, object_id = self._frees.popleft()
-            by_owner.setdefault(owner, []).append(object_id)
+        others = []
+        frees = self._frees
+        while frees:  # popleft: other threads may append meanwhile
+            owner, object_id = frees.popleft()
+            if only is None or owner == only:
+                by_owner.setdefault(owner, []).append(object_id)
+            else:
+                others.append((owner, object_id))
+        frees.extend(others)
         for owner, ids in by_owner.items():
             store = self._local_store(owner)
             if store is not None:
@@ -881,7 +898,8 @@ class Runtime:
                     store.free(object_id)
             elif owner not in self._dead and not self.closed:
                 try:
-                    self.client(owner).notify("__free__", [ids])
+                    # Before a request: held, so both travel in one message.
+                    self.client(owner).notify("__free__", [ids], hold=only is not None)
                 except Exception as exc:  # a free is best effort
                     log.debug("could not send free to %s: %s", owner, exc)
 

@@ -39,6 +39,10 @@ class Counter:
     def echo(self, value: Any) -> Any:
         return value
 
+    def stored(self) -> int:
+        """Objects this actor's process holds (call results not freed yet)."""
+        return len(rt.Runtime.current().store)
+
 
 class Gate:
     """Methods that finish when told to, to control completion order."""
