@@ -15,7 +15,7 @@ load hits both alike. Figures:
   which runs on the actor's loop (no thread hop); for information.
 - ``raw_rtt_us_median``: a plain ``zmq.asyncio`` DEALER -> ROUTER round trip of one 64-byte
   frame to an echo child process over ipc, sequential, on the same event loop kind.
-- ``rtt_ratio`` = call / raw (target <= 2.0).
+- ``rtt_ratio`` = call / raw (target <= 1.5).
 - ``bulk_gbps_8mb``: ``Store.remember(value)`` where ``value`` is a dict of 4 float32 arrays
   of 2 MiB each (8 MiB total); the actor keeps the value and returns its id (no work on the
   data, like the raw sink); time per sequential call including the small inline reply.
@@ -46,8 +46,9 @@ load hits both alike. Figures:
   raw (the same target, for the frame path).
 - ``calls_per_s_pipelined``: no-op calls through the runtime with a sliding window of 100
   in flight (submit until 100 are outstanding, then await the oldest before submitting the
-  next; one actor runs calls in submission order). ``raw_calls_per_s_pipelined`` is the
-  same window on the raw zmq.asyncio echo.
+  next; one actor runs calls in submission order; target >= 13,000, 5x Ray's 2.3-2.8k
+  measured here). ``raw_calls_per_s_pipelined`` is the same window on the raw zmq.asyncio
+  echo (one wake-up per message: the runtime batches small messages, so it can beat it).
 - ``wait_overhead_us``: median wall time of one ``await driver.wait(refs, num_returns=1)``
   where ``refs`` is 8 refs: refs[0] is a no-op call already completed (and fetched), refs[1:]
   are 7 ``Gate.wait_for`` calls that stay pending for the whole measurement (the gate is
@@ -411,7 +412,8 @@ async def run(quick: bool, no_uvloop: bool, session_dir: str) -> dict:
         "raw_calls_per_s_pipelined": round(raw_calls_per_s),
         "wait_overhead_us": round(float(np.median(_us(wait_ns))), 1),
         "wait_overhead_us_p99": round(float(np.percentile(_us(wait_ns), 99)), 1),
-        "targets_met": {"rtt_ratio_le_2": bool(rtt_ratio <= 2.0),
+        "targets_met": {"rtt_ratio_le_1_5": bool(rtt_ratio <= 1.5),
+                        "calls_per_s_pipelined_ge_13000": bool(calls_per_s >= 13_000),
                         "bulk_ratio_8mb_ge_0_5": bool(bulk_ratio >= 0.5),
                         "shm_ratio_8mb_ge_0_8": bool(shm_ratio >= 0.8),
                         "shm_alloc_ratio_8mb_ge_0_8": bool(alloc_ratio >= 0.8)},

@@ -506,22 +506,24 @@ async def test_one_failing_waiter_does_not_starve_the_others():
 
 async def test_frees_of_collected_refs_travel_with_the_next_call(tmp_path):
     """The frees of collected refs wait for the next request to their owner and go in the
-    same message, before it (so that call already sees them freed); with no request they
-    go on their own within FREE_DELAY_S."""
+    same message, before it (so that call already sees them freed), once there are many
+    (or they waited FREE_RIDE_AGE_S); with no request they go on their own within
+    FREE_DELAY_S."""
     import gc
 
-    from actorrl.runtime.core import FREE_DELAY_S
+    from actorrl.runtime.core import FREE_BATCH, FREE_DELAY_S
 
+    many = FREE_BATCH // 16
     async with Driver.start(str(tmp_path / "s")) as driver:
         counter = await driver.create_actor("tests.actors.basic:Counter", timeout_s=60)
-        refs = [counter.noop.remote() for _ in range(5)]
+        refs = [counter.noop.remote() for _ in range(many)]
         await driver.get(refs, timeout_s=30)
         before = await driver.get(counter.stored.remote(), timeout_s=30)
         del refs
         gc.collect()
-        assert len(driver.runtime._frees) >= 5, "the frees wait"
+        assert len(driver.runtime._frees) >= many, "the frees wait"
         # The previous `stored` result is freed along too, and this one is stored after.
-        assert await driver.get(counter.stored.remote(), timeout_s=30) == before - 5
+        assert await driver.get(counter.stored.remote(), timeout_s=30) == before - many
         refs = [counter.noop.remote() for _ in range(3)]
         await driver.get(refs, timeout_s=30)
         del refs

@@ -117,6 +117,9 @@ FREE_DELAY_S = 0.05
 a request this process sends to the owner meanwhile takes them along (one ZeroMQ message,
 see :class:`transport.rpc.Outbox`), so steady traffic sends no free messages of its own
 (each message wakes both processes). An explicit ``free`` goes at once."""
+FREE_RIDE_AGE_S = 0.005
+"""Queued frees ride along with a request once the oldest has waited this long (so a run
+of quick calls takes them every few ms, not one free per call)."""
 FREE_BATCH = 1024
 """Past this many queued frees they go at once."""
 REF_ARGS_TIMEOUT_S = 300.0
@@ -373,6 +376,8 @@ class Runtime:
         self._frees: deque[tuple[str, bytes]] = deque()
         self._free_flush_scheduled = False
         self._free_timer_armed = False
+        self._frees_since = 0.0
+        """Loop time when the queued frees started to wait (about: set from any thread)."""
         self.actor: Any = None
         self._calls: dict[bytes, deque[_Call]] = {}
         """Calls not started yet, per caller (the connection they came on)."""
@@ -596,7 +601,7 @@ class Runtime:
                 host.accept(ref, frames, fut)
                 return
             if self._frees:
-                self._flush_frees(handle.endpoint)
+                self._frees_ride_with(handle.endpoint)
             try:  # the reply (or the connection's loss) resolves fut itself
                 self.client(handle.endpoint).call_encoded(frames, placer=placer, future=fut)
             except Exception as exc:  # a full send queue, a bad endpoint: the call failed
@@ -681,7 +686,7 @@ class Runtime:
     async def _fetch(self, ref: ObjectRef, free: bool) -> tuple[int, Any]:
         if ref.owner in self._dead:
             raise ObjectLostError(str(self._died_error(ref.owner, f"owner of {ref!r}")))
-        if self._frees:
+        if self._frees:  # always: this process's later reads see its earlier frees
             self._flush_frees(ref.owner)
         try:
             status, value = await self.client(ref.owner).call("__fetch__", [ref.id, free])
@@ -738,6 +743,8 @@ class Runtime:
             inner = await ref._future.wait()
             await asyncio.wait([inner])
             return
+        if self._frees:
+            self._flush_frees(ref.owner)
         with contextlib.suppress(Exception):  # an error also means "ready" (get raises it)
             await self.client(ref.owner).call("__wait__", [ref.id])
 
@@ -854,6 +861,8 @@ class Runtime:
         ``get_and_free``) with the next request to ``owner`` or within
         :data:`FREE_DELAY_S`, together with the others of that time."""
         frees = self._frees
+        if not frees:
+            self._frees_since = self.loop.time()
         frees.append((owner, object_id))
         if self._free_flush_scheduled or self.closed:
             return
@@ -876,6 +885,14 @@ class Runtime:
         if not self.closed:
             self._flush_frees()
 
+    def _frees_ride_with(self, owner: str) -> None:
+        """Before a call to ``owner``: its queued frees go in the same message, once they
+        waited :data:`FREE_RIDE_AGE_S` (or many are queued). (Before a fetch or wait they
+        always do.)"""
+        if (len(self._frees) >= FREE_BATCH // 16
+                or self.loop.time() - self._frees_since >= FREE_RIDE_AGE_S):
+            self._flush_frees(owner)
+
     def _flush_frees(self, only: str | None = None) -> None:
         """Send the queued frees (``only``: those of that owner, just before a request
         to it, so they travel in the same ZeroMQ message)."""
@@ -890,7 +907,9 @@ class Runtime:
                 by_owner.setdefault(owner, []).append(object_id)
             else:
                 others.append((owner, object_id))
-        frees.extend(others)
+        if others:
+            frees.extend(others)
+            self._frees_since = self.loop.time()
         for owner, ids in by_owner.items():
             store = self._local_store(owner)
             if store is not None:
