@@ -190,6 +190,32 @@ def test_learner_thread_reports_starvation():
     assert isinstance(thread.error, LearnerStarvedError)
 
 
+def test_a_stopped_learner_releases_producers_waiting_for_room():
+    """A producer blocked on the full in-queue returns once the learner stops (its item
+    dropped), and later puts return at once: a stopped learner holds no producer thread
+    (a serial-mode IMPALA run hung at shutdown on exactly such a put). The multi-tower
+    learner closes its in-queue the same way."""
+    thread = LearnerThread(_worker(), LearnerConfig(learner_queue_size=1))
+    thread.inqueue.put(("first", _batch(8)))  # never started: the queue stays full
+    returned = threading.Event()
+    producer = threading.Thread(
+        target=lambda: (thread.inqueue.put(("second", _batch(8)), True, 60), returned.set()))
+    producer.start()
+    assert not returned.wait(0.2)  # still waiting for room
+    thread.stop()
+    assert returned.wait(10)
+    producer.join(10)
+    thread.inqueue.put(("third", _batch(8)), True, 60)  # returns at once
+    assert thread.inqueue.qsize() == 1
+    still_open = type(thread.inqueue)(1)
+    still_open.put_nowait(1)
+    with pytest.raises(queue.Full):  # while open, a put with no room waits, then fails
+        still_open.put(2, True, 0.05)
+    towers = MultiTowerLearnerThread(_worker(), LearnerConfig(num_gpus=2, _fake_gpus=True))
+    towers.stop()
+    assert towers.inqueue.closed
+
+
 async def test_learner_actor_stats_and_weights_versions():
     """The learner actor (in-process) learns, bumps its weights version, and reports the
     learner_queue, learner and timing_breakdown stats."""

@@ -73,6 +73,7 @@ class LearnerActor:
         self.thread = make_learner_thread(self.worker, self.config)
         self.thread.outqueue = _NotifyingQueue()
         self._trained = asyncio.Event()
+        self._room = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.device = str(getattr(self.thread, "devices", ["cpu"])[0])
         self.weights_version = 0
@@ -103,7 +104,7 @@ class LearnerActor:
         """Put ``(tag, batch)`` in the in-queue, waiting (off the loop) while it is full.
         Returns the queue size after the put."""
         self._check()
-        await asyncio.to_thread(self.thread.inqueue.put, (tag, batch), True, timeout_s)
+        await self._put_when_room((tag, batch), timeout_s)
         return self.thread.inqueue.qsize()
 
     async def enqueue_refs(self, tag: Any, refs: list[ObjectRef], block: bool = True,
@@ -126,12 +127,32 @@ class LearnerActor:
                                 queue_size=self.queue_size(), fetch_time_s=fetch_time_s)
         batch = await asyncio.to_thread(self._join, batches)
         if block:
-            await asyncio.to_thread(self.thread.inqueue.put, (tag, batch), True, timeout_s)
+            await self._put_when_room((tag, batch), timeout_s)
             queued = True
         else:
             queued = self.enqueue(tag, batch)
         return EnqueueReply(queued=queued, dropped=not queued, count=batch.count,
                             queue_size=self.queue_size(), fetch_time_s=fetch_time_s)
+
+    async def _put_when_room(self, item: tuple[Any, Any], timeout_s: float) -> None:
+        """Put ``item`` in the in-queue, waiting on this loop while it is full (woken when
+        the learner takes an item; no thread is held, so a cancelled call or a stopped
+        actor leaves nothing blocked). Raises ``queue.Full`` after ``timeout_s``."""
+        self._hook_loop()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            self._room.clear()
+            try:
+                self.thread.inqueue.put_nowait(item)
+                return
+            except queue.Full:
+                self._check()  # a failed learner never makes room
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise queue.Full(f"the learner's in-queue stayed full for {timeout_s:g} s")
+            with contextlib.suppress(TimeoutError):
+                await wait_for(self._room.wait(), remaining)
 
     def _join(self, batches: list[Any]) -> Any:
         batch = SampleBatch.concat_samples(batches)
@@ -190,7 +211,8 @@ class LearnerActor:
         return self.thread.ident is not None and not self.thread.is_alive()
 
     def _hook_loop(self) -> None:
-        """On the first wait: the thread's puts (and its end) wake this loop's waiters."""
+        """On the first wait: the thread's puts, the room it makes in its in-queue, and its
+        end wake this loop's waiters."""
         if self._loop is not None:
             return
         self._loop = loop = asyncio.get_running_loop()
@@ -201,10 +223,17 @@ class LearnerActor:
 
         self.thread.outqueue.on_put = wake
 
+        def room() -> None:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._room.set)
+
+        self.thread.inqueue.on_take = room
+
         def watch() -> None:
             if self.thread.ident is not None:
                 self.thread.join()
             wake()
+            room()  # a put waiting for room sees the failure (or the closed queue)
 
         threading.Thread(target=watch, name="learner-watch", daemon=True).start()
 

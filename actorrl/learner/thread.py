@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +27,53 @@ from actorrl.learner.config import LearnerConfig
 from actorrl.learner.minibatch_buffer import MinibatchBuffer
 from actorrl.learner.towers import TowerSet, tower_devices
 from actorrl.metrics import TimerStat, WindowStat
+
+
+class InQueue(queue.Queue):
+    """The learner's bounded in-queue. Once closed (the learner stopped), a put
+    returns at once and drops its item, including puts already waiting for room: a stopped
+    learner must not hold its producers (threads blocked for minutes in ``put`` keep an
+    event loop's executor, and so its shutdown, waiting)."""
+
+    def __init__(self, maxsize: int) -> None:
+        super().__init__(maxsize)
+        self.closed = False
+        self.on_take: Callable[[], None] | None = None
+        """Called (from the taking thread, under the queue's lock: keep it short) whenever
+        an item is taken, i.e. room was made."""
+
+    def _get(self) -> Any:
+        item = super()._get()
+        if self.on_take is not None:
+            self.on_take()
+        return item
+
+    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+        """Queue ``item``, waiting for room like :meth:`queue.Queue.put`, unless closed."""
+        with self.not_full:
+            if self.maxsize > 0 and not self.closed:
+                deadline = None if timeout is None else time.monotonic() + timeout
+                while self._qsize() >= self.maxsize and not self.closed:
+                    if not block:
+                        raise queue.Full
+                    if deadline is None:
+                        self.not_full.wait()
+                    else:
+                        remaining = deadline - time.monotonic()
+                        if remaining <= 0:
+                            raise queue.Full
+                        self.not_full.wait(remaining)
+            if self.closed:
+                return
+            self._put(item)
+            self.unfinished_tasks += 1
+            self.not_empty.notify()
+
+    def close(self) -> None:
+        """Refuse further items and release every waiting put."""
+        with self.not_full:
+            self.closed = True
+            self.not_full.notify_all()
 
 
 @dataclass
@@ -65,7 +114,7 @@ class LearnerThread(threading.Thread):
         super().__init__(name="learner", daemon=True)
         self.local_worker = local_worker
         self.config = config
-        self.inqueue: queue.Queue = queue.Queue(maxsize=config.learner_queue_size)
+        self.inqueue = InQueue(config.learner_queue_size)
         self.outqueue: queue.Queue = queue.Queue()
         self.learner_queue_size = WindowStat("size", 50)
         self.queue_timer = TimerStat()
@@ -120,6 +169,7 @@ class LearnerThread(threading.Thread):
             self.inqueue.put_nowait((None, None))
         except queue.Full:
             pass
+        self.inqueue.close()
 
     def timing_breakdown(self) -> dict[str, float]:
         """RLlib's learner timing keys, in milliseconds."""
@@ -229,6 +279,7 @@ class MultiTowerLearnerThread(LearnerThread):
                 self.inqueue.put_nowait((None, None))
             except queue.Full:
                 pass
+        self.inqueue.close()
 
     def join(self, timeout: float | None = None) -> None:
         """Join the learner thread and its loaders."""
