@@ -38,7 +38,7 @@ from actorrl.runtime.core import _check_request
 from tests.procs import terminate
 from tests.raw_rpc import collect_replies as raw_collect_replies
 from tests.raw_rpc import colliding_key_map
-from transport.codec import EXT_ARRAY, Codec, DecodeError
+from transport.codec import EXT_ARRAY, EXT_TENSOR, Codec, DecodeError
 from transport.errors import RemoteError
 from transport.rpc import KIND_ERROR, KIND_NOTIFY, KIND_OK, KIND_REQUEST, RpcClient, RpcServer
 
@@ -515,6 +515,32 @@ async def test_many_connections_come_and_go(target: Target, attacker: zmq.Contex
     finally:
         probe.close()
     await healthy(target, "many connections")
+
+
+async def test_the_coordinator_never_loads_torch(target: Target, attacker: zmq.Context
+                                                 ) -> None:
+    """After every phase above, and a tensor-typed argument sent to each ``coord.*``
+    method, the coordinator's process has not mapped libtorch."""
+    head = struct.pack("<BBBi", 3, 1, 0, -1) + b"<f4" + struct.pack("<q", 2)
+    tensor = msgpack.ExtType(EXT_TENSOR, head + b"\0" * 8)
+    sock = dealer(attacker, target.tcp)
+    try:
+        cases = []
+        for method in COORD_SHAPES:
+            request_id = next(_ids)
+            header = msgpack.packb([method, [tensor], {}])
+            cases.append((request_id, [PREFIX.pack(KIND_REQUEST, request_id), header]))
+        send_all(sock, [frames for _, frames in cases])
+        replies = collect_replies(sock, {request_id for request_id, _ in cases})
+    finally:
+        sock.close(linger=0)
+    assert len(replies) == len(cases)
+    maps = Path(f"/proc/{target.pids['server']}/maps").read_text()
+    assert "libtorch" not in maps
+    import torch  # noqa: F401 - the marker is right: a process that imported torch maps it
+
+    assert "libtorch" in Path("/proc/self/maps").read_text()
+    await healthy(target, "tensor arguments")
 
 
 # ---------------------------------------------------------------------------- keyed cluster

@@ -625,6 +625,12 @@ class Coordinator:
                               ) -> dict[str, Any] | None:
         """Long-poll: the first live actor called ``name`` (of ``owner``) whose id is not in
         ``exclude`` (e.g. the replacement of a killed one), or None after ``timeout_s``."""
+        if not isinstance(name, str) or not (owner is None or isinstance(owner, str)) \
+                or not isinstance(exclude, list | tuple) \
+                or not all(isinstance(e, str) for e in exclude) \
+                or isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float):
+            raise TypeError("coord.wait_actor takes (name: str, owner: str | None, "
+                            "exclude: list[str], timeout_s: number)")
         deadline = time.monotonic() + min(float(timeout_s), 300.0)
         caller = current_caller()
         while True:
