@@ -28,8 +28,8 @@ def _threads(pid: int) -> int:
 
 async def test_forked_actors_are_children_of_one_server_that_imported_torch():
     """Every actor is a child of the same fork server (itself a child of the driver), was
-    built with torch already imported, and the server runs a single thread (nothing that
-    does not survive fork)."""
+    built with torch already imported and is named after its class; the server runs a
+    single thread (nothing that does not survive fork)."""
     async with Driver.start(start_method="fork") as driver:
         actors = [await driver.create_actor(INFO) for _ in range(2)]
         parents = {await driver.get(a.parent.remote(), timeout_s=30) for a in actors}
@@ -39,8 +39,11 @@ async def test_forked_actors_are_children_of_one_server_that_imported_torch():
         assert Path(f"/proc/{server_pid}/stat").read_text().split()[3] == str(os.getpid())
         assert _threads(server_pid) == 1
         for actor in actors:
-            assert isinstance(driver.node.process_of(actor), ForkedProcess)
+            process = driver.node.process_of(actor)
+            assert isinstance(process, ForkedProcess)
             assert await driver.get(actor.had_torch_before_first_call.remote(), timeout_s=30)
+            # Named after the actor for ps/top (the command line is the server's).
+            assert Path(f"/proc/{process.pid}/comm").read_text().strip() == "arl:ProcessInfo"
 
 
 async def test_forked_actors_share_the_servers_memory_spawned_ones_do_not():

@@ -65,6 +65,7 @@ MAX_MESSAGE_BYTES = 1 << 20
 """The largest control message (a fork request carries the actor's whole environment)."""
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
 
 
 def preload(modules: Sequence[str]) -> list[str]:
@@ -85,10 +86,12 @@ def preload(modules: Sequence[str]) -> list[str]:
     return loaded
 
 
-def _set_parent_death_signal() -> None:
-    """Ask the kernel to SIGKILL this process when the thread that forked it exits."""
+def _set_parent_death_signal(name: str) -> None:
+    """Ask the kernel to SIGKILL this process when the thread that forked it exits, and
+    name it (``ps -o comm``, ``top``: the command line stays the server's)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
 
 
 def _reseed_random_generators() -> None:
@@ -121,7 +124,8 @@ def become_actor(server_pid: int, close_fds: Sequence[int], argv: list[str],
     take the actor's environment, and run the actor until it exits (never returns)."""
     code = 1
     try:
-        _set_parent_death_signal()
+        label = os.path.basename(log_path).rsplit(".", 1)[0].rsplit("-", 1)[0]
+        _set_parent_death_signal(f"arl:{label}")
         if os.getppid() != server_pid:  # the server died before the signal was armed
             os._exit(3)
         for fd in close_fds:
