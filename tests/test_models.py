@@ -12,6 +12,7 @@ import torch
 
 from actorrl.policy.action_dist import Categorical, DiagGaussian, dist_class_for
 from actorrl.policy.models import (
+    CHANNELS_LAST_MIN_ROWS,
     NATURE_CONV_FILTERS,
     ActorCriticModel,
     ConvEncoder,
@@ -269,6 +270,23 @@ def test_hwc_and_chw_frames_give_the_same_features():
     expected = hwc(torch.as_tensor(frames))
     got = chw(torch.as_tensor(np.ascontiguousarray(frames.transpose(0, 3, 1, 2))))
     assert torch.allclose(got, expected, atol=1e-5)
+
+
+def test_small_and_large_batches_give_the_same_features():
+    """A batch large enough to run in channels-last memory (learner sized) and the same
+    rows in worker-sized batches (plain NCHW memory) give the same features, HWC frames
+    and frames rebuilt from a pack (NCHW memory behind an HWC view) alike."""
+    torch.manual_seed(0)
+    encoder, _ = build_encoder(gym.spaces.Box(0, 255, (84, 84, 4), np.uint8), {})
+    rows = CHANNELS_LAST_MIN_ROWS + 6
+    frames = np.random.default_rng(2).integers(0, 256, (rows, 84, 84, 4), dtype=np.uint8)
+    packed_view = np.ascontiguousarray(frames.transpose(0, 3, 1, 2)).transpose(0, 2, 3, 1)
+    with torch.no_grad():
+        for batch in (frames, packed_view):
+            whole = encoder(torch.as_tensor(batch))
+            pieces = torch.cat([encoder(torch.as_tensor(batch[i:i + 5]))
+                                for i in range(0, rows, 5)])
+            assert torch.allclose(whole, pieces, atol=1e-4)
 
 
 @pytest.mark.parametrize("shape", [(84, 84, 84), (10, 3, 10), (4, 4, 4)])
