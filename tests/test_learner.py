@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 
@@ -16,6 +17,7 @@ from actorrl.learner.minibatch_buffer import LearnerStarvedError, MinibatchBuffe
 from actorrl.learner.thread import LearnerThread, MultiTowerLearnerThread
 from actorrl.learner.towers import TowerSet
 from actorrl.rollout import RolloutWorker
+from transport.timeouts import wait_for
 
 AC_POLICY = "actorrl.policy.actor_critic:ActorCriticPolicy"
 WORKER_CONFIG = {
@@ -190,30 +192,31 @@ def test_learner_thread_reports_starvation():
     assert isinstance(thread.error, LearnerStarvedError)
 
 
-def test_a_stopped_learner_releases_producers_waiting_for_room():
-    """A producer blocked on the full in-queue returns once the learner stops (its item
-    dropped), and later puts return at once: a stopped learner holds no producer thread
-    (a serial-mode IMPALA run hung at shutdown on exactly such a put). The multi-tower
-    learner closes its in-queue the same way."""
-    thread = LearnerThread(_worker(), LearnerConfig(learner_queue_size=1))
-    thread.inqueue.put(("first", _batch(8)))  # never started: the queue stays full
-    returned = threading.Event()
-    producer = threading.Thread(
-        target=lambda: (thread.inqueue.put(("second", _batch(8)), True, 60), returned.set()))
-    producer.start()
-    assert not returned.wait(0.2)  # still waiting for room
-    thread.stop()
-    assert returned.wait(10)
-    producer.join(10)
-    thread.inqueue.put(("third", _batch(8)), True, 60)  # returns at once
-    assert thread.inqueue.qsize() == 1
-    still_open = type(thread.inqueue)(1)
-    still_open.put_nowait(1)
-    with pytest.raises(queue.Full):  # while open, a put with no room waits, then fails
-        still_open.put(2, True, 0.05)
-    towers = MultiTowerLearnerThread(_worker(), LearnerConfig(num_gpus=2, _fake_gpus=True))
-    towers.stop()
-    assert towers.inqueue.closed
+async def test_a_put_waiting_for_room_holds_no_thread_and_ends_when_the_learner_stops():
+    """A batch waiting for room in the full in-queue waits on the event loop (no executor
+    thread is held: a serial-mode IMPALA run once hung at loop shutdown on a thread
+    blocked in such a put); it goes in as soon as the learner takes an item, and once the
+    learner stops, a waiting put returns, dropping its batch."""
+    learner = LearnerActor("CartPole-v1", AC_POLICY, WORKER_CONFIG,
+                           {"train_batch_size": 8, "learner_queue_size": 1},
+                           start_thread=False)  # nothing consumes: the queue stays full
+    assert learner.enqueue("first", _batch(8))
+    executor_threads = {t.name for t in threading.enumerate() if "asyncio" in t.name}
+    waiting = asyncio.ensure_future(learner.enqueue_wait("second", _batch(8), timeout_s=60))
+    for _ in range(3):  # let it reach its wait
+        await asyncio.sleep(0)
+    assert not waiting.done()
+    assert {t.name for t in threading.enumerate() if "asyncio" in t.name} == executor_threads
+    assert learner.thread.inqueue.get_nowait()[0] == "first"  # room made: it goes in
+    assert await wait_for(waiting, 10) == 1
+    assert learner.thread.inqueue.queue[0][0] == "second"
+    late = asyncio.ensure_future(learner.enqueue_wait("third", _batch(8), timeout_s=60))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert not late.done()
+    learner.stop()
+    assert await wait_for(late, 10) == 1  # returned; "third" was dropped
+    assert [tag for tag, _ in learner.thread.inqueue.queue] == ["second"]
 
 
 async def test_learner_actor_stats_and_weights_versions():

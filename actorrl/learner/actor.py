@@ -137,11 +137,12 @@ class LearnerActor:
     async def _put_when_room(self, item: tuple[Any, Any], timeout_s: float) -> None:
         """Put ``item`` in the in-queue, waiting on this loop while it is full (woken when
         the learner takes an item; no thread is held, so a cancelled call or a stopped
-        actor leaves nothing blocked). Raises ``queue.Full`` after ``timeout_s``."""
+        actor leaves nothing blocked). Once the learner is stopped the item is dropped.
+        Raises ``queue.Full`` after ``timeout_s``."""
         self._hook_loop()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while True:
+        while not self.thread.stopped:
             self._room.clear()
             try:
                 self.thread.inqueue.put_nowait(item)
@@ -349,5 +350,9 @@ class LearnerActor:
             self.num_steps_trained = int(state.get("num_steps_trained", 0))
 
     def stop(self) -> None:
-        """Stop the learner thread."""
+        """Stop the learner thread (a put waiting for room returns, dropping its batch)."""
         self.thread.stop()
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(self._room.set)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,50 +29,19 @@ from actorrl.metrics import TimerStat, WindowStat
 
 
 class InQueue(queue.Queue):
-    """The learner's bounded in-queue. Once closed (the learner stopped), a put
-    returns at once and drops its item, including puts already waiting for room: a stopped
-    learner must not hold its producers (threads blocked for minutes in ``put`` keep an
-    event loop's executor, and so its shutdown, waiting)."""
+    """The learner's bounded in-queue; ``on_take`` (if set) is called whenever an item is
+    taken, i.e. room was made, from the taking thread under the queue's lock (keep it
+    short): the learner actor waits for room on its event loop, holding no thread."""
 
     def __init__(self, maxsize: int) -> None:
         super().__init__(maxsize)
-        self.closed = False
         self.on_take: Callable[[], None] | None = None
-        """Called (from the taking thread, under the queue's lock: keep it short) whenever
-        an item is taken, i.e. room was made."""
 
     def _get(self) -> Any:
         item = super()._get()
         if self.on_take is not None:
             self.on_take()
         return item
-
-    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
-        """Queue ``item``, waiting for room like :meth:`queue.Queue.put`, unless closed."""
-        with self.not_full:
-            if self.maxsize > 0 and not self.closed:
-                deadline = None if timeout is None else time.monotonic() + timeout
-                while self._qsize() >= self.maxsize and not self.closed:
-                    if not block:
-                        raise queue.Full
-                    if deadline is None:
-                        self.not_full.wait()
-                    else:
-                        remaining = deadline - time.monotonic()
-                        if remaining <= 0:
-                            raise queue.Full
-                        self.not_full.wait(remaining)
-            if self.closed:
-                return
-            self._put(item)
-            self.unfinished_tasks += 1
-            self.not_empty.notify()
-
-    def close(self) -> None:
-        """Refuse further items and release every waiting put."""
-        with self.not_full:
-            self.closed = True
-            self.not_full.notify_all()
 
 
 @dataclass
@@ -169,7 +137,6 @@ class LearnerThread(threading.Thread):
             self.inqueue.put_nowait((None, None))
         except queue.Full:
             pass
-        self.inqueue.close()
 
     def timing_breakdown(self) -> dict[str, float]:
         """RLlib's learner timing keys, in milliseconds."""
@@ -279,7 +246,6 @@ class MultiTowerLearnerThread(LearnerThread):
                 self.inqueue.put_nowait((None, None))
             except queue.Full:
                 pass
-        self.inqueue.close()
 
     def join(self, timeout: float | None = None) -> None:
         """Join the learner thread and its loaders."""

@@ -54,15 +54,13 @@ def resolve_start_method(start_method: str | None = None) -> str:
 
 class ForkedProcess(ActorProcess):
     """An actor process requested from the fork server. It exists as an object from the
-    request on (like a spawned one), gets its pid when the server reports the fork, takes
+    request on (like a spawned one; ``pid`` is 0 until the fork), gets its pid when the
+    server reports the fork, takes
     signals through a pidfd (never a reused pid; a kill sent before the fork is delivered
     on arrival), and gets its exit code from the server, which reaps it."""
 
     def __init__(self, log_path: str, on_exit: Callable[[ActorProcess], None] | None) -> None:
         super().__init__(0, log_path, on_exit)
-        self.forked: asyncio.Future[int] = self._loop.create_future()
-        """Resolves to the pid once the server forked the process."""
-        self.forked.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._pidfd = -1
         self._watching = False
         self._pending_signal: int | None = None
@@ -81,7 +79,6 @@ class ForkedProcess(ActorProcess):
     def _forked_as(self, pid: int, pidfd: int) -> None:
         """The server forked this process."""
         self.pid, self._pidfd = pid, pidfd
-        self.forked.set_result(pid)
         if self._pending_signal is not None:
             self.send_signal(self._pending_signal)
 
@@ -89,8 +86,6 @@ class ForkedProcess(ActorProcess):
         """The server could not fork it (or stopped first): an exit before any start."""
         with contextlib.suppress(OSError), open(self.log_path, "a") as f:
             f.write(f"could not be forked: {reason}\n")
-        if not self.forked.done():
-            self.forked.set_exception(ActorCreationError(reason))
         self._exited_with(255)
 
     def _reported_exit(self, returncode: int) -> None:
@@ -159,9 +154,8 @@ class ForkServer:
     def fork(self, argv: list[str], env: dict[str, str], log_path: str,
              on_exit: Callable[[ActorProcess], None] | None) -> ForkedProcess:
         """Ask for a new actor process running ``actor_main`` with ``argv`` and exactly
-        the environment ``env``, its output appended to ``log_path``. Returns at once; the
-        process's ``forked`` future resolves when it runs (if the server cannot fork it,
-        it exits with code 255 and the reason in its log)."""
+        the environment ``env``, its output appended to ``log_path``. Returns at once (if
+        the server cannot fork it, it exits with code 255 and the reason in its log)."""
         process = ForkedProcess(log_path, on_exit)
         if not self.alive:
             process._not_forked("the fork server is not running")
