@@ -138,12 +138,30 @@ def make_env(spec: EnvSpec, env_config: Mapping[str, Any] | None = None, *,
                          f"installed: {INSTALL_HINT}")
     if is_atari_id(spec):
         return make_atari(spec, dict(env_config or {}))
+    if spec.startswith("MinAtar/") and spec not in gym.envs.registry:
+        register_minatar()
     if spec not in gym.envs.registry:
         close = difflib.get_close_matches(spec, list(gym.envs.registry), n=3, cutoff=0.6)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise ValueError(f"unknown environment id {spec!r} (not in gymnasium's registry, and "
                          f"not a 'pkg.module:factory' path){hint}")
     return gym.make(spec, **dict(env_config or {}))
+
+
+MINATAR_HINT = "pip install -e '.[minatar]' (or pip install minatar)"
+
+
+def register_minatar() -> None:
+    """Register the MinAtar games (``MinAtar/Breakout-v0`` ..., ``-v1`` with the minimal
+    action set) with gymnasium; ``ValueError`` naming the extra when ``minatar`` is not
+    installed."""
+    try:
+        from minatar.gym import register_envs
+    except ImportError:
+        raise ValueError(f"MinAtar ids need the minatar package, which is not installed: "
+                         f"{MINATAR_HINT}") from None
+    if not any(name.startswith("MinAtar/") for name in gym.envs.registry):
+        register_envs()
 
 
 def _check_env(env: Any, spec: Any) -> Any:

@@ -68,7 +68,6 @@ if sys.path[0] == os.path.dirname(os.path.abspath(__file__)):
     sys.path.pop(0)  # this folder's transport.py would shadow the transport package
 sys.path.insert(0, ROOT)
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from actorrl.algorithms import AlgorithmSpec, Trainer, get_algorithm  # noqa: E402
@@ -82,7 +81,7 @@ from actorrl.experiment.train import (  # noqa: E402
 from actorrl.replay.frame_buffer import FramePrioritizedReplayBuffer  # noqa: E402
 from actorrl.rollout import RolloutWorker  # noqa: E402
 from actorrl.runtime import Driver  # noqa: E402
-from benchmarks.end_to_end import MemorySampler  # noqa: E402
+from benchmarks.end_to_end import MemorySampler, finite  # noqa: E402
 from benchmarks.pipeline import cpu_seconds  # noqa: E402
 from transport.codec import decode, encode  # noqa: E402
 
@@ -215,16 +214,7 @@ async def measure_pipeline(spec: AlgorithmSpec, config: AlgorithmConfig, warmup_
             "cores_by_role": {k: round(v, 2) for k, v in sorted(cores.items())},
             "peak_pss_mb": memory.peak_pss_kb / 1024,
             "peak_processes": memory.peak_processes,
-            "episode_reward_mean": _finite(result.get("episode_reward_mean"))}
-
-
-def _finite(value: Any) -> float | None:
-    """``value`` as a float, None when absent or NaN (no episode ended yet): strict JSON."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if np.isfinite(number) else None
+            "episode_reward_mean": finite(result.get("episode_reward_mean"))}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -117,6 +118,15 @@ class MemorySampler:
         """Stop and join the sampler."""
         self._stop.set()
         self._thread.join(timeout=10)
+
+
+def finite(value: Any) -> float | None:
+    """``value`` as a float, None when absent or NaN (no episode ended yet): strict JSON."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
 
 
 def parse_result_line(line: str) -> dict[str, str] | None:

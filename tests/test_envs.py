@@ -117,6 +117,26 @@ def test_gymnasium_module_colon_id_form():
 
 # ---- VectorEnv -----------------------------------------------------------------------
 
+def test_minatar_ids_register_on_first_use_and_give_uint8_planes():
+    """MinAtar ids work like gymnasium's own: registered when first named, bool planes
+    stepped as the MinAtar paper does (full action set for -v0)."""
+    env = make_env("MinAtar/Breakout-v0")
+    obs, _ = env.reset(seed=0)
+    assert env.observation_space.shape == (10, 10, 4) and env.action_space.n == 6
+    assert obs.shape == (10, 10, 4) and obs.dtype.kind in "bu" and obs.any()
+    assert make_env("MinAtar/SpaceInvaders-v1").action_space.n == 4  # minimal action set
+    with pytest.raises(ValueError, match="did you mean MinAtar/Breakout-v0"):
+        make_env("MinAtar/Breakuot-v0")
+
+
+def test_minatar_ids_without_the_package_name_the_extra(monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "minatar.gym", None)
+    for name in [n for n in gym.envs.registry if n.startswith("MinAtar/")]:
+        monkeypatch.delitem(gym.envs.registry, name)
+    with pytest.raises(ValueError, match=r"minatar package.*\[minatar\]"):
+        make_env("MinAtar/Breakout-v0")
+
+
 def test_vector_env_resets_by_hand_and_keeps_final_obs():
     """A finished env's row in ``next_obs`` is its final observation, in ``obs`` the first
     observation of the next episode; terminated and truncated are told apart."""

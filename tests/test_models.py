@@ -122,6 +122,28 @@ def test_uint8_images_are_scaled_by_1_over_255():
     assert torch.allclose(uint8_encoder(torch.as_tensor(image)), expected, atol=1e-5)
 
 
+@pytest.mark.parametrize("filters", ["rllib", "nature"])
+def test_conv_encoder_starts_orthogonal_with_zero_bias_and_keeps_the_signal(filters):
+    """Layers start as relu-gain orthogonal matrices with zero bias, so [0, 1] frames keep
+    their size through the stack (torch's default init shrank them 13-28x, leaving the
+    policy head nearly blind on Pong: see ConvEncoder's docstring)."""
+    torch.manual_seed(0)
+    space = gym.spaces.Box(0, 255, (84, 84, 4), np.uint8)
+    encoder, _ = build_encoder(space, {"conv_filters": filters})
+    layers = [m for m in encoder.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
+    assert len(layers) >= 3
+    for layer in layers:
+        w = layer.weight.detach().reshape(layer.weight.shape[0], -1)
+        gram = w @ w.T if w.shape[0] <= w.shape[1] else w.T @ w
+        assert torch.allclose(gram, 2.0 * torch.eye(gram.shape[0]), atol=1e-4)
+        assert not layer.bias.detach().any()
+    frames = torch.randint(0, 256, (32, 84, 84, 4), dtype=torch.uint8)
+    with torch.no_grad():
+        features = encoder(frames)
+    ratio = features.pow(2).mean().sqrt() / (frames.float() / 255).pow(2).mean().sqrt()
+    assert ratio > 0.3, f"features shrank to {float(ratio):.3f} of the input's RMS"
+
+
 def test_custom_conv_filters():
     space = gym.spaces.Box(0.0, 1.0, (16, 16, 3), np.float32)
     encoder, out_dim = build_encoder(space, {"conv_filters": [[8, 3, 2], [4, [2, 2], 2]]})

@@ -65,6 +65,16 @@ def normc_init_(layer: nn.Linear, std: float = 1.0) -> nn.Linear:
     return layer
 
 
+def relu_orthogonal_init_(layer: nn.Conv2d | nn.Linear) -> nn.Conv2d | nn.Linear:
+    """Orthogonal weights with gain sqrt(2) and zero bias, as the OpenAI Baselines and
+    stable-baselines Atari networks start: the signal keeps its size through relu layers.
+    Used for the image encoder's layers (see :class:`ConvEncoder`)."""
+    nn.init.orthogonal_(layer.weight, math.sqrt(2.0))
+    if layer.bias is not None:
+        nn.init.zeros_(layer.bias)
+    return layer
+
+
 def build_mlp(in_dim: int, hiddens: Sequence[int], activation: str,
               out_dim: int | None = None, out_init_std: float = 1.0) -> nn.Sequential:
     """Linear + activation per entry of ``hiddens``, then (if ``out_dim``) a final linear
@@ -150,7 +160,16 @@ CHANNELS_LAST_MIN_ROWS = 64
 class ConvEncoder(nn.Module):
     """Conv net for images (uint8 scaled by 1/255 at the first layer), HWC or CHW: conv
     layers ("same" padding except the last, or all "valid"), then flattened features, then
-    an optional dense layer."""
+    an optional dense layer.
+
+    Layers start orthogonal with gain sqrt(2) and zero bias (:func:`relu_orthogonal_init_`),
+    not with torch's default init. With inputs scaled to [0, 1], torch's default shrinks the
+    signal ~2.4x per relu layer: on Pong frames the 256 features came out ~18x smaller
+    (norm 0.4 against 7), so each Adam step moved the policy logits ~18x less, the
+    state-dependent part of them (frames differ by a ball and two paddles: ~3.5% of the
+    features) by ~1e-4, and IMPALA's policy stayed uniform for 4.7M steps. RLlib's vision
+    net does not scale its 0-255 inputs, which keeps its features large.
+    """
 
     def __init__(self, obs_shape: Sequence[int], filters: Sequence[Sequence[Any]],
                  activation: str, scale_uint8: bool, *, channels_first: bool | None = False,
@@ -181,12 +200,13 @@ class ConvEncoder(nn.Module):
                 if h < 1 or w < 1:
                     raise ValueError(f"conv_filters {list(filters)!r} shrink a "
                                      f"{height}x{width} image to nothing")
-            layers += [nn.Conv2d(c, int(out_channels), (kh, kw), stride, padding), act()]
+            conv = nn.Conv2d(c, int(out_channels), (kh, kw), stride, padding)
+            layers += [relu_orthogonal_init_(conv), act()]
             c = int(out_channels)
         layers.append(nn.Flatten())
         self.out_dim = c * h * w
         if dense is not None:
-            layers += [nn.Linear(self.out_dim, dense), act()]
+            layers += [relu_orthogonal_init_(nn.Linear(self.out_dim, dense)), act()]
             self.out_dim = dense
         self.layers = nn.Sequential(*layers)
 
