@@ -10,7 +10,8 @@ PSS of that command and all its processes every 2 s, then reads the results fold
 one JSON object, also written to ``<out>/<algo>-<env id>.json`` (``--out`` defaults to
 ``docs/results``):
 
-- ``algorithm``, ``env``, ``config`` (the file), ``runs`` (the results folders, oldest first);
+- ``algorithm``, ``env``, ``config`` (the file), ``overrides`` (the ``--set`` values),
+  ``runs`` (the results folders, oldest first), ``exit_code`` of ``actorrl train``;
 - ``thresholds``: each return threshold mapped to ``{"env_steps": N, "seconds": S}`` at the
   first iteration whose ``episode_reward_mean`` (the mean game score of the last 100
   episodes, RLlib's ``metrics_smoothing_episodes``) reached it, or null;
@@ -222,7 +223,7 @@ def main() -> None:
     except (OSError, ValueError, IndexError):
         pass
     summary = {
-        "algorithm": args.algo, "env": env, "config": args.config,
+        "algorithm": args.algo, "env": env, "config": args.config, "overrides": args.set,
         "runs": [str(d) for d in chain], "exit_code": code,
         **summarize(rows, thresholds),
         "peak_pss_mb": round(max(peak_pss_mb, previous_pss), 1),

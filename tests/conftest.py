@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -47,14 +48,21 @@ def _temp_entries() -> set[str]:
     return mine
 
 
+SHM_OWNER = re.compile(r"actorrl-shm\.\d+\.(\d+)\.")
+"""A shared-memory segment's name holds the pid of the process that made it."""
+
+
 def _owned_by_other_live_process(path: str) -> bool:
-    """A session folder whose owner (``owner.pid``) is another live process: another test
-    run on this machine, not a leak of this one."""
+    """A session folder whose owner (``owner.pid``), or a shared-memory segment whose maker,
+    is another live process (not one of this session's): another test run or training on
+    this machine, not a leak of this one."""
+    shm_owner = SHM_OWNER.search(os.path.basename(path))
     try:
-        pid = int(Path(path, "owner.pid").read_text().strip() or 0)
+        pid = int(shm_owner.group(1) if shm_owner
+                  else Path(path, "owner.pid").read_text().strip() or 0)
     except (OSError, ValueError):
         return False
-    if pid in (0, os.getpid()):
+    if pid in (0, os.getpid()) or pid in _descendants(os.getpid()):
         return False
     try:
         os.kill(pid, 0)

@@ -219,6 +219,38 @@ def test_on_policy_importance_weights_are_one() -> None:
             "cur_lr"} <= set(stats)
 
 
+def _read_only(obj):
+    if isinstance(obj, np.ndarray):
+        frozen = obj.copy()
+        frozen.flags.writeable = False
+        return frozen
+    if isinstance(obj, dict):
+        return {k: _read_only(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_read_only(v) for v in obj]
+    return obj
+
+
+def test_a_state_restored_from_read_only_arrays_keeps_training() -> None:
+    """A checkpoint's state reaches the learner as read-only shared memory; Adam updates
+    its moments in place, so restoring must not alias those arrays (it was a SIGSEGV in
+    the learner on ``actorrl train --restore``)."""
+    torch.manual_seed(0)
+    config = {**SMALL_MODEL, "rollout_fragment_length": 10}
+    policy = ImpalaPolicy(OBS_SPACE, ACTION_SPACE, config)
+    batch = multi_env_batch(2, [10, 10])
+    policy.learn_on_batch(batch)
+    state = _read_only(policy.get_state())
+    restored = ImpalaPolicy(OBS_SPACE, ACTION_SPACE, config)
+    restored.set_state(state)
+    given = {a.ctypes.data for a in state["optimizer"]["state"][0].values()
+             if isinstance(a, np.ndarray)}
+    moments = [t for s in restored.optimizer.state.values() for t in s.values()
+               if isinstance(t, torch.Tensor) and t.dim() > 0]
+    assert moments and not {t.data_ptr() for t in moments} & given
+    restored.learn_on_batch(batch)  # writes the moments in place
+
+
 @pytest.mark.parametrize(("opt_type", "lr"), [("adam", 3e-3), ("rmsprop", 1e-2)])
 def test_loss_decreases_on_a_fixed_batch(opt_type: str, lr: float) -> None:
     """Repeated learn_on_batch on one batch lowers the total and the value loss (by 30%

@@ -186,6 +186,19 @@ def test_actor_critic_model_has_separate_value_branch_by_default():
     assert torch.equal(model(obs)[0], before)
 
 
+@pytest.mark.parametrize("share", [False, True])
+def test_policy_outputs_equal_the_full_forward_without_running_the_critic(share):
+    model = ActorCriticModel(BOX4, DISCRETE2, 2, {"fcnet_hiddens": [8],
+                                                  "vf_share_layers": share})
+    obs = torch.randn(5, 4)
+    value_layer = model.value_encoder if not share else None
+    calls = []
+    if value_layer is not None:
+        value_layer.register_forward_hook(lambda *args: calls.append(1))
+    assert torch.equal(model.policy_outputs(obs), model(obs)[0])
+    assert len(calls) == (0 if share else 1)  # only the full forward ran the critic
+
+
 def test_shared_value_layers():
     model = ActorCriticModel(BOX4, DISCRETE2, 2, {"fcnet_hiddens": [8],
                                                   "vf_share_layers": True})

@@ -203,7 +203,9 @@ def _tensors_to_numpy(obj: Any) -> Any:
 
 def _numpy_to_tensors(obj: Any) -> Any:
     if isinstance(obj, np.ndarray):
-        return torch.as_tensor(obj)
+        # A copy: the optimizer updates its state in place, and arrays that arrived from
+        # another process may be read-only shared memory (writing them is a SIGSEGV).
+        return torch.tensor(obj)
     if isinstance(obj, dict):
         # state_dict keys for param groups are ints; msgpack may have turned them to ints
         return {k: _numpy_to_tensors(v) for k, v in obj.items()}

@@ -131,7 +131,10 @@ class ImpalaPolicy(TorchPolicy):
         ``action_dist_inputs``."""
         obs_t = torch.as_tensor(np.asarray(obs), device=self.device)
         with torch.no_grad():
-            dist_inputs, _ = self.model(obs_t)
+            # Acting needs no value: models that can (the default one) skip their critic.
+            policy_outputs = getattr(self.model, "policy_outputs", None)
+            dist_inputs = (policy_outputs(obs_t) if policy_outputs is not None
+                           else self.model(obs_t)[0])
             dist = self.dist_class(dist_inputs)
             actions = dist.sample() if explore else dist.deterministic_sample()
             logp = dist.logp(actions)

@@ -291,6 +291,10 @@ class ActorCriticModel(nn.Module):
             self.value_encoder, features = build_encoder(obs_space, cfg)
         self.value_head = normc_init_(nn.Linear(features, 1), 1.0)
 
+    def policy_outputs(self, obs: torch.Tensor) -> torch.Tensor:
+        """The policy outputs alone: acting without a critic skips the value encoder."""
+        return self.policy_head(self.encoder(obs))
+
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Policy outputs and state values for a batch of observations."""
         features = self.encoder(obs)
