@@ -23,8 +23,9 @@ one JSON object, also written to ``<out>/<algo>-<env id>.json`` (``--out`` defau
 Ctrl-C (SIGINT) stops the training as it stops ``actorrl train`` (final checkpoint) and
 still writes the summary. A run longer than one sitting continues with ``--restore RUN_DIR``
 (the previous results folder; training goes on from its last checkpoint, counters
-included). The curve then spans every folder of the chain: each ``run.json`` names the
-checkpoint it was restored from.
+included) and the same ``--config`` and ``--set`` values (as with ``actorrl train``, they
+take precedence over the checkpoint's config). The curve then spans every folder of the
+chain: each ``run.json`` names the checkpoint it was restored from.
 
 Beside the JSON go ``<algo>-<env id>.csv`` (the learning curve: env steps, seconds, mean,
 min and max return, policy entropy) and ``<algo>-<env id>.png`` drawn by ``actorrl plot``.

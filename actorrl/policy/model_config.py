@@ -12,7 +12,7 @@ __all__ = ["MODEL_DEFAULTS", "resolve_model_config"]
 MODEL_DEFAULTS: dict[str, Any] = {
     # Hidden layer sizes of the MLP for flat observations.
     "fcnet_hiddens": [256, 256],
-    # Activation of those layers: "tanh", "relu" or "linear".
+    # Activation of those layers: "tanh", "relu", "elu", "swish" or "linear".
     "fcnet_activation": "tanh",
     # Conv layers for rank-3 image observations: [[out_channels, kernel, stride], ...]
     # (kernel an int or [kh, kw]); "same" padding except the last layer ("valid").
@@ -24,7 +24,7 @@ MODEL_DEFAULTS: dict[str, Any] = {
     # channel axis is the one outer axis smaller than both others; ambiguous shapes are
     # refused).
     "channels_first": None,
-    # Activation of the conv layers.
+    # Activation of the conv layers (the same choices as fcnet_activation).
     "conv_activation": "relu",
     # Actor-critic: whether the value head shares the policy's encoder (else its own copy).
     "vf_share_layers": False,

@@ -39,12 +39,13 @@ from actorrl.classpath import resolve_callable
 from actorrl.policy.model_config import resolve_model_config
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {
-    "tanh": nn.Tanh, "relu": nn.ReLU, "linear": nn.Identity,
+    "tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "swish": nn.SiLU, "linear": nn.Identity,
 }
 
 
 def activation_class(name: str) -> type[nn.Module]:
-    """The module class of activation ``name`` ("tanh", "relu" or "linear")."""
+    """The module class of activation ``name`` (RLlib's: "tanh", "relu", "elu", "swish" or
+    "linear")."""
     try:
         return _ACTIVATIONS[name]
     except KeyError:
