@@ -56,7 +56,7 @@ DEFAULT_THRESHOLDS: dict[str, list[float]] = {
     "Pong": [-15, 0, 10, 18],
     "Breakout": [10, 50, 100, 200, 300],
     "MinAtar/Breakout": [5, 10, 15],
-    "MinAtar/SpaceInvaders": [10, 20, 30],
+    "MinAtar/SpaceInvaders": [10, 20, 30, 43],
     "MinAtar/Asterix": [2, 5, 10],
     "MinAtar/Freeway": [20, 40, 50],
     "MinAtar/Seaquest": [1, 5, 10],
