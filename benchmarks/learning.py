@@ -205,6 +205,9 @@ def main() -> None:
     parser.add_argument("--out", default=str(REPO / "docs" / "results"),
                         help="where the JSON, CSV and PNG go (default docs/results)")
     args = parser.parse_args()
+    # Started in the background (nohup ... &), SIGINT is ignored; Ctrl-C and kill -INT
+    # should still stop the training cleanly.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     run_dir, peak_pss_mb, code = train(args, Path(args.results))
     config = json.loads((run_dir / "config.json").read_text())

@@ -166,10 +166,10 @@ class ConvEncoder(nn.Module):
     Layers start orthogonal with gain sqrt(2) and zero bias (:func:`relu_orthogonal_init_`),
     not with torch's default init. With inputs scaled to [0, 1], torch's default shrinks the
     signal ~2.4x per relu layer: on Pong frames the 256 features came out ~18x smaller
-    (norm 0.4 against 7), so each Adam step moved the policy logits ~18x less, the
-    state-dependent part of them (frames differ by a ball and two paddles: ~3.5% of the
-    features) by ~1e-4, and IMPALA's policy stayed uniform for 4.7M steps. RLlib's vision
-    net does not scale its 0-255 inputs, which keeps its features large.
+    (norm 0.4 against 7), so each Adam step moved the policy logits ~18x less (the
+    state-dependent part of them, frames differing by a ball and two paddles, ~3.5% of the
+    features). RLlib's vision net does not scale its 0-255 inputs, which keeps its features
+    large. (README, "Learning results", has what else Pong needed.)
     """
 
     def __init__(self, obs_shape: Sequence[int], filters: Sequence[Sequence[Any]],
