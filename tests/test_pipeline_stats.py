@@ -55,6 +55,9 @@ async def test_apex_throughputs_are_wall_clock_rates(tmp_path, training_intensit
         pipeline = await _apex(driver, workers, training_intensity)
         started = time.perf_counter()  # the pipeline's rate windows start before this
         ended = await _run_for(pipeline, 3.0)
+        deadline = ended + 60.0  # a slow machine's learner may not have trained yet
+        while pipeline.num_steps_trained == 0 and time.perf_counter() < deadline:
+            ended = await _run_for(pipeline, 0.5)
         stats = await pipeline.stats()
         elapsed = ended - started
         sampled_rate = pipeline.num_steps_sampled / elapsed
