@@ -219,13 +219,13 @@ def main() -> None:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"{args.algo}-{env.replace('/', '_')}"
-    previous_pss = 0.0
+    previous_pss = 0.0  # the earlier part of the chain, as this script measured it
     try:
         previous = json.loads((out_dir / f"{stem}.json").read_text())
-        if previous.get("runs") and str(chain[-2]) in previous["runs"]:
-            previous_pss = float(previous.get("peak_pss_mb") or 0.0)
-    except (OSError, ValueError, IndexError):
-        pass
+    except (OSError, ValueError):
+        previous = {}
+    if len(chain) > 1 and str(chain[-2]) in previous.get("runs", []):
+        previous_pss = float(previous.get("peak_pss_mb") or 0.0)
     summary = {
         "algorithm": args.algo, "env": env, "config": args.config, "overrides": args.set,
         "runs": [str(d) for d in chain], "exit_code": code,

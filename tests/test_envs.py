@@ -117,7 +117,7 @@ def test_gymnasium_module_colon_id_form():
 
 # ---- VectorEnv -----------------------------------------------------------------------
 
-def test_minatar_ids_register_on_first_use_and_give_uint8_planes():
+def test_minatar_ids_register_on_first_use_and_give_10x10_planes():
     """MinAtar ids work like gymnasium's own: registered when first named, bool planes
     stepped as the MinAtar paper does (full action set for -v0)."""
     env = make_env("MinAtar/Breakout-v0")
