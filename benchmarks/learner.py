@@ -44,23 +44,27 @@ from actorrl.rollout import RolloutWorker  # noqa: E402
 POLICY = "actorrl.policy.impala:ImpalaPolicy"
 FRAGMENT = 50
 WORKLOADS = {
-    # name: (hidden layers, train_batch_size)
-    "cartpole_64x64_800": ([64, 64], 800),
-    "mlp_256x256_3200": ([256, 256], 3200),
+    # name: (env, model config, train_batch_size)
+    "cartpole_64x64_800": ("CartPole-v1", {"fcnet_hiddens": [64, 64]}, 800),
+    "mlp_256x256_3200": ("CartPole-v1", {"fcnet_hiddens": [256, 256]}, 3200),
 }
+# With --pong: examples/pong-impala.yaml's conv stack on real 84x84x4 Pong batches of 500.
+PONG_WORKLOAD = ("PongNoFrameskip-v4",
+                 {"conv_filters": "rllib", "vf_share_layers": True}, 500)
 
 
-def workload_config(hiddens: list[int], train_batch: int) -> dict:
+def workload_config(env: str, model: dict, train_batch: int) -> dict:
     """IMPALA config for one workload (one sample() gives exactly one train batch)."""
     return {**load_config(ImpalaConfig, {
-        "num_envs_per_worker": train_batch // FRAGMENT, "rollout_fragment_length": FRAGMENT,
-        "train_batch_size": train_batch, "model": {"fcnet_hiddens": hiddens}}).to_dict(),
-        "seed": 0}
+        "env": env, "env_config": {} if env == "CartPole-v1" else {"frame_stack": 4},
+        "num_envs_per_worker": train_batch // FRAGMENT,
+        "rollout_fragment_length": FRAGMENT, "train_batch_size": train_batch,
+        "model": model}).to_dict(), "seed": 0}
 
 
 def make_batch(config: dict) -> SampleBatch:
     """One train batch of ``num_envs`` x 50 steps from a real rollout worker."""
-    return RolloutWorker("CartPole-v1", POLICY, config).sample()
+    return RolloutWorker(config["env"], POLICY, config).sample()
 
 
 class Feeder(threading.Thread):
@@ -80,7 +84,7 @@ class Feeder(threading.Thread):
 
 def build(config: dict, towers: int, cuda: bool) -> LearnerThread:
     """A started learner thread with ``towers`` towers (0: the plain single-device one)."""
-    worker = RolloutWorker("CartPole-v1", POLICY, config)
+    worker = RolloutWorker(config["env"], POLICY, config)
     learner_config = LearnerConfig(
         train_batch_size=config["train_batch_size"], num_gpus=float(towers), _fake_gpus=not cuda,
         learner_queue_size=4, learner_queue_timeout=60, tower_rows_multiple=FRAGMENT,
@@ -124,7 +128,8 @@ def run_workload(config: dict, tower_counts: list[int], rounds: int, slice_s: fl
     overhead = median["1"] / median["2"] if "2" in median else None
     return {
         "train_batch_size": config["train_batch_size"],
-        "fcnet_hiddens": config["policy"]["model"]["fcnet_hiddens"],
+        "env": config["env"],
+        "model": config["policy"]["model"],
         "samples_per_s": {k: round(v, 1) for k, v in median.items() if k != "plain"},
         "plain_samples_per_s": round(median["plain"], 1),
         "tower_overhead": round(overhead, 3) if overhead else None,
@@ -137,6 +142,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="short run (< 40 s)")
     parser.add_argument("--cuda", action="store_true", help="real CUDA towers")
+    parser.add_argument("--pong", action="store_true",
+                        help="add a Pong conv workload (needs the atari extra)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.cuda and not torch.cuda.is_available():
@@ -146,11 +153,12 @@ def main() -> None:
         tower_counts = [n for n in tower_counts if n <= torch.cuda.device_count()]
     started = time.perf_counter()
     workloads = {}
-    for name, (hiddens, train_batch) in WORKLOADS.items():
-        large = train_batch > 1000
+    chosen = dict(WORKLOADS, **({"pong_conv_500": PONG_WORKLOAD} if args.pong else {}))
+    for name, (env, model, train_batch) in chosen.items():
+        large = train_batch > 1000 or env != "CartPole-v1"
         rounds = 2 if args.quick else 4
         slice_s = (2.0 if large else 1.0) if args.quick else (5.0 if large else 3.0)
-        workloads[name] = run_workload(workload_config(hiddens, train_batch), tower_counts,
+        workloads[name] = run_workload(workload_config(env, model, train_batch), tower_counts,
                                        rounds, slice_s, args.cuda)
     main_workload = workloads["mlp_256x256_3200"]
     overhead = main_workload["tower_overhead"]

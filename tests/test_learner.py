@@ -235,3 +235,19 @@ async def test_learner_actor_stats_and_weights_versions():
     assert {"learner_queue", "learner", "timing_breakdown", "num_steps"} <= set(stats)
     assert "policy_loss" in stats["learner"]["default_policy"]
     learner.stop()
+
+
+def test_a_plain_learner_reports_the_device_its_policies_were_moved_to(monkeypatch):
+    """A learner process that sees CUDA moves its policies there and must say so in its stats
+    (a lent H100 run once reported ``learner_device: cpu`` while learning on the GPU). The
+    move is redirected to the ``meta`` device so this runs without a GPU."""
+    import actorrl.learner.actor as learner_actor
+
+    real_move = learner_actor.move_policy_to
+    monkeypatch.setattr(learner_actor.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(learner_actor, "move_policy_to",
+                        lambda policy, _device: real_move(policy, torch.device("meta")))
+    learner = LearnerActor("CartPole-v1", AC_POLICY, WORKER_CONFIG, {"train_batch_size": 64},
+                           start_thread=False)
+    assert learner.device == "meta"
+    assert learner.stats()["device"] == "meta"

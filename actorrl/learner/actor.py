@@ -52,6 +52,12 @@ class _NotifyingQueue(queue.Queue):
             self.on_put()
 
 
+def _policy_device(worker: RolloutWorker) -> torch.device:
+    """The device the worker's policies compute on (all of a learner's share one)."""
+    devices = worker.foreach_policy(lambda policy, _pid: policy.device)
+    return devices[0] if devices else torch.device("cpu")
+
+
 class LearnerActor:
     """Actor wrapper of the learner. Construct with the same env / policy / worker config as
     the rollout workers, plus the learner's own settings (see :class:`LearnerConfig`)."""
@@ -75,7 +81,10 @@ class LearnerActor:
         self._trained = asyncio.Event()
         self._room = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.device = str(getattr(self.thread, "devices", ["cpu"])[0])
+        # Multi-tower threads name their tower devices; a plain thread learns wherever the
+        # policies are (CUDA when moved there above).
+        devices = getattr(self.thread, "devices", None)
+        self.device = str(devices[0] if devices else _policy_device(self.worker))
         self.weights_version = 0
         self.num_steps_trained = 0
         self._seen_steps = 0
