@@ -40,8 +40,7 @@ from torch import nn  # noqa: E402
 
 import actorrl.policy.impala as impala  # noqa: E402
 from actorrl.atari import make_atari  # noqa: E402
-from actorrl.checkpoints import read_checkpoint  # noqa: E402
-from actorrl.experiment.evaluate import _load_policy  # noqa: E402
+from actorrl.experiment.evaluate import load_checkpoint_policy  # noqa: E402
 
 NUM_ENVS, HORIZON = 10, 50
 UP, DOWN = [2, 4], [3, 5]  # RIGHT(FIRE) moves Pong's paddle up, LEFT(FIRE) down
@@ -135,12 +134,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    folder, state = read_checkpoint(args.checkpoint)
-    config = dict(state["config"])
-    env_config = dict(config.get("env_config") or {})
-    policy = _load_policy("actorrl.policy.impala:ImpalaPolicy", config["env"], env_config,
-                          config, state)
-    played = play(policy, config["env"], env_config, args.rounds)
+    loaded = load_checkpoint_policy(args.checkpoint)
+    played = play(loaded.policy, loaded.env, loaded.env_config, args.rounds)
     ball_x, ball_y, paddle_y, previous_x = played["ram"].T
     offset = ball_y - paddle_y - PADDLE_CENTRE
     coming = (ball_y > 0) & (previous_x > 0) & (ball_x > previous_x) & (ball_x > 120)
@@ -154,7 +149,7 @@ def main() -> None:
         bins.append({"ball_minus_paddle": [low, high], "rows": int(sel.sum()),
                      "p_up_minus_p_down": float(p_up[sel].mean()) if sel.any() else None,
                      "adv_up_minus_adv_down": adv})
-    model = policy.model
+    model = loaded.policy.model
     frames = torch.as_tensor(played["frames"])
     with torch.no_grad():
         alive = {"policy": units_alive(model.encoder, frames)}
@@ -162,8 +157,8 @@ def main() -> None:
             alive["value"] = units_alive(model.value_encoder, frames)
     probes = [b["p_up_minus_p_down"] for b in bins if b["p_up_minus_p_down"] is not None]
     print(json.dumps({
-        "checkpoint": str(folder),
-        "timesteps_total": state.get("timesteps_total"),
+        "checkpoint": loaded.checkpoint,
+        "timesteps_total": loaded.timesteps_total,
         "rows": int(len(played["actions"])),
         "units_alive": alive,
         "log_prob_std_across_states": [round(float(s), 6) for s in np.log(

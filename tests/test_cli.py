@@ -334,6 +334,25 @@ def test_evaluate_prints_mean_and_std(trained: dict) -> None:
     assert "return mean" in proc.stdout and "std" in proc.stdout
 
 
+def test_a_checkpoints_policy_loads_for_analysis_scripts(trained: dict) -> None:
+    """load_checkpoint_policy (what benchmarks/pong_probe.py uses) gives the checkpoint's
+    greedy policy with its weights, env and step count, from a results folder."""
+    from actorrl.checkpoints import read_checkpoint
+    from actorrl.experiment.evaluate import load_checkpoint_policy
+
+    loaded = load_checkpoint_policy(trained["run"])
+    _folder, state = read_checkpoint(loaded.checkpoint)
+    assert (loaded.algorithm, loaded.env) == ("apex", "CartPole-v1")
+    assert loaded.timesteps_total == state["timesteps_total"] >= 1500
+    saved = state["policies"]["default_policy"]["weights"]
+    weights = loaded.policy.get_weights()
+    assert saved and saved.keys() <= weights.keys()
+    for key in saved:
+        np.testing.assert_array_equal(np.asarray(weights[key]), np.asarray(saved[key]))
+    actions, _extra = loaded.policy.compute_actions(np.zeros((2, 4), np.float32))
+    assert actions.shape == (2,)
+
+
 def test_evaluate_json_is_seeded_and_complete(trained: dict) -> None:
     """--json gives every statistic; the same seed gives the same returns."""
     outputs = [run_cli(["evaluate", str(trained["run"]), "--episodes", "4", "--seed", "7",

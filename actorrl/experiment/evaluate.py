@@ -180,3 +180,37 @@ def _rollout(policy: Any, envs: list[Any], episodes: int, seed: int | None
                 else:
                     active[i] = False
     return returns, lengths
+
+
+@dataclass(frozen=True)
+class LoadedPolicy:
+    """A checkpoint's policy, ready to compute actions, with what it was trained on."""
+
+    policy: Any
+    checkpoint: str
+    timesteps_total: int | None
+    algorithm: str
+    env: str
+    env_config: dict[str, Any]
+    config: dict[str, Any]
+
+
+def load_checkpoint_policy(path: str | os.PathLike[str], *, env: str | None = None
+                           ) -> LoadedPolicy:
+    """Load the single-agent policy of the checkpoint at ``path`` (a checkpoint folder or a
+    results folder: its latest checkpoint), greedy (``explore`` off), for analysis scripts
+    that roll it out themselves; ``env`` overrides the checkpoint's env id."""
+    try:
+        folder, state = read_checkpoint(path)
+    except CheckpointError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        spec = get_algorithm(str(state["algorithm"]))
+    except ValueError as exc:
+        raise UsageError(f"checkpoint {str(folder)!r}: {exc}") from None
+    config = dict(state.get("config") or {})
+    env_id = env or str(config.get("env"))
+    env_config = dict(config.get("env_config") or {})
+    policy = _load_policy(spec.policy, env_id, env_config, config, state)
+    return LoadedPolicy(policy, str(folder), state.get("timesteps_total"), spec.name, env_id,
+                        env_config, config)
