@@ -40,6 +40,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import math
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -162,6 +163,10 @@ def register_minatar() -> None:
                          f"{MINATAR_HINT}") from None
     if not any(name.startswith("MinAtar/") for name in gym.envs.registry):
         register_envs()
+    # -v0 is chosen on purpose (the full action set the MinAtar paper's agents used), so
+    # gymnasium's "out of date, -v1 exists" warning on every make is noise.
+    warnings.filterwarnings("ignore", message=r".*MinAtar/\S+-v0 is out of date",
+                            category=DeprecationWarning)
 
 
 def _check_env(env: Any, spec: Any) -> Any:
