@@ -342,7 +342,8 @@ _POLICY_KEYS = (
     "hiddens", "huber_threshold", "target_network_update_freq", "exploration_config",
     "per_worker_exploration", "vtrace", "vtrace_clip_rho_threshold",
     "vtrace_clip_pg_rho_threshold", "vf_loss_coeff", "entropy_coeff", "opt_type", "decay",
-    "momentum", "epsilon", "use_gae", "use_critic", "lambda")
+    "momentum", "epsilon", "use_gae", "use_critic", "lambda", "lr_schedule",
+    "entropy_coeff_schedule")
 _ROLLOUT_KEYS = ("num_envs_per_worker", "rollout_fragment_length", "batch_mode", "explore",
                  "clip_actions", "multiagent")
 _REPLAY_KEYS = ("buffer_size", "learning_starts", "prioritized_replay",

@@ -81,6 +81,10 @@ class Trainer:
         self.worker_config = config.worker_config().to_dict()
         self.num_worker_restarts = 0
         self.learner_side_actors: list[ActorHandle] = []
+        policy = config.policy
+        self._has_schedules = bool(getattr(policy, "lr_schedule", None)
+                                   or getattr(policy, "entropy_coeff_schedule", None))
+        self._timestep_sent: int | None = None
 
     @classmethod
     async def create(cls, spec: AlgorithmSpec, config: AlgorithmConfig, driver: DriverLike
@@ -183,6 +187,7 @@ class Trainer:
         sampled_before = self.pipeline.num_steps_sampled
         while True:
             await self.pipeline.step()
+            self._send_global_timestep()
             elapsed = time.perf_counter() - start
             sampled = self.pipeline.num_steps_sampled - sampled_before
             if elapsed >= config.min_iter_time_s and sampled >= config.timesteps_per_iteration:
@@ -202,6 +207,20 @@ class Trainer:
             "timestamp": time.time(),
             "info": info,
         }
+
+    def _send_global_timestep(self) -> None:
+        """Tell the learner the global env-step count (``timesteps_total``, restored
+        steps included) at most once per train batch of new steps, so it applies
+        ``lr_schedule`` / ``entropy_coeff_schedule`` (RLlib's global vars update). Only
+        when the config has a schedule."""
+        if not self._has_schedules or self.learner is None:
+            return
+        timestep = self.counters()["timesteps_total"]
+        if self._timestep_sent is not None and \
+                timestep - self._timestep_sent < self.config.train_batch_size:
+            return
+        self._timestep_sent = timestep
+        self.learner.set_global_timestep.remote(timestep)
 
     async def _collect_metrics(self) -> EpisodeMetrics:
         assert self.pipeline is not None
