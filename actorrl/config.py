@@ -303,6 +303,9 @@ class RolloutConfig(ConfigSection):
     """Passed to the env factory / ``gymnasium.make`` (the algorithm's ``env_config``)."""
     seed: int | None = derived(None, "seed")
     """Env i of worker w: seed + 1000 w + i; torch: seed + w (the algorithm's ``seed``)."""
+    callbacks: str | None = derived(None, "callbacks")
+    """The callbacks class whose episode and sample hooks the worker runs (the
+    algorithm's ``callbacks``)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "env_config", dict(self.env_config or {}))
@@ -357,7 +360,7 @@ _TOP_LEVEL_KEYS = (
     "min_iter_time_s", "timesteps_per_iteration", "metrics_smoothing_episodes", "debug",
     "max_weight_sync_delay", "training_intensity", "max_sample_requests_in_flight_per_worker",
     "broadcast_interval", "grads_per_step", "microbatch_size", "num_cpus_per_worker",
-    "num_cpus_for_driver")
+    "num_cpus_for_driver", "callbacks")
 
 FLAT_KEYS: dict[str, str] = {
     **{key: key for key in _TOP_LEVEL_KEYS},
@@ -548,6 +551,10 @@ class AlgorithmConfig(ConfigSection):
     """Episodes averaged in episode_reward_mean."""
     debug: bool = False
     """Report extra pipeline stats (timing breakdown, pending tasks)."""
+    callbacks: str | None = None
+    """``"pkg.module:Class"``, a subclass of ``actorrl.callbacks.DefaultCallbacks``:
+    episode and sample hooks run on the rollout workers, ``on_train_result`` on the
+    driver; episodes' ``custom_metrics`` appear in results (None: no callbacks)."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """How the rollout workers sample."""
 
@@ -580,6 +587,9 @@ class AlgorithmConfig(ConfigSection):
         positive("min_iter_time_s", allow_zero=True)
         positive("timesteps_per_iteration", allow_zero=True)
         positive("metrics_smoothing_episodes")
+        from actorrl.callbacks import check_callbacks
+
+        problems += check_callbacks(self.callbacks)
         return problems
 
     def to_dict(self, *, include_derived: bool = False) -> dict[str, Any]:

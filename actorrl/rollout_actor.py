@@ -95,6 +95,10 @@ class RolloutWorkerActor:
         """Episodes finished since the last call."""
         return self.worker.get_metrics()
 
+    def pop_custom_metrics(self) -> list[dict[str, float]]:
+        """Callbacks' ``custom_metrics`` of the episodes ended since the last call."""
+        return self.worker.pop_custom_metrics()
+
     def get_state(self) -> dict[str, Any]:
         """Policy states for checkpoints."""
         return self.worker.get_state()

@@ -39,6 +39,7 @@ COMMON = {
     "num_envs_per_worker": 3, "rollout_fragment_length": 10, "explore": False,
     "clip_actions": False, "multiagent": {"policies_to_train": ["default_policy"]},
     "lr": 0.123, "gamma": 0.9, "grad_clip": 3.0, "lr_schedule": [[0.0, 0.1], [50.0, 0.01]],
+    "callbacks": "tests.actors.callbacks:CountingCallbacks",
     "model": {"fcnet_hiddens": [7], "fcnet_activation": "relu"},
 }
 LEARNER = {"num_sgd_iter": 2, "minibatch_buffer_size": 2, "learner_queue_size": 5,

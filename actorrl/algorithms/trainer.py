@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from actorrl.callbacks import CustomMetricsWindow, DefaultCallbacks, make_callbacks
 from actorrl.config import AlgorithmConfig
 from actorrl.envs import EpisodeMetrics, EpisodeWindow
 from actorrl.learner.config import LearnerConfig
@@ -85,6 +86,9 @@ class Trainer:
         self._has_schedules = bool(getattr(policy, "lr_schedule", None)
                                    or getattr(policy, "entropy_coeff_schedule", None))
         self._timestep_sent: int | None = None
+        self.callbacks = make_callbacks(config.callbacks)
+        self._with_callbacks = type(self.callbacks) is not DefaultCallbacks
+        self.custom_metrics = CustomMetricsWindow(config.metrics_smoothing_episodes)
 
     @classmethod
     async def create(cls, spec: AlgorithmSpec, config: AlgorithmConfig, driver: DriverLike
@@ -193,13 +197,15 @@ class Trainer:
             if elapsed >= config.min_iter_time_s and sampled >= config.timesteps_per_iteration:
                 break
         episodes = await self._collect_metrics()
+        custom = await self._collect_custom_metrics()
         time_this_iter = time.perf_counter() - start
         self.iteration += 1
         self.time_total_s += time_this_iter
         info = await self.pipeline.stats()
         info["num_worker_restarts"] = self.num_worker_restarts
-        return {
+        result = {
             **self.episodes.update(episodes),
+            "custom_metrics": self.custom_metrics.update(custom),
             **self.counters(),
             "timesteps_this_iter": self.pipeline.num_steps_sampled - sampled_before,
             "time_this_iter_s": time_this_iter,
@@ -207,6 +213,8 @@ class Trainer:
             "timestamp": time.time(),
             "info": info,
         }
+        self.callbacks.on_train_result(algorithm=self, trainer=self, result=result)
+        return result
 
     def _send_global_timestep(self) -> None:
         """Tell the learner the global env-step count (``timesteps_total``, restored
@@ -221,6 +229,26 @@ class Trainer:
             return
         self._timestep_sent = timestep
         self.learner.set_global_timestep.remote(timestep)
+
+    async def _collect_custom_metrics(self) -> list[dict[str, float]]:
+        """The workers' episodes' ``custom_metrics`` since the last call (only with
+        callbacks: without them there are none)."""
+        if not self._with_callbacks:
+            return []
+        assert self.pipeline is not None
+        workers = list(self.pipeline.workers)
+        results = await asyncio.gather(
+            *(self.runtime.get_async(w.pop_custom_metrics.remote(), timeout_s=60)
+              for w in workers), return_exceptions=True)
+        out: list[dict[str, float]] = []
+        for worker, result in zip(workers, results):
+            if isinstance(result, ActorDiedError):
+                log.warning("could not collect custom metrics from %r: %s", worker, result)
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                out.extend(result)
+        return out
 
     async def _collect_metrics(self) -> EpisodeMetrics:
         assert self.pipeline is not None
