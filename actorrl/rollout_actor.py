@@ -107,6 +107,10 @@ class RolloutWorkerActor:
         """Restore policy states."""
         self.worker.set_state(state)
 
+    def sample_count(self) -> int:
+        """Sample once and keep nothing but the metrics (evaluation); returns env steps."""
+        return self.worker.sample().count
+
     def sample_for(self, seconds: float) -> int:
         """Throughput probe: sample in a loop for ``seconds`` with nothing around it
         (batches are dropped); returns the env steps taken."""

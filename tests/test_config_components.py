@@ -40,6 +40,8 @@ COMMON = {
     "clip_actions": False, "multiagent": {"policies_to_train": ["default_policy"]},
     "lr": 0.123, "gamma": 0.9, "grad_clip": 3.0, "lr_schedule": [[0.0, 0.1], [50.0, 0.01]],
     "callbacks": "tests.actors.callbacks:CountingCallbacks",
+    "evaluation_interval": 3, "evaluation_duration": 4, "evaluation_duration_unit": "timesteps",
+    "evaluation_num_workers": 2, "evaluation_config": {"explore": True},
     "model": {"fcnet_hiddens": [7], "fcnet_activation": "relu"},
 }
 LEARNER = {"num_sgd_iter": 2, "minibatch_buffer_size": 2, "learner_queue_size": 5,
@@ -79,6 +81,8 @@ FIXED = {"impala": {"batch_mode"}}
 """Keys with one valid value for an algorithm (IMPALA needs truncated fragments)."""
 TRAINER_KEYS = {"env", "num_workers", "seed", "num_gpus", "_fake_gpus", "min_iter_time_s",
                 "timesteps_per_iteration", "metrics_smoothing_episodes", "debug",
+                "evaluation_duration", "evaluation_duration_unit", "evaluation_num_workers",
+                "evaluation_config", "evaluation_interval",
                 "train_batch_size", "max_weight_sync_delay", "training_intensity",
                 "max_sample_requests_in_flight_per_worker", "broadcast_interval",
                 "grads_per_step", "microbatch_size", "learning_starts",

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from actorrl.callbacks import CustomMetricsWindow, DefaultCallbacks, make_callbacks
 from actorrl.config import AlgorithmConfig
 from actorrl.envs import EpisodeMetrics, EpisodeWindow
+from actorrl.evaluation import Evaluator
 from actorrl.learner.config import LearnerConfig
 from actorrl.runtime import ActorDiedError, ActorHandle, DriverLike, Runtime
 
@@ -89,6 +90,7 @@ class Trainer:
         self.callbacks = make_callbacks(config.callbacks)
         self._with_callbacks = type(self.callbacks) is not DefaultCallbacks
         self.custom_metrics = CustomMetricsWindow(config.metrics_smoothing_episodes)
+        self.evaluator: Evaluator | None = None
 
     @classmethod
     async def create(cls, spec: AlgorithmSpec, config: AlgorithmConfig, driver: DriverLike
@@ -108,6 +110,13 @@ class Trainer:
         if self.spec.learner_config is not None:
             self.learner = started[-1]
             await self.broadcast_learner_weights()
+        if config.evaluation_interval:
+            self.evaluator = await Evaluator.create(
+                self.driver, config.env, self.spec.policy,
+                config.evaluation_worker_config().to_dict(),
+                num_workers=config.evaluation_num_workers,
+                first_index=config.num_workers + 1, duration=config.evaluation_duration,
+                unit=config.evaluation_duration_unit, num_cpus=config.num_cpus_per_worker)
         self.pipeline = await self.spec.build_pipeline(self)
 
     async def _start_worker(self, index: int) -> ActorHandle:
@@ -213,8 +222,17 @@ class Trainer:
             "timestamp": time.time(),
             "info": info,
         }
+        interval = config.evaluation_interval
+        if self.evaluator is not None and interval and self.iteration % interval == 0:
+            result["evaluation"] = await self.evaluate()
         self.callbacks.on_train_result(algorithm=self, trainer=self, result=result)
         return result
+
+    async def evaluate(self) -> dict[str, Any]:
+        """Evaluate the learner's current weights on the evaluation workers (see
+        :mod:`actorrl.evaluation`); the result's ``evaluation`` section."""
+        assert self.evaluator is not None and self.learner is not None
+        return await self.evaluator.evaluate(self.learner.get_weights.remote())
 
     def _send_global_timestep(self) -> None:
         """Tell the learner the global env-step count (``timesteps_total``, restored
@@ -338,5 +356,7 @@ class Trainer:
             await self.pipeline.stop()
         actors = [*self.workers, *([self.learner] if self.learner else [])]
         actors += self.learner_side_actors
+        if self.evaluator is not None:
+            actors += self.evaluator.workers
         await asyncio.gather(*(self.driver.kill_actor(a) for a in actors),
                              return_exceptions=True)
