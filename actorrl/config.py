@@ -303,6 +303,9 @@ class RolloutConfig(ConfigSection):
     """Passed to the env factory / ``gymnasium.make`` (the algorithm's ``env_config``)."""
     seed: int | None = derived(None, "seed")
     """Env i of worker w: seed + 1000 w + i; torch: seed + w (the algorithm's ``seed``)."""
+    callbacks: str | None = derived(None, "callbacks")
+    """The callbacks class whose episode and sample hooks the worker runs (the
+    algorithm's ``callbacks``)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "env_config", dict(self.env_config or {}))
@@ -342,7 +345,8 @@ _POLICY_KEYS = (
     "hiddens", "huber_threshold", "target_network_update_freq", "exploration_config",
     "per_worker_exploration", "vtrace", "vtrace_clip_rho_threshold",
     "vtrace_clip_pg_rho_threshold", "vf_loss_coeff", "entropy_coeff", "opt_type", "decay",
-    "momentum", "epsilon", "use_gae", "use_critic", "lambda")
+    "momentum", "epsilon", "use_gae", "use_critic", "lambda", "lr_schedule",
+    "entropy_coeff_schedule")
 _ROLLOUT_KEYS = ("num_envs_per_worker", "rollout_fragment_length", "batch_mode", "explore",
                  "clip_actions", "multiagent")
 _REPLAY_KEYS = ("buffer_size", "learning_starts", "prioritized_replay",
@@ -356,7 +360,8 @@ _TOP_LEVEL_KEYS = (
     "min_iter_time_s", "timesteps_per_iteration", "metrics_smoothing_episodes", "debug",
     "max_weight_sync_delay", "training_intensity", "max_sample_requests_in_flight_per_worker",
     "broadcast_interval", "grads_per_step", "microbatch_size", "num_cpus_per_worker",
-    "num_cpus_for_driver")
+    "num_cpus_for_driver", "callbacks", "evaluation_interval", "evaluation_duration",
+    "evaluation_duration_unit", "evaluation_num_workers", "evaluation_config")
 
 FLAT_KEYS: dict[str, str] = {
     **{key: key for key in _TOP_LEVEL_KEYS},
@@ -547,6 +552,23 @@ class AlgorithmConfig(ConfigSection):
     """Episodes averaged in episode_reward_mean."""
     debug: bool = False
     """Report extra pipeline stats (timing breakdown, pending tasks)."""
+    callbacks: str | None = None
+    """``"pkg.module:Class"``, a subclass of ``actorrl.callbacks.DefaultCallbacks``:
+    episode and sample hooks run on the rollout workers, ``on_train_result`` on the
+    driver; episodes' ``custom_metrics`` appear in results (None: no callbacks)."""
+    evaluation_interval: int | None = None
+    """Evaluate every this many training iterations (None or 0: never); the result of
+    such an iteration gains an ``evaluation`` section with the episode stats."""
+    evaluation_duration: int = 10
+    """How much to evaluate each time, in ``evaluation_duration_unit``s (>= 1)."""
+    evaluation_duration_unit: str = "episodes"
+    """``episodes`` (at least that many finished episodes) or ``timesteps`` (env steps)."""
+    evaluation_num_workers: int = 0
+    """Evaluation worker processes, apart from the training workers (0: one; RLlib's 0
+    evaluates in its driver process)."""
+    evaluation_config: dict[str, Any] = field(default_factory=dict)
+    """Config keys overridden for the evaluation workers (rollout and policy keys, e.g.
+    ``env_config``, ``explore``); ``explore`` is false unless set here."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """How the rollout workers sample."""
 
@@ -579,7 +601,56 @@ class AlgorithmConfig(ConfigSection):
         positive("min_iter_time_s", allow_zero=True)
         positive("timesteps_per_iteration", allow_zero=True)
         positive("metrics_smoothing_episodes")
+        from actorrl.callbacks import check_callbacks
+
+        problems += check_callbacks(self.callbacks)
+        problems += self._evaluation_problems()
         return problems
+
+    def _evaluation_problems(self) -> list[str]:
+        problems = []
+        if self.evaluation_interval is not None and self.evaluation_interval < 0:
+            problems.append(f"evaluation_interval must be >= 1 (or 0/None: no evaluation), "
+                            f"got {self.evaluation_interval!r}")
+        if self.evaluation_duration < 1:
+            problems.append(f"evaluation_duration must be >= 1 (episodes or timesteps per "
+                            f"evaluation), got {self.evaluation_duration!r}")
+        if self.evaluation_duration_unit not in ("episodes", "timesteps"):
+            problems.append("evaluation_duration_unit must be 'episodes' or 'timesteps', "
+                            f"got {self.evaluation_duration_unit!r}")
+        if self.evaluation_num_workers < 0:
+            problems.append(f"evaluation_num_workers must be >= 0, got "
+                            f"{self.evaluation_num_workers!r}")
+        if self.evaluation_config:
+            try:
+                self.evaluation_worker_config()
+            except ConfigError as exc:
+                lines = str(exc).splitlines()[1:] or [str(exc)]
+                problems.extend(f"evaluation_config: {line.strip(' -')}" for line in lines)
+        return problems
+
+    def evaluation_worker_config(self) -> WorkerConfig:
+        """What each evaluation worker receives: the workers' config with ``explore``
+        off, then ``evaluation_config`` applied."""
+        overrides = {"explore": False, **self.evaluation_config}
+        allowed = {k for k, dotted in FLAT_KEYS.items()
+                   if dotted.split(".")[0] in ("rollout", "policy")} | {"env_config",
+                                                                      "callbacks"}
+        unknown = sorted(set(overrides) - allowed)
+        if unknown:
+            raise ConfigError("invalid evaluation_config:\n  - " + "\n  - ".join(
+                f"key {k!r} cannot be overridden for evaluation (rollout and policy keys, "
+                f"env_config and callbacks can){_suggest(k, sorted(allowed))}"
+                for k in unknown))
+        base = self.to_dict()
+        return type(self).load_evaluation(base, overrides)
+
+    @classmethod
+    def load_evaluation(cls, base: Mapping[str, Any], overrides: Mapping[str, Any]
+                        ) -> WorkerConfig:
+        """``base`` (a config dict) with ``overrides`` (flat keys), as a worker config."""
+        values = {k: v for k, v in base.items() if k != "evaluation_config"}
+        return load_config(cls, {**values, **overrides}).worker_config()
 
     def to_dict(self, *, include_derived: bool = False) -> dict[str, Any]:
         """All settings, sections nested, as plain data (what checkpoints and results

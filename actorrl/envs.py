@@ -281,6 +281,8 @@ class VectorStep:
     terminateds: np.ndarray
     truncateds: np.ndarray
     obs: np.ndarray
+    infos: list[dict[str, Any]] = field(default_factory=list)
+    """Each env's ``info`` of this step (for callbacks' ``episode.last_info_for()``)."""
 
     @property
     def dones(self) -> np.ndarray:
@@ -342,10 +344,11 @@ class VectorEnv(_EnvSet):
         """Step env ``i`` with ``actions[i]``; reset the envs whose episode ended."""
         discrete_array = self._discrete_actions and isinstance(actions, np.ndarray)
         acts = actions.tolist() if discrete_array else actions
-        next_obs, rewards, terms, truncs = [], [], [], []
+        next_obs, rewards, terms, truncs, infos = [], [], [], [], []
         obs = None
         for i, env in enumerate(self.envs):
             o, r, term, trunc, info = env.step(acts[i])
+            infos.append(info)
             next_obs.append(o)
             rewards.append(r)
             terms.append(term)
@@ -370,6 +373,7 @@ class VectorEnv(_EnvSet):
             terminateds=np.asarray(terms, dtype=bool),
             truncateds=np.asarray(truncs, dtype=bool),
             obs=next_obs_arr if obs is None else np.stack(obs),
+            infos=infos,
         )
 
 

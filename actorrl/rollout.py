@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from actorrl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
+from actorrl.callbacks import DefaultCallbacks, EpisodeTracker, make_callbacks
 from actorrl.classpath import resolve_callable
 from actorrl.config import (
     ConfigSection,
@@ -127,6 +128,13 @@ class RolloutWorker:
             raise ValueError(f"multiagent.policies_to_train names unknown policies {unknown}; "
                              f"policies are {sorted(self.policy_map)}")
         self.num_env_steps_sampled = 0
+        self.callbacks = make_callbacks(rollout.callbacks)
+        self.episode_tracker: EpisodeTracker | None = None
+        if type(self.callbacks) is not DefaultCallbacks and isinstance(
+                self.sampler, _SingleAgentSampler):
+            self.episode_tracker = EpisodeTracker(self.callbacks, self, self.env,
+                                                  self.policy_map)
+            self.sampler.episode_tracker = self.episode_tracker
 
     # ---- construction helpers ----------------------------------------------------------
     def _policy_config(self, cls: PolicyClass, overrides: Mapping[str, Any] | None,
@@ -188,6 +196,7 @@ class RolloutWorker:
         """One batch of experience (see the module docstring for sizes and order)."""
         batch = self.sampler.sample()
         self.num_env_steps_sampled += batch.count
+        self.callbacks.on_sample_end(worker=self, samples=batch)
         return batch
 
     def sample_with_count(self) -> tuple[SampleBatch | MultiAgentBatch, int]:
@@ -198,6 +207,11 @@ class RolloutWorker:
     def get_metrics(self) -> EpisodeMetrics:
         """Episodes finished since the last call (mergeable across workers)."""
         return self.env.pop_metrics()
+
+    def pop_custom_metrics(self) -> list[dict[str, float]]:
+        """``custom_metrics`` of the episodes ended since the last call (callbacks)."""
+        tracker = self.episode_tracker
+        return tracker.pop_custom_metrics() if tracker is not None else []
 
     # ---- learning ----------------------------------------------------------------------
     def compute_gradients(self, batch: SampleBatch | MultiAgentBatch) -> tuple[Any, dict]:
@@ -349,10 +363,14 @@ class _SingleAgentSampler(_Sampler):
         self.eps_ids = self.rng.integers(0, 2**62, size=n)
         self.episode_steps = np.zeros(n, dtype=np.int64)
         self.agent_index = np.zeros(n, dtype=np.int64)
+        self.episode_tracker: EpisodeTracker | None = None
 
     def sample(self) -> SampleBatch:
         if self.obs is None:
             self.obs = self.env.reset()
+            if self.episode_tracker is not None:
+                for i, episode_id in enumerate(self.eps_ids.tolist()):
+                    self.episode_tracker.start(i, episode_id)
         pieces: list[list[SampleBatch]] = [[] for _ in range(self.env.num_envs)]
         if self.complete_episodes:
             target_env_steps = self.fragment_length * self.env.num_envs
@@ -394,6 +412,9 @@ class _SingleAgentSampler(_Sampler):
             finished_steps += int(self.episode_steps[i])
             self.episode_steps[i] = 0
             self.eps_ids[i] = self.rng.integers(0, 2**62)
+        if self.episode_tracker is not None:
+            self.episode_tracker.step(step.rewards, step.infos, actions, step.dones,
+                                      self.eps_ids)
         self.obs = step.obs
         return finished_steps
 

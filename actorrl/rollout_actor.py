@@ -95,6 +95,10 @@ class RolloutWorkerActor:
         """Episodes finished since the last call."""
         return self.worker.get_metrics()
 
+    def pop_custom_metrics(self) -> list[dict[str, float]]:
+        """Callbacks' ``custom_metrics`` of the episodes ended since the last call."""
+        return self.worker.pop_custom_metrics()
+
     def get_state(self) -> dict[str, Any]:
         """Policy states for checkpoints."""
         return self.worker.get_state()
@@ -102,6 +106,10 @@ class RolloutWorkerActor:
     def set_state(self, state: Mapping[str, Any]) -> None:
         """Restore policy states."""
         self.worker.set_state(state)
+
+    def sample_count(self) -> int:
+        """Sample once and keep nothing but the metrics (evaluation); returns env steps."""
+        return self.worker.sample().count
 
     def sample_for(self, seconds: float) -> int:
         """Throughput probe: sample in a loop for ``seconds`` with nothing around it

@@ -152,7 +152,7 @@ def test_loss_matches_formula():
                 - 0.05 * dist.entropy().mean())
     assert torch.allclose(out.loss, expected, atol=1e-6)
     assert set(out.stats) == {"policy_loss", "vf_loss", "entropy", "vf_explained_var",
-                              "total_loss"}
+                              "total_loss", "cur_lr", "entropy_coeff"}
 
 
 def test_pg_without_critic_has_no_value_loss():

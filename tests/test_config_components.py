@@ -38,7 +38,10 @@ COMMON = {
     "timesteps_per_iteration": 10, "metrics_smoothing_episodes": 7, "debug": True,
     "num_envs_per_worker": 3, "rollout_fragment_length": 10, "explore": False,
     "clip_actions": False, "multiagent": {"policies_to_train": ["default_policy"]},
-    "lr": 0.123, "gamma": 0.9, "grad_clip": 3.0,
+    "lr": 0.123, "gamma": 0.9, "grad_clip": 3.0, "lr_schedule": [[0.0, 0.1], [50.0, 0.01]],
+    "callbacks": "tests.actors.callbacks:CountingCallbacks",
+    "evaluation_interval": 3, "evaluation_duration": 4, "evaluation_duration_unit": "timesteps",
+    "evaluation_num_workers": 2, "evaluation_config": {"explore": True},
     "model": {"fcnet_hiddens": [7], "fcnet_activation": "relu"},
 }
 LEARNER = {"num_sgd_iter": 2, "minibatch_buffer_size": 2, "learner_queue_size": 5,
@@ -46,6 +49,7 @@ LEARNER = {"num_sgd_iter": 2, "minibatch_buffer_size": 2, "learner_queue_size": 
            "num_data_load_threads": 2}
 ACTOR_CRITIC = {"lambda": 0.5, "use_gae": False, "use_critic": False,
                 "vf_loss_coeff": 0.25, "entropy_coeff": 0.02,
+                "entropy_coeff_schedule": [[0.0, 0.3], [10.0, 0.0]],
                 "batch_mode": "complete_episodes"}
 NON_DEFAULT: dict[str, dict[str, Any]] = {
     "apex": {
@@ -67,6 +71,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "vtrace_clip_rho_threshold": 2.0, "vtrace_clip_pg_rho_threshold": 3.0,
         "vf_loss_coeff": 0.25, "entropy_coeff": 0.02, "opt_type": "rmsprop", "decay": 0.9,
         "momentum": 0.1, "epsilon": 0.2, "max_sample_requests_in_flight_per_worker": 3,
+        "entropy_coeff_schedule": [[0.0, 0.3], [10.0, 0.0]],
         "broadcast_interval": 2,
     },
     "a3c": {**COMMON, **ACTOR_CRITIC, "train_batch_size": 40, "grads_per_step": 7},
@@ -76,6 +81,8 @@ FIXED = {"impala": {"batch_mode"}}
 """Keys with one valid value for an algorithm (IMPALA needs truncated fragments)."""
 TRAINER_KEYS = {"env", "num_workers", "seed", "num_gpus", "_fake_gpus", "min_iter_time_s",
                 "timesteps_per_iteration", "metrics_smoothing_episodes", "debug",
+                "evaluation_duration", "evaluation_duration_unit", "evaluation_num_workers",
+                "evaluation_config", "evaluation_interval",
                 "train_batch_size", "max_weight_sync_delay", "training_intensity",
                 "max_sample_requests_in_flight_per_worker", "broadcast_interval",
                 "grads_per_step", "microbatch_size", "learning_starts",

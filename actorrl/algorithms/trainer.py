@@ -14,8 +14,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from actorrl.callbacks import CustomMetricsWindow, DefaultCallbacks, make_callbacks
 from actorrl.config import AlgorithmConfig
 from actorrl.envs import EpisodeMetrics, EpisodeWindow
+from actorrl.evaluation import Evaluator
 from actorrl.learner.config import LearnerConfig
 from actorrl.runtime import ActorDiedError, ActorHandle, DriverLike, Runtime
 
@@ -81,6 +83,14 @@ class Trainer:
         self.worker_config = config.worker_config().to_dict()
         self.num_worker_restarts = 0
         self.learner_side_actors: list[ActorHandle] = []
+        policy = config.policy
+        self._has_schedules = bool(getattr(policy, "lr_schedule", None)
+                                   or getattr(policy, "entropy_coeff_schedule", None))
+        self._timestep_sent: int | None = None
+        self.callbacks = make_callbacks(config.callbacks)
+        self._with_callbacks = type(self.callbacks) is not DefaultCallbacks
+        self.custom_metrics = CustomMetricsWindow(config.metrics_smoothing_episodes)
+        self.evaluator: Evaluator | None = None
 
     @classmethod
     async def create(cls, spec: AlgorithmSpec, config: AlgorithmConfig, driver: DriverLike
@@ -100,6 +110,13 @@ class Trainer:
         if self.spec.learner_config is not None:
             self.learner = started[-1]
             await self.broadcast_learner_weights()
+        if config.evaluation_interval:
+            self.evaluator = await Evaluator.create(
+                self.driver, config.env, self.spec.policy,
+                config.evaluation_worker_config().to_dict(),
+                num_workers=config.evaluation_num_workers,
+                first_index=config.num_workers + 1, duration=config.evaluation_duration,
+                unit=config.evaluation_duration_unit, num_cpus=config.num_cpus_per_worker)
         self.pipeline = await self.spec.build_pipeline(self)
 
     async def _start_worker(self, index: int) -> ActorHandle:
@@ -183,18 +200,21 @@ class Trainer:
         sampled_before = self.pipeline.num_steps_sampled
         while True:
             await self.pipeline.step()
+            self._send_global_timestep()
             elapsed = time.perf_counter() - start
             sampled = self.pipeline.num_steps_sampled - sampled_before
             if elapsed >= config.min_iter_time_s and sampled >= config.timesteps_per_iteration:
                 break
         episodes = await self._collect_metrics()
+        custom = await self._collect_custom_metrics()
         time_this_iter = time.perf_counter() - start
         self.iteration += 1
         self.time_total_s += time_this_iter
         info = await self.pipeline.stats()
         info["num_worker_restarts"] = self.num_worker_restarts
-        return {
+        result = {
             **self.episodes.update(episodes),
+            "custom_metrics": self.custom_metrics.update(custom),
             **self.counters(),
             "timesteps_this_iter": self.pipeline.num_steps_sampled - sampled_before,
             "time_this_iter_s": time_this_iter,
@@ -202,6 +222,51 @@ class Trainer:
             "timestamp": time.time(),
             "info": info,
         }
+        interval = config.evaluation_interval
+        if self.evaluator is not None and interval and self.iteration % interval == 0:
+            result["evaluation"] = await self.evaluate()
+        self.callbacks.on_train_result(algorithm=self, trainer=self, result=result)
+        return result
+
+    async def evaluate(self) -> dict[str, Any]:
+        """Evaluate the learner's current weights on the evaluation workers (see
+        :mod:`actorrl.evaluation`); the result's ``evaluation`` section."""
+        assert self.evaluator is not None and self.learner is not None
+        return await self.evaluator.evaluate(self.learner.get_weights.remote())
+
+    def _send_global_timestep(self) -> None:
+        """Tell the learner the global env-step count (``timesteps_total``, restored
+        steps included) at most once per train batch of new steps, so it applies
+        ``lr_schedule`` / ``entropy_coeff_schedule`` (RLlib's global vars update). Only
+        when the config has a schedule."""
+        if not self._has_schedules or self.learner is None:
+            return
+        timestep = self.counters()["timesteps_total"]
+        if self._timestep_sent is not None and \
+                timestep - self._timestep_sent < self.config.train_batch_size:
+            return
+        self._timestep_sent = timestep
+        self.learner.set_global_timestep.remote(timestep)
+
+    async def _collect_custom_metrics(self) -> list[dict[str, float]]:
+        """The workers' episodes' ``custom_metrics`` since the last call (only with
+        callbacks: without them there are none)."""
+        if not self._with_callbacks:
+            return []
+        assert self.pipeline is not None
+        workers = list(self.pipeline.workers)
+        results = await asyncio.gather(
+            *(self.runtime.get_async(w.pop_custom_metrics.remote(), timeout_s=60)
+              for w in workers), return_exceptions=True)
+        out: list[dict[str, float]] = []
+        for worker, result in zip(workers, results):
+            if isinstance(result, ActorDiedError):
+                log.warning("could not collect custom metrics from %r: %s", worker, result)
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                out.extend(result)
+        return out
 
     async def _collect_metrics(self) -> EpisodeMetrics:
         assert self.pipeline is not None
@@ -291,5 +356,7 @@ class Trainer:
             await self.pipeline.stop()
         actors = [*self.workers, *([self.learner] if self.learner else [])]
         actors += self.learner_side_actors
+        if self.evaluator is not None:
+            actors += self.evaluator.workers
         await asyncio.gather(*(self.driver.kill_actor(a) for a in actors),
                              return_exceptions=True)

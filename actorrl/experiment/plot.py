@@ -29,6 +29,8 @@ class Curve:
     reward_mean: list[float]
     reward_min: list[float]
     reward_max: list[float]
+    custom: dict[str, list[float]]
+    """``custom_metrics`` means (``<name>_mean``) by name, NaN where an iteration has none."""
 
 
 def _as_float(value: object) -> float:
@@ -47,6 +49,10 @@ def load_curve(run_dir: Path) -> Curve:
         reward_mean=[_as_float(r.get("episode_reward_mean")) for r in results],
         reward_min=[_as_float(r.get("episode_reward_min")) for r in results],
         reward_max=[_as_float(r.get("episode_reward_max")) for r in results],
+        custom={name: [_as_float((r.get("custom_metrics") or {}).get(name)) for r in results]
+                for name in dict.fromkeys(k for r in results
+                                          for k in (r.get("custom_metrics") or {})
+                                          if k.endswith("_mean"))},
     )
 
 
@@ -92,8 +98,11 @@ def plot_runs(paths: list[str], output: str | os.PathLike[str] | None = None,
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(12, 4.5), dpi=100)
-    by_steps, by_time = figure.subplots(1, 2)
+    custom_names = list(dict.fromkeys(n for c in curves for n in c.custom))
+    rows = 1 + -(-len(custom_names) // 2)
+    figure = Figure(figsize=(12, 4.5 * rows), dpi=100)
+    grid = figure.subplots(rows, 2, squeeze=False)
+    by_steps, by_time = grid[0]
     for curve in curves:
         line, = by_steps.plot(curve.timesteps, curve.reward_mean, label=curve.label)
         by_steps.fill_between(curve.timesteps, curve.reward_min, curve.reward_max,
@@ -108,6 +117,18 @@ def plot_runs(paths: list[str], output: str | os.PathLike[str] | None = None,
         axes.set_ylabel("episode_reward_mean")
         axes.grid(True, alpha=0.3)
         axes.legend(fontsize="small", loc="best")
+    # One panel per custom metric (callbacks' custom_metrics), against timesteps.
+    panels = [axes for row in grid[1:] for axes in row]
+    for axes, name in zip(panels, custom_names):
+        for curve in curves:
+            if name in curve.custom:
+                axes.plot(curve.timesteps, curve.custom[name], label=curve.label)
+        axes.set_xlabel("timesteps_total (env steps)")
+        axes.set_ylabel(f"custom_metrics/{name}")
+        axes.grid(True, alpha=0.3)
+        axes.legend(fontsize="small", loc="best")
+    for axes in panels[len(custom_names):]:
+        axes.set_visible(False)
     figure.suptitle(title or "learning curves (shaded: episode reward min..max)")
     figure.tight_layout()
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}.png")

@@ -51,7 +51,19 @@ def plain_line(result: dict[str, Any], derived: dict[str, float], elapsed_s: flo
         "elapsed_s": f"{elapsed_s:.1f}",
         "eta_s": "-" if eta_s is None else f"{eta_s:.0f}",
     }
+    evaluation = result.get("evaluation")
+    if isinstance(evaluation, dict):
+        fields["eval_reward_mean"] = _fmt_number(evaluation.get("episode_reward_mean"))
+    fields.update({f"custom/{name}": _fmt_number(value)
+                   for name, value in custom_means(result).items()})
     return "result " + " ".join(f"{k}={v}" for k, v in fields.items())
+
+
+def custom_means(result: dict[str, Any]) -> dict[str, float]:
+    """The ``<name>_mean`` entries of the result's ``custom_metrics`` (the live view shows
+    those; the files hold min and max too)."""
+    custom = result.get("custom_metrics") or {}
+    return {k: v for k, v in custom.items() if k.endswith("_mean")}
 
 
 class ProgressDisplay(Protocol):
@@ -157,6 +169,14 @@ class RichProgress:
             table.add_row(
                 "[bold]trained[/]", f"{int(result.get('num_steps_trained', 0)):,}",
                 "[bold]learner queue[/]", "-" if queue is None else f"{queue:.1f}")
+            evaluation = result.get("evaluation")
+            if isinstance(evaluation, dict):
+                table.add_row(
+                    "[bold]evaluation[/]",
+                    f"{_fmt_number(evaluation.get('episode_reward_mean'), 1)} "
+                    f"({evaluation.get('episodes_this_iter', 0)} episodes)", "", "")
+            for name, value in custom_means(result).items():
+                table.add_row(f"[bold]{name}[/]", _fmt_number(value), "", "")
         fraction = self.criteria.fraction(result, elapsed)
         bar = Table.grid(padding=(0, 1))
         bar.add_row(ProgressBar(total=1.0, completed=fraction, width=40),

@@ -54,6 +54,9 @@ TENSORBOARD_KEYS = (
     "num_healthy_workers",
 )
 """Top-level result keys written as TensorBoard scalars (plus :func:`derived_metrics`)."""
+SECTION_SCALARS = ("custom_metrics", "evaluation")
+"""Result sections whose every number is a TensorBoard scalar (``custom_metrics/x_mean``,
+``evaluation/episode_reward_mean``)."""
 
 
 def to_json_line(result: dict[str, Any]) -> str:
@@ -195,6 +198,10 @@ class ResultWriter:
                 value = result.get(key)
                 if isinstance(value, (int, float)) and math.isfinite(value):
                     self._tb.add_scalar(key, value, global_step=step)
+            for section in SECTION_SCALARS:
+                for key, value in flatten_result(result.get(section) or {}).items():
+                    if isinstance(value, (int, float)) and math.isfinite(value):
+                        self._tb.add_scalar(f"{section}/{key}", value, global_step=step)
             for key, value in derived.items():
                 self._tb.add_scalar(f"throughput/{key}" if key.endswith("_per_s")
                                     else f"info/{key}", value, global_step=step)

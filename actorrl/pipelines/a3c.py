@@ -62,7 +62,9 @@ class AsyncGradientsOptimizer(StepCountersMixin):
         return self.worker_fleet.num_failures
 
     def _dispatch(self, pool: TaskPool, worker: ActorHandle, weights: ObjectRef) -> None:
-        worker.set_weights.remote(weights)
+        # The step count rides along: workers compute the gradients, so their policies
+        # need it for entropy_coeff_schedule.
+        worker.set_weights.remote(weights, self.counters.num_steps_sampled)
         sample = worker.sample.remote()
         pool.add(worker, worker.compute_gradients_ref.remote(sample))
 

@@ -169,9 +169,10 @@ class ActorCriticPolicy(TorchPolicy):
         advantages = batch[SampleBatch.ADVANTAGES].float()
         policy_loss = -(logp * advantages).mean()
         entropy = dist.entropy().mean()
-        total = policy_loss - self.config.entropy_coeff * entropy
+        total = policy_loss - self.entropy_coeff * entropy
         stats: dict[str, Any] = {"policy_loss": policy_loss.detach(),
-                                 "entropy": entropy.detach()}
+                                 "entropy": entropy.detach(),
+                                 "entropy_coeff": self.entropy_coeff, "cur_lr": self.cur_lr}
         if self.config.use_critic:
             targets = batch[SampleBatch.VALUE_TARGETS].float()
             vf_loss = 0.5 * (values - targets).pow(2).mean()

@@ -22,6 +22,7 @@ import torch
 from actorrl.batch import SampleBatch
 from actorrl.config import load_component
 from actorrl.policy.config import PolicyConfig
+from actorrl.schedules import PiecewiseSchedule
 
 
 @dataclass
@@ -60,6 +61,15 @@ class TorchPolicy:
         self.global_timestep = 0
         self.model = self.make_model().to(self.device)
         self._optimizer: torch.optim.Optimizer | None = None
+        lr_points = self.config.lr_schedule
+        entropy_points = getattr(self.config, "entropy_coeff_schedule", None)
+        self._lr_schedule = PiecewiseSchedule(lr_points) if lr_points else None
+        self._entropy_schedule = PiecewiseSchedule(entropy_points) if entropy_points else None
+        self.cur_lr: float = float(self.config.lr)
+        """The learning rate now (``lr``, or ``lr_schedule`` at the global timestep)."""
+        self.entropy_coeff: float = float(getattr(self.config, "entropy_coeff", 0.0))
+        """The entropy weight now (``entropy_coeff`` or its schedule); losses read it."""
+        self._apply_schedules()
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
@@ -67,6 +77,7 @@ class TorchPolicy:
         torch's compiler stack (seconds), which sampling-only workers never need."""
         if self._optimizer is None:
             self._optimizer = self.make_optimizer(self.model)
+            self._set_optimizer_lr()
         return self._optimizer
 
     # ---- to implement -------------------------------------------------------------
@@ -98,8 +109,24 @@ class TorchPolicy:
         return batch
 
     def on_global_timestep(self, timestep: int) -> None:
-        """Told the global env-step count (epsilon and lr schedules)."""
+        """Told the global env-step count (epsilon, lr and entropy schedules). Subclasses
+        that override it call this."""
         self.global_timestep = timestep
+        self._apply_schedules()
+
+    def _apply_schedules(self) -> None:
+        """``cur_lr`` and ``entropy_coeff`` at ``global_timestep`` (RLlib's
+        LearningRateSchedule and EntropyCoeffSchedule mixins)."""
+        if self._lr_schedule is not None:
+            self.cur_lr = self._lr_schedule.value(self.global_timestep)
+            self._set_optimizer_lr()
+        if self._entropy_schedule is not None:
+            self.entropy_coeff = self._entropy_schedule.value(self.global_timestep)
+
+    def _set_optimizer_lr(self) -> None:
+        if self._lr_schedule is not None and self._optimizer is not None:
+            for group in self._optimizer.param_groups:
+                group["lr"] = self.cur_lr
 
     def after_update(self, num_updates: int) -> None:
         """Called after every applied update (e.g. target network sync)."""
@@ -183,6 +210,7 @@ class TorchPolicy:
         self.set_weights(state["weights"])
         self.optimizer.load_state_dict(_numpy_to_tensors(state["optimizer"]))
         self.global_timestep = int(state.get("global_timestep", 0))
+        self._apply_schedules()
         self.num_updates = int(state.get("num_updates", 0))
 
 

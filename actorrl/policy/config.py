@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actorrl.config import WORKER, ConfigSection, checked, derived
+from actorrl.schedules import check_schedule
 
 
 def check_model(model: dict[str, Any]) -> list[tuple[str, str]]:
@@ -42,7 +43,11 @@ class PolicyConfig(ConfigSection):
     """What every torch policy reads (``actorrl.policy.base.TorchPolicy``)."""
 
     lr: float = 5e-4
-    """Learning rate."""
+    """Learning rate (unless ``lr_schedule`` is set)."""
+    lr_schedule: list[list[float]] | None = None
+    """Learning rate over global env steps, RLlib's format: ``[[0, lr0], [t1, lr1], ...]``
+    (starts at 0, linear between points, the last value after the last point); replaces
+    ``lr``. The learner applies it; ``cur_lr`` in the learner stats reports it."""
     grad_clip: float | None = 40.0
     """Global gradient-norm clip; ``None`` disables it."""
     gamma: float = 0.99
@@ -60,6 +65,7 @@ class PolicyConfig(ConfigSection):
             problems.append(f"gamma must be in [0, 1], got {self.gamma!r}")
         if self.grad_clip is not None and self.grad_clip <= 0:
             problems.append(f"grad_clip must be > 0 or None, got {self.grad_clip!r}")
+        problems += check_schedule("lr_schedule", self.lr_schedule)
         return problems
 
 
@@ -180,7 +186,10 @@ class ImpalaPolicyConfig(PolicyConfig):
     vf_loss_coeff: float = 0.5
     """Weight of the value loss."""
     entropy_coeff: float = 0.01
-    """Weight of the entropy bonus."""
+    """Weight of the entropy bonus (unless ``entropy_coeff_schedule`` is set)."""
+    entropy_coeff_schedule: list[list[float]] | None = None
+    """Entropy weight over global env steps, as ``lr_schedule``; replaces
+    ``entropy_coeff``, whose current value the learner stats report."""
     opt_type: str = "adam"
     """``adam`` or ``rmsprop``."""
     decay: float = 0.99
@@ -210,6 +219,7 @@ class ImpalaPolicyConfig(PolicyConfig):
             ("momentum", self.momentum >= 0, ">= 0"),
             ("epsilon", self.epsilon > 0, "> 0"),
         ]
+        problems += check_schedule("entropy_coeff_schedule", self.entropy_coeff_schedule)
         return problems + [f"{name} must be {allowed}, got {getattr(self, name)!r}"
                            for name, ok, allowed in checks if not ok]
 
@@ -230,7 +240,10 @@ class ActorCriticPolicyConfig(PolicyConfig):
     vf_loss_coeff: float = 0.5
     """Weight of the value loss."""
     entropy_coeff: float = 0.01
-    """Weight of the entropy bonus."""
+    """Weight of the entropy bonus (unless ``entropy_coeff_schedule`` is set)."""
+    entropy_coeff_schedule: list[list[float]] | None = None
+    """Entropy weight over global env steps, as ``lr_schedule``; replaces
+    ``entropy_coeff``, whose current value the learner stats report."""
 
     def validate(self) -> list[str]:
         """lambda in [0, 1], vf_loss_coeff >= 0, GAE only with a critic."""
@@ -241,4 +254,5 @@ class ActorCriticPolicyConfig(PolicyConfig):
             problems.append(f"vf_loss_coeff must be >= 0, got {self.vf_loss_coeff}")
         if self.use_gae and not self.use_critic:
             problems.append("use_gae=True needs use_critic=True (got use_critic=False)")
+        problems += check_schedule("entropy_coeff_schedule", self.entropy_coeff_schedule)
         return problems

@@ -193,7 +193,7 @@ class ImpalaPolicy(TorchPolicy):
         pi_loss = -(target_logp * pg_advantages).mean()
         vf_loss = 0.5 * (values - vs).pow(2).mean()
         mean_entropy = entropy.mean()
-        total = pi_loss + cfg.vf_loss_coeff * vf_loss - cfg.entropy_coeff * mean_entropy
+        total = pi_loss + cfg.vf_loss_coeff * vf_loss - self.entropy_coeff * mean_entropy
 
         with torch.no_grad():
             rhos = log_rhos.exp()
@@ -205,7 +205,7 @@ class ImpalaPolicy(TorchPolicy):
             "policy_loss": pi_loss.detach(),
             "vf_loss": vf_loss.detach(),
             "entropy": mean_entropy.detach(),
-            "entropy_coeff": cfg.entropy_coeff,
+            "entropy_coeff": self.entropy_coeff,
             "mean_IS": rhos.mean(),
             "var_IS": rhos.var(unbiased=False),
             "var_gnorm": var_gnorm,
