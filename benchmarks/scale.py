@@ -351,6 +351,8 @@ async def run(args: argparse.Namespace, root: str) -> dict[str, Any]:
         plan = {"impala-pong": [8, 32, 128, 256], "impala-cartpole": [8, 256],
                 "apex-pong": [32, 256]}
         window = 6.0
+    if args.series:
+        plan = {s: ns for s, ns in plan.items() if s in args.series}
     if args.workers:
         plan = {s: [n for n in ns if n in args.workers] for s, ns in plan.items()}
     bench = Bench(root)
@@ -373,7 +375,7 @@ async def run(args: argparse.Namespace, root: str) -> dict[str, Any]:
             out["series"][series] = rows
     finally:
         await bench.close()
-    out["rows"] = out["series"]["impala-pong"]
+    out["rows"] = out["series"].get("impala-pong", [])
     out["total_s"] = round(time.perf_counter() - started, 1)
     return out
 
@@ -382,6 +384,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="N up to 64, short windows")
     parser.add_argument("--workers", type=int, nargs="*", help="only these N")
+    parser.add_argument("--series", nargs="*", choices=sorted(SERIES), help="only these")
     parser.add_argument("--plot", default=None, help="PNG to write (default: none)")
     args = parser.parse_args()
     root = tempfile.mkdtemp(prefix="arl-scale-")
