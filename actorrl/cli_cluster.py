@@ -16,6 +16,20 @@
     actorrl logs JOB [--actors]
     actorrl stop JOB
 
+Every address and key path can also come from the environment, so the same command line
+runs unchanged under Slurm or Kubernetes (docs/deploy.md): a flag wins over its variable.
+
+=================== =============================================================
+``ACTORRL_ADDRESS``  the coordinator (``node join ADDRESS``, ``--address``)
+``ACTORRL_KEYS_DIR`` the CURVE keys directory (``--keys``)
+``ACTORRL_BIND``     ``coordinator start --bind``
+``ACTORRL_ADVERTISE`` ``coordinator start --advertise``
+``ACTORRL_NODE_NAME`` ``node join --name``
+``ACTORRL_NODE_HOST`` ``node join --host`` (the IP this node's actors are reached at)
+``ACTORRL_CPUS`` / ``ACTORRL_GPUS`` ``node join --cpus`` / ``--gpus``
+``ACTORRL_STATE_DIR`` ``--state-dir``
+=================== =============================================================
+
 Commands that talk to a coordinator find it through ``--address`` or the state file of a
 coordinator started on this host (``--state-dir``, ``$ACTORRL_STATE_DIR``, ``~/.actorrl``),
 which also names its keys directory; ``--keys`` overrides; ``--identity`` picks the key pair
@@ -36,6 +50,21 @@ from typing import Any
 EXIT_USAGE = 2
 
 
+ENV_ADDRESS = "ACTORRL_ADDRESS"
+ENV_KEYS_DIR = "ACTORRL_KEYS_DIR"
+ENV_BIND = "ACTORRL_BIND"
+ENV_ADVERTISE = "ACTORRL_ADVERTISE"
+ENV_NODE_NAME = "ACTORRL_NODE_NAME"
+ENV_NODE_HOST = "ACTORRL_NODE_HOST"
+ENV_CPUS = "ACTORRL_CPUS"
+ENV_GPUS = "ACTORRL_GPUS"
+
+
+def _env(name: str) -> str | None:
+    """The value of environment variable ``name``; None when unset or empty."""
+    return os.environ.get(name) or None
+
+
 class CommandError(Exception):
     """A command cannot run (the message says why and what to do)."""
 
@@ -53,7 +82,7 @@ def _target(args: argparse.Namespace) -> tuple[str, str | None]:
 
     keys = os.path.expanduser(args.keys) if getattr(args, "keys", None) else None
     if getattr(args, "address", None):
-        return args.address, keys or os.environ.get("ACTORRL_KEYS_DIR")
+        return args.address, keys or _env(ENV_KEYS_DIR)
     state_dir = _state_dir(args)
     state = read_state(state_dir)
     if state is None:
@@ -92,10 +121,11 @@ def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
 
 
 def _add_target(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--address", help="coordinator address (default: the one recorded in the "
-                   "state directory)")
-    p.add_argument("--keys", metavar="DIR", help="CURVE keys directory (default: the "
-                   "coordinator's, from the state file)")
+    p.add_argument("--address", default=_env(ENV_ADDRESS), help="coordinator address "
+                   "(default: $ACTORRL_ADDRESS, else the one recorded in the state directory)")
+    p.add_argument("--keys", metavar="DIR", default=_env(ENV_KEYS_DIR), help="CURVE keys "
+                   "directory (default: $ACTORRL_KEYS_DIR, else the coordinator's, from the "
+                   "state file)")
     p.add_argument("--state-dir", metavar="DIR", help="coordinator state directory (default: "
                    "$ACTORRL_STATE_DIR or ~/.actorrl)")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the "
@@ -221,6 +251,9 @@ def _cmd_coordinator_stop(args: argparse.Namespace) -> int:
 def _cmd_node_join(args: argparse.Namespace) -> int:
     from actorrl.cluster.service import run_node
 
+    if not args.address:
+        raise CommandError("node join needs the coordinator's address: pass it as ADDRESS "
+                           "(tcp://HOST:PORT) or set $ACTORRL_ADDRESS")
     keys = os.path.abspath(os.path.expanduser(args.keys)) if args.keys else None
     return run_node(args.address, name=args.name, host=args.host, num_cpus=args.cpus,
                     num_gpus=args.gpus, keys_dir=keys, session_dir=args.session_dir,
@@ -395,17 +428,20 @@ def register(subparsers: Any) -> None:
     coord_sub = coord.add_subparsers(dest="coordinator_command", metavar="ACTION",
                                      required=True)
     p = coord_sub.add_parser("start", help="run the coordinator")
-    p.add_argument("--bind", help="address to listen on (default: with --keys "
-                   "tcp://127.0.0.1:7450, without an ipc socket in the private state "
-                   "directory); tcp needs --keys (or, on loopback, --insecure-loopback)")
+    p.add_argument("--bind", default=_env(ENV_BIND), help="address to listen on (default: "
+                   "$ACTORRL_BIND, else with --keys tcp://127.0.0.1:7450, without an ipc "
+                   "socket in the private state directory); tcp needs --keys (or, on "
+                   "loopback, --insecure-loopback)")
     _add_insecure(p)
     p.add_argument("--daemon", action="store_true", help="detach and run in the background")
-    p.add_argument("--keys", metavar="DIR", help="CURVE keys directory (encrypts and "
-                   "authenticates every tcp connection)")
+    p.add_argument("--keys", metavar="DIR", default=_env(ENV_KEYS_DIR), help="CURVE keys "
+                   "directory (encrypts and authenticates every tcp connection; default: "
+                   "$ACTORRL_KEYS_DIR)")
     p.add_argument("--state-dir", metavar="DIR", help="state, job records, checkpoints "
                    "(default: $ACTORRL_STATE_DIR or ~/.actorrl)")
-    p.add_argument("--advertise", metavar="HOST", help="host other nodes reach this one at "
-                   "(default: the --bind host)")
+    p.add_argument("--advertise", metavar="HOST", default=_env(ENV_ADVERTISE),
+                   help="host other nodes reach this one at (default: $ACTORRL_ADVERTISE, "
+                   "else the --bind host)")
     p.add_argument("--heartbeat-timeout", type=float, default=3.0, metavar="S",
                    help="seconds without a heartbeat before a node is lost (default: 3)")
     p.add_argument("--session-timeout", type=float, default=20.0, metavar="S",
@@ -433,13 +469,19 @@ def register(subparsers: Any) -> None:
     node = subparsers.add_parser("node", help="run a node agent on this host")
     node_sub = node.add_subparsers(dest="node_command", metavar="ACTION", required=True)
     p = node_sub.add_parser("join", help="join a coordinator and run actors for it")
-    p.add_argument("address", metavar="ADDRESS", help="the coordinator, tcp://HOST:PORT")
-    p.add_argument("--cpus", type=float, help="CPUs to offer (default: all)")
-    p.add_argument("--gpus", type=float, help="GPUs to offer (default: all visible)")
-    p.add_argument("--keys", metavar="DIR", help="CURVE keys directory")
-    p.add_argument("--name", help="node name (default: hostname + random suffix)")
-    p.add_argument("--host", help="IP this node's actors bind and are reached at "
-                   "(default: the interface that routes to the coordinator)")
+    p.add_argument("address", metavar="ADDRESS", nargs="?", default=_env(ENV_ADDRESS),
+                   help="the coordinator, tcp://HOST:PORT (default: $ACTORRL_ADDRESS)")
+    p.add_argument("--cpus", type=float, default=_env(ENV_CPUS),
+                   help="CPUs to offer (default: $ACTORRL_CPUS, else all)")
+    p.add_argument("--gpus", type=float, default=_env(ENV_GPUS),
+                   help="GPUs to offer (default: $ACTORRL_GPUS, else all visible)")
+    p.add_argument("--keys", metavar="DIR", default=_env(ENV_KEYS_DIR),
+                   help="CURVE keys directory (default: $ACTORRL_KEYS_DIR)")
+    p.add_argument("--name", default=_env(ENV_NODE_NAME), help="node name (default: "
+                   "$ACTORRL_NODE_NAME, else hostname + random suffix)")
+    p.add_argument("--host", default=_env(ENV_NODE_HOST), help="IP this node's actors bind "
+                   "and are reached at (default: $ACTORRL_NODE_HOST, else the interface that "
+                   "routes to the coordinator)")
     p.add_argument("--session-dir", metavar="DIR", help="sockets and actor logs (default: a "
                    "fresh temporary directory, removed when the node exits)")
     _add_insecure(p)

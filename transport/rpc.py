@@ -308,6 +308,14 @@ class Request:
         self.server.send_reply(self.peer, self.request_id, value,
                                placer if self.local else None)
 
+    def reply_encoded(self, frames: list[Any]) -> None:
+        """Send a reply already encoded with this server's codec (``codec.encode(value)``):
+        one encoding of a value sent to many callers."""
+        if self.replied or not self.wants_reply:
+            return
+        self.replied = True
+        self.server.send_encoded_reply(self.peer, self.request_id, frames)
+
     def fail(self, exc: BaseException) -> None:
         """Send ``exc`` back to the caller as a :class:`RemoteError`."""
         if self.replied or not self.wants_reply:
@@ -567,6 +575,10 @@ class RpcServer:
         except EncodeError as exc:
             self.send_error(peer, request_id, RemoteError.from_exception(exc))
             return
+        self._send(peer, KIND_OK, request_id, frames)
+
+    def send_encoded_reply(self, peer: bytes, request_id: int, frames: list[Any]) -> None:
+        """Send a successful reply encoded beforehand (see :meth:`Request.reply_encoded`)."""
         self._send(peer, KIND_OK, request_id, frames)
 
     def send_error(self, peer: bytes, request_id: int, error: RemoteError) -> None:

@@ -60,6 +60,11 @@ class AlgorithmSpec:
     learner_thread: bool = True
     """Whether the learner learns from an in-queue in its own thread (Ape-X, IMPALA) or
     only applies gradients it is handed (A3C, A2C)."""
+    worker_class: str = WORKER_CLASS
+    """Class path of the rollout worker actor (another class with the same methods can
+    stand in, e.g. simulated workers that measure the runtime at scale)."""
+    learner_class: str = LEARNER_CLASS
+    """Class path of the learner actor."""
 
 
 class Trainer:
@@ -121,7 +126,7 @@ class Trainer:
 
     async def _start_worker(self, index: int) -> ActorHandle:
         return await self.driver.create_actor(
-            WORKER_CLASS,
+            self.spec.worker_class,
             args=(self.config.env, self.spec.policy, self.worker_config),
             kwargs={"worker_index": index, "num_workers": self.config.num_workers},
             num_cpus=self.config.num_cpus_per_worker, name=f"worker-{index}")
@@ -134,7 +139,7 @@ class Trainer:
         if num_gpus == 0 and not self.config._fake_gpus and node_gpus >= 1:
             num_gpus = 1.0  # the learner uses CUDA when the machine has it
         return await self.driver.create_actor(
-            LEARNER_CLASS,
+            self.spec.learner_class,
             args=(self.config.env, self.spec.policy, self.worker_config,
                   learner_config.to_dict()),
             kwargs={"start_thread": self.spec.learner_thread},

@@ -110,27 +110,37 @@ class AsyncSamplesOptimizer(StepCountersMixin):
     # ---- the step ---------------------------------------------------------------------
     async def step(self, timeout_s: float = 1.0) -> None:
         """Handle everything that finished (waiting up to ``timeout_s`` for the first)."""
+        died: list[tuple[ActorHandle, BaseException]] = []
         for actor, ref in await self.tasks.completed(timeout_s):
             if actor == self.learner:
                 await self._on_learner_reply(ref)
-            elif actor in self.worker_fleet:  # else it failed earlier in this loop
-                await self._on_sample(actor, ref)
+            elif actor in self.worker_fleet:  # else it was replaced already
+                error = await self._on_sample(actor, ref)
+                if error is not None:
+                    died.append((actor, error))
+        if died:
+            # All at once: the workers of a lost node are replaced concurrently, in one
+            # start time (one after another, a node of 64 workers stalled the pipeline
+            # for 64 start times).
+            self._start_sampling(await self.worker_fleet.failed_all(died,
+                                                                    self._forget_worker))
         self._send_train_batches()
 
-    async def _on_sample(self, worker: ActorHandle, ref: ObjectRef) -> None:
+    async def _on_sample(self, worker: ActorHandle, ref: ObjectRef
+                         ) -> ActorDiedError | None:
+        """Route one sample reply; the error when its worker died (replaced by the
+        caller)."""
         try:
             reply: SampleReply = await self.runtime.get_async(ref)
         except ActorDiedError as exc:
-            new = await self.worker_fleet.failed(worker, exc, self._forget_worker)
-            if new is not None:
-                self._start_sampling([new])
-            return
+            return exc
         with self.timers["sample_processing"]:
             self.pending.append((reply.batch, reply.count))
             self.pending_rows += reply.count
             self.counters.num_steps_sampled += reply.count
         if self.pacer.admit(worker):
             self._request_sample(worker)
+        return None
 
     async def _on_learner_reply(self, ref: ObjectRef) -> None:
         try:

@@ -71,7 +71,7 @@ from actorrl.runtime.refs import (
 )
 from transport import shm as shm_segments
 from transport.auth import check_bind, ensure_authenticator
-from transport.codec import Codec
+from transport.codec import Codec, EncodeError
 from transport.endpoint import Endpoint, is_composite, short
 from transport.errors import PeerLostError, RemoteError, TransportError
 from transport.rpc import Request, RpcClient, RpcServer
@@ -353,7 +353,10 @@ class Runtime:
         """Segments placed for stored objects fetched by same-host processes, by id."""
         self._shm_routes: dict[str, bool] = {}
         self._shm_trim: asyncio.TimerHandle | None = None
-        self.store = ObjectStore(loop, on_drop=self._drop_shm_object if shm else None)
+        self._encoded_objects: dict[bytes, list[Any]] = {}
+        """Fetch replies of stored objects fetched without freeing, encoded once, by id:
+        an object many processes fetch (a weights version) is serialised once."""
+        self.store = ObjectStore(loop, on_drop=self._drop_object)
         self.network = network
         self.server = RpcServer(self._on_request, codec=self.codec, **(server_options or {}))
         self.local_address = self.server.bind(ipc_address(address_dir, name))
@@ -461,6 +464,13 @@ class Runtime:
             self.loop.call_soon_threadsafe(executor.flush_puts)
 
     # ------------------------------------------------------------------ connections
+    def traffic(self) -> dict[str, int]:
+        """Bytes this runtime's server and its open client connections have sent and
+        received (shared-memory payloads included; connections closed since are not)."""
+        conns = [self.server, *self._clients.values()]
+        return {"bytes_sent": sum(c.bytes_sent for c in conns),
+                "bytes_received": sum(c.bytes_received for c in conns)}
+
     def client(self, endpoint: str) -> RpcClient:
         """The (cached) connection to ``endpoint``; loop thread only."""
         client = self._clients.get(endpoint)
@@ -532,7 +542,8 @@ class Runtime:
             self._shm_trim = self.loop.call_later(shm_segments.DEFAULT_POOL_IDLE_S,
                                                   self._trim_shm_pool)
 
-    def _drop_shm_object(self, object_id: bytes) -> None:
+    def _drop_object(self, object_id: bytes) -> None:
+        self._encoded_objects.pop(object_id, None)
         cache = self._shm_objects.pop(object_id, None)
         if cache:
             shm_segments.StoredPlacer.release(cache, self.shm_pool)
@@ -944,6 +955,9 @@ class Runtime:
                         cache, self.shm_threshold, self.shm_pool))
                     if not cache:
                         del self._shm_objects[object_id]
+                elif not free and status == STATUS_OK and \
+                        self.store.lookup(object_id) is not None:
+                    self._reply_stored(request, object_id, value)
                 else:
                     request.reply([status, value])
                 if free:
@@ -963,6 +977,19 @@ class Runtime:
             self.extra_handlers[method](request)
         else:
             raise ValueError(f"unknown runtime method {method!r}")
+
+    def _reply_stored(self, request: Request, object_id: bytes, value: Any) -> None:
+        """Reply to a fetch that keeps the object with its encoding, made at the first such
+        fetch and kept until the object is freed."""
+        frames = self._encoded_objects.get(object_id)
+        if frames is None:
+            try:
+                frames = self.codec.encode([STATUS_OK, value])
+            except EncodeError:
+                request.reply([STATUS_OK, value])  # replies with the encoding error
+                return
+            self._encoded_objects[object_id] = frames
+        request.reply_encoded(frames)
 
     extra_handlers: dict[str, Callable[[Request], None]] = {}
 
