@@ -251,3 +251,26 @@ def test_a_plain_learner_reports_the_device_its_policies_were_moved_to(monkeypat
                            start_thread=False)
     assert learner.device == "meta"
     assert learner.stats()["device"] == "meta"
+
+
+async def test_a_fetch_from_a_dead_owner_fails_as_soon_as_the_learner_is_told(tmp_path):
+    """The learner fetches train batches from the workers that own them. When a worker's
+    process is gone before the learner ever reached it, the fetch would wait out the
+    connect timeout (30 s) holding IMPALA's enqueue credit; told by the pipeline
+    (``owners_died``), it fails at once with ObjectLostError."""
+    from actorrl.runtime import Driver, ObjectLostError, ObjectRef
+
+    async with Driver.start(str(tmp_path / "s"), serial=True) as driver:
+        learner = await driver.create_actor(
+            "actorrl.learner.actor:LearnerActor",
+            ["CartPole-v1", AC_POLICY, WORKER_CONFIG, {"train_batch_size": 64}])
+        gone = f"ipc://{tmp_path}/no-such-worker"
+        fetching = driver.runtime.get_async(
+            learner.enqueue_refs.remote(None, [ObjectRef(b"\x01" * 16, gone)]))
+        pending = asyncio.ensure_future(fetching)
+        done, _ = await asyncio.wait([pending], timeout=1.0)
+        assert not done, "the fetch from an unreachable owner ended before being told"
+        await driver.runtime.get_async(learner.owners_died.remote([gone], "killed"),
+                                       timeout_s=10)
+        with pytest.raises(ObjectLostError, match="killed"):
+            await wait_for(pending, 10)  # far inside the 30 s connect timeout

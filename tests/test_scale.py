@@ -33,6 +33,7 @@ from actorrl.config import load_config
 from actorrl.runtime.coordinator import ClusterDriver, Coordinator
 from actorrl.runtime.core import Runtime
 from actorrl.runtime.network import Network
+from actorrl.runtime.sessions import remove_stale_session_dirs
 from tests.procs import pids_alive, terminate
 from transport.auth import generate_keys
 from transport.sockets import new_event_loop
@@ -150,6 +151,12 @@ async def _scale_and_lose_a_node(tmp: Path) -> dict[str, Any]:
         # The pipeline carries on: the lost workers are replaced on node a and it routes
         # another round of batches from a full set of workers.
         await _run_until(pipeline, 2 * NUM_WORKERS, 120)
+        # The survivors routed those while the replacements started in the background;
+        # the step goes on until every lost worker has its replacement.
+        deadline = time.monotonic() + 120
+        while trainer.num_worker_restarts < half:
+            assert time.monotonic() < deadline, f"{trainer.num_worker_restarts} replaced"
+            await pipeline.step(0.1)
         out["workers_after"] = len(pipeline.workers)
         out["restarts"] = trainer.num_worker_restarts
         alive = [r for r in coordinator.actors.values()
@@ -166,6 +173,9 @@ async def _scale_and_lose_a_node(tmp: Path) -> dict[str, Any]:
             if proc.poll() is None:
                 terminate(proc)
         runtime.close()
+        # Node b was SIGKILLed and could not remove its session folder: the next session
+        # started on this host does (make_session_dir), which this stands for.
+        out["stale_removed"] = remove_stale_session_dirs()
     return out
 
 
@@ -186,6 +196,7 @@ def test_64_simulated_workers_carry_on_when_a_node_is_killed(tmp_path: Path) -> 
     assert out["workers_after"] == NUM_WORKERS
     assert out["restarts"] >= NUM_WORKERS // 2
     assert out["alive_on_b"] == []
+    assert any("actorrl-node-" in path for path in out["stale_removed"]), out["stale_removed"]
     assert pids_alive(out["b_pids"], 30) == []  # killed with their node
     pids = out["all_pids"] + out["a_children"] + out["node_pids"]
     assert pids_alive(pids, 60) == []

@@ -143,6 +143,14 @@ class LearnerActor:
         return EnqueueReply(queued=queued, dropped=not queued, count=batch.count,
                             queue_size=self.queue_size(), fetch_time_s=fetch_time_s)
 
+    async def owners_died(self, endpoints: list[str], reason: str) -> None:
+        """Told by the pipeline that the processes at ``endpoints`` died: batches being
+        fetched from them fail now (``ObjectLostError`` to the pipeline) instead of after the
+        connect timeout, so the train batches they held give their enqueue credit back."""
+        runtime = Runtime.current()
+        for endpoint in endpoints:
+            runtime.mark_dead(endpoint, reason)
+
     async def _put_when_room(self, item: tuple[Any, Any], timeout_s: float) -> None:
         """Put ``item`` in the in-queue, waiting on this loop while it is full (woken when
         the learner takes an item; no thread is held, so a cancelled call or a stopped

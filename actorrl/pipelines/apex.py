@@ -183,8 +183,11 @@ class AsyncReplayOptimizer(StepCountersMixin):
                 if self.pacer.admit(worker, sample_steps):
                     self.sample_tasks.add(worker, worker.sample_ref.remote())
             self.counters.num_steps_sampled += sample_steps
-        if died:
-            self._set_workers(await self.worker_fleet.failed_all(died, self._forget_worker))
+        self.worker_fleet.check()
+        died += self.pacer.dead(self.runtime)
+        if died:  # the survivors go on sampling while the replacements start
+            self.worker_fleet.replace_in_background(died, self._forget_worker,
+                                                    self._set_workers)
         if error is not None:
             raise error
 
@@ -353,6 +356,7 @@ class AsyncReplayOptimizer(StepCountersMixin):
 
     async def stop(self) -> None:
         """Stop the learner thread; the trainer stops the shard actors."""
+        await self.worker_fleet.cancel_replacements()
         try:
             await self.runtime.get_async(self.learner.stop.remote(), timeout_s=10)
         except (ActorDiedError, TimeoutError) as exc:

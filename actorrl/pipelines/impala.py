@@ -118,13 +118,29 @@ class AsyncSamplesOptimizer(StepCountersMixin):
                 error = await self._on_sample(actor, ref)
                 if error is not None:
                     died.append((actor, error))
+        self.worker_fleet.check()
+        died += self.pacer.dead(self.runtime)
         if died:
-            # All at once: the workers of a lost node are replaced concurrently, in one
-            # start time (one after another, a node of 64 workers stalled the pipeline
-            # for 64 start times).
-            self._start_sampling(await self.worker_fleet.failed_all(died,
-                                                                    self._forget_worker))
+            await self._tell_learner(died)
+            # All at once and in the background: the workers of a lost node are replaced
+            # concurrently while the survivors go on sampling (one after another, a node
+            # of 64 workers stalled the pipeline for 64 start times; waited for, it
+            # stalled until there was room for them).
+            self.worker_fleet.replace_in_background(died, self._forget_worker,
+                                                    self._start_sampling)
         self._send_train_batches()
+
+    async def _tell_learner(self, died: list[tuple[ActorHandle, BaseException]]) -> None:
+        """The learner may be fetching train batches from the dead workers: its fetches
+        fail at once instead of waiting out the connect timeout (30 s) while holding
+        enqueue credit (a lost node of 64 workers stalled IMPALA for that long)."""
+        endpoints = sorted({worker.endpoint for worker, _ in died})
+        try:
+            await self.runtime.get_async(
+                self.learner.owners_died.remote(endpoints, "its rollout worker died"),
+                timeout_s=10)
+        except (ActorDiedError, TimeoutError) as exc:  # the step surfaces a dead learner
+            log.warning("could not tell the learner about dead workers: %s", exc)
 
     async def _on_sample(self, worker: ActorHandle, ref: ObjectRef
                          ) -> ActorDiedError | None:
@@ -215,6 +231,7 @@ class AsyncSamplesOptimizer(StepCountersMixin):
 
     async def stop(self) -> None:
         """Stop the learner thread (actors are stopped by their owner)."""
+        await self.worker_fleet.cancel_replacements()
         try:
             await self.runtime.get_async(self.learner.stop.remote(), timeout_s=10)
         except (ActorDiedError, TimeoutError) as exc:

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from actorrl.runtime import ActorHandle, ObjectRef, Runtime
+from actorrl.runtime import ActorDiedError, ActorHandle, ObjectRef, Runtime
 from transport.timeouts import wait_for
 
 log = logging.getLogger(__name__)
@@ -234,6 +234,15 @@ class SamplingPacer:
             out.append(self.parked.pop(0))
         return out
 
+    def dead(self, runtime: Runtime) -> list[tuple[ActorHandle, BaseException]]:
+        """Parked workers this process already knows are dead (a lost node's, marked by
+        the coordinator), with the error to handle them by. A parked worker has no call in
+        flight whose failure would tell the pipeline, so without this a lost node's
+        parked workers were noticed only when released."""
+        found = {w for w in self.parked if runtime.connection_lost(w.endpoint)}
+        return [(w, ActorDiedError(f"{w!r} died while parked (its node or process is gone)"))
+                for w in found]
+
     def keep(self, workers: Iterable[ActorHandle]) -> None:
         """Forget parked workers not in ``workers``."""
         live = set(workers)
@@ -280,6 +289,7 @@ class Fleet:
         self.role = role
         self.num_failures = 0
         self._replacing: set[ActorHandle] = set()
+        self._background: set[asyncio.Future[None]] = set()
 
     def __iter__(self) -> Iterator[ActorHandle]:
         return iter(self.actors)
@@ -311,6 +321,39 @@ class Fleet:
         else:
             self.actors[index] = new
         return new
+
+    def replace_in_background(self, failures: Iterable[tuple[ActorHandle, BaseException]],
+                              forget: Callable[[ActorHandle], None],
+                              started: Callable[[list[ActorHandle]], None]) -> None:
+        """:meth:`failed_all` without waiting for the replacements: ``forget`` runs now for
+        each failed actor, the replacements start in a task and ``started(replacements)``
+        runs once they are up. The pipeline carries on with the survivors meanwhile: the
+        workers of a lost node may wait minutes for room on the others or for a new node.
+        A replacement error surfaces at the next :meth:`check`."""
+        failures = list(failures)
+        for actor, _exc in failures:
+            if actor in self.actors and actor not in self._replacing:
+                forget(actor)
+        task = asyncio.ensure_future(self._replace_all(failures, forget, started))
+        self._background.add(task)
+
+    async def _replace_all(self, failures: list[tuple[ActorHandle, BaseException]],
+                           forget: Callable[[ActorHandle], None],
+                           started: Callable[[list[ActorHandle]], None]) -> None:
+        started(await self.failed_all(failures, forget))
+
+    def check(self) -> None:
+        """Raise the error of a background replacement that failed."""
+        for task in [t for t in self._background if t.done()]:
+            self._background.discard(task)
+            task.result()
+
+    async def cancel_replacements(self) -> None:
+        """Stop replacements still starting (the pipeline stops)."""
+        for task in self._background:
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        self._background.clear()
 
     async def failed_all(self, failures: Iterable[tuple[ActorHandle, BaseException]],
                          forget: Callable[[ActorHandle], None]) -> list[ActorHandle]:

@@ -257,6 +257,12 @@ class SinkLearner:
         return EnqueueReply(queued=True, dropped=False, count=count, queue_size=self.queued,
                             fetch_time_s=fetched_s)
 
+    async def owners_died(self, endpoints: list[str], reason: str) -> None:
+        """As the real learner: fetches from the dead workers fail now."""
+        runtime = Runtime.current()
+        for endpoint in endpoints:
+            runtime.mark_dead(endpoint, reason)
+
     async def wait_trained(self, timeout_s: float = 30.0) -> TrainedNotice:
         """The batches trained since the last call (waiting up to ``timeout_s``)."""
         self._start()
