@@ -610,6 +610,11 @@ class AlgorithmConfig(ConfigSection):
         positive("min_iter_time_s", allow_zero=True)
         positive("timesteps_per_iteration", allow_zero=True)
         positive("metrics_smoothing_episodes")
+        if self.rollout.multiagent.get("policies") and self.num_gpus > 1:
+            problems.append(
+                f"multiagent.policies cannot be used with num_gpus > 1 (got {self.num_gpus:g}): "
+                "the multi-tower learner trains one policy, as in RLlib; set num_gpus <= 1 "
+                "or drop multiagent.policies")
         return problems
 
     def to_dict(self, *, include_derived: bool = False) -> dict[str, Any]:

@@ -69,12 +69,13 @@ class ApexConfig(AlgorithmConfig):
         return problems
 
     def derived_values(self, section: str) -> dict[str, Any]:
-        """The learner cuts no sequences (rows are independent transitions). ``num_gpus``
+        """The learner cuts no sequences (rows are independent transitions) and waits for
+        its first batch however long replay takes to reach ``learning_starts``. ``num_gpus``
         and ``_fake_gpus`` reach it as given: towers of the DQN loss on CUDA devices or,
         with ``_fake_gpus``, on the CPU (td_error comes back in row order either way)."""
         if section != "learner":
             return {}
-        return {"tower_rows_multiple": 1}
+        return {"tower_rows_multiple": 1, "wait_for_first_batch": True}
 
 
 def learner_config(config: ApexConfig) -> LearnerConfig:

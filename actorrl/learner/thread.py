@@ -98,7 +98,8 @@ class LearnerThread(threading.Thread):
         self.update_lock = threading.Lock()
         self.minibatch_buffer = MinibatchBuffer(
             self.inqueue, config.minibatch_buffer_size, config.learner_queue_timeout,
-            config.num_sgd_iter, init_num_passes=config.num_sgd_iter)
+            config.num_sgd_iter, init_num_passes=config.num_sgd_iter,
+            wait_for_first=config.wait_for_first_batch)
 
     def run(self) -> None:
         try:
@@ -172,7 +173,7 @@ class MultiTowerLearnerThread(LearnerThread):
         self.minibatch_buffer = MinibatchBuffer(
             self.ready_tower_stacks, config.num_multi_gpu_tower_stacks,
             config.learner_queue_timeout, config.num_sgd_iter,
-            init_num_passes=config.num_sgd_iter)
+            init_num_passes=config.num_sgd_iter, wait_for_first=config.wait_for_first_batch)
         self.loader_threads = [
             threading.Thread(target=self._load_loop, args=(i,), name=f"learner-loader-{i}",
                              daemon=True)
