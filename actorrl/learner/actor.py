@@ -37,11 +37,14 @@ from actorrl.messages import (
 from actorrl.policy.config import PolicyConfig
 from actorrl.rollout import RolloutWorker
 from actorrl.runtime import ObjectRef, Runtime
+from transport.error_types import register_error
 from transport.timeouts import wait_for
 
 
+@register_error  # reaches the pipeline (and its caller) as a LearnerError
 class LearnerError(RuntimeError):
-    """The learner thread stopped with an error; the message carries its traceback."""
+    """The learner thread (or one of its loader threads) stopped with an error; the message
+    names the thread and the error and carries its traceback."""
 
 
 class _NotifyingQueue(queue.Queue):
@@ -119,7 +122,10 @@ class LearnerActor:
     # ---- feeding ----------------------------------------------------------------------
     def _check(self) -> None:
         if self.thread.error is not None:
-            raise LearnerError(f"the learner thread failed: {self.thread.error!r}\n"
+            source = self.thread.error_source
+            where = (f"the learner's loader thread {source!r}" if "loader" in source
+                     else "the learner thread")
+            raise LearnerError(f"{where} failed: {self.thread.error!r}\n"
                                f"{self.thread.error_traceback}")
 
     def enqueue(self, tag: Any, batch: SampleBatch) -> bool:
