@@ -31,6 +31,7 @@ import json
 import os
 import types
 import typing
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
@@ -374,12 +375,40 @@ FLAT_KEYS: dict[str, str] = {
 A key whose section an algorithm lacks is unknown to that algorithm."""
 
 
+DEPRECATED_KEYS: dict[str, str] = {
+    "sample_batch_size": "rollout_fragment_length",
+    "num_data_loader_buffers": "num_multi_gpu_tower_stacks",
+}
+"""The seeds' old key names -> today's (RLlib renamed them): still read, with a
+``DeprecationWarning``, as RLlib did."""
+
+
+def _renamed_deprecated(values: Mapping[str, Any], problems: list[str]) -> dict[str, Any]:
+    """``values`` with deprecated flat keys under their new names (a warning for each; a
+    problem when both spellings are given with different values)."""
+    out = dict(values)
+    for old, new in DEPRECATED_KEYS.items():
+        if old not in out:
+            continue
+        value = out.pop(old)
+        warnings.warn(f"config key {old!r} is deprecated; use {new!r} instead",
+                      DeprecationWarning, stacklevel=4)
+        if new in out and out[new] != value:
+            problems.append(f"{old!r} (deprecated) and {new!r} are both set, to {value!r} "
+                            f"and {out[new]!r}: set only {new!r}")
+            continue
+        out[new] = value
+    return out
+
+
 def _nest(values: Mapping[str, Any], sections: set[str], top_level: set[str],
           problems: list[str], spelling: _Spelling, *, skip_others: bool
           ) -> dict[str, Any]:
     """``values`` with flat keys moved into their sections (flat over nested). With
     ``skip_others``, keys that belong to sections or top-level keys outside ``sections`` /
     ``top_level`` (another component's) are left out; unknown keys are always refused."""
+    given = values
+    values = _renamed_deprecated(values, problems)
     out: dict[str, Any] = {}
     flat: list[tuple[str, str, Any]] = []
     known_sections = {dotted.split(".")[0] for dotted in FLAT_KEYS.values() if "." in dotted}
@@ -401,7 +430,9 @@ def _nest(values: Mapping[str, Any], sections: set[str], top_level: set[str],
         else:
             known = sorted(top_level | sections | {k for k, d in FLAT_KEYS.items()
                                                      if d.split(".")[0] in sections})
-            problems.append(f"unknown config key {key!r}{_suggest(key, known)}")
+            old = next((o for o, n in DEPRECATED_KEYS.items() if n == key and o in given), None)
+            hint = f" (the new name of {old!r})" if old else _suggest(key, known)
+            problems.append(f"unknown config key {key!r}{hint}")
     for key, dotted, value in flat:
         section, leaf = dotted.split(".", 1)
         current = out.setdefault(section, {})
@@ -605,6 +636,11 @@ class AlgorithmConfig(ConfigSection):
 
         problems += check_callbacks(self.callbacks)
         problems += self._evaluation_problems()
+        if self.rollout.multiagent.get("policies") and self.num_gpus > 1:
+            problems.append(
+                f"multiagent.policies cannot be used with num_gpus > 1 (got {self.num_gpus:g}): "
+                "the multi-tower learner trains one policy, as in RLlib; set num_gpus <= 1 "
+                "or drop multiagent.policies")
         return problems
 
     def _evaluation_problems(self) -> list[str]:

@@ -183,16 +183,22 @@ class EpisodeMetrics:
     """Finished episodes' total rewards and lengths (env steps), in finishing order.
 
     Carries the raw values, so metrics of several workers merge exactly
-    (:meth:`merge`); :meth:`summary` gives RLlib's result keys.
+    (:meth:`merge`); :meth:`summary` gives RLlib's result keys. Multi-agent episodes also
+    carry each agent's total reward with the policy that agent acted with
+    (``policy_rewards[i]``: ``[[policy_id, reward], ...]``, empty for single-agent ones),
+    summarized per policy as RLlib's ``policy_reward_mean/min/max``.
     """
 
     episode_rewards: list[float] = field(default_factory=list)
     episode_lengths: list[int] = field(default_factory=list)
+    policy_rewards: list[list[list[Any]]] = field(default_factory=list)
 
-    def record(self, reward: float, length: int) -> None:
-        """Add one finished episode."""
+    def record(self, reward: float, length: int,
+               policy_rewards: Iterable[tuple[str, float]] = ()) -> None:
+        """Add one finished episode (with its agents' ``(policy_id, reward)``)."""
         self.episode_rewards.append(float(reward))
         self.episode_lengths.append(int(length))
+        self.policy_rewards.append([[str(pid), float(r)] for pid, r in policy_rewards])
 
     @property
     def num_episodes(self) -> int:
@@ -206,16 +212,34 @@ class EpisodeMetrics:
         for m in metrics:
             out.episode_rewards.extend(m.episode_rewards)
             out.episode_lengths.extend(m.episode_lengths)
+            out.policy_rewards.extend(m._policy_rewards_per_episode())
         return out
 
-    def summary(self) -> dict[str, float]:
-        """``episode_reward_mean/min/max``, ``episode_len_mean`` (NaN without episodes) and
-        ``episodes_this_iter`` over all recorded episodes."""
-        return _summarize(self.episode_rewards, self.episode_lengths, self.num_episodes)
+    def _policy_rewards_per_episode(self) -> list[list[list[Any]]]:
+        """``policy_rewards``, one (possibly empty) entry per episode."""
+        missing = self.num_episodes - len(self.policy_rewards)
+        return list(self.policy_rewards) + [[] for _ in range(max(missing, 0))]
+
+    def summary(self) -> dict[str, Any]:
+        """``episode_reward_mean/min/max``, ``episode_len_mean`` (NaN without episodes),
+        ``episodes_this_iter`` and ``policy_reward_mean/min/max`` over all recorded
+        episodes."""
+        return _summarize(self.episode_rewards, self.episode_lengths,
+                          self._policy_rewards_per_episode(), self.num_episodes)
 
 
-def _summarize(rewards: Sequence[float], lengths: Sequence[int], new_episodes: int
-               ) -> dict[str, float]:
+def _summarize(rewards: Sequence[float], lengths: Sequence[int],
+               policy_rewards: Sequence[Sequence[Sequence[Any]]], new_episodes: int
+               ) -> dict[str, Any]:
+    per_policy: dict[str, list[float]] = {}
+    for episode in policy_rewards:
+        for pid, reward in episode:
+            per_policy.setdefault(str(pid), []).append(float(reward))
+    by_policy = {
+        "policy_reward_mean": {pid: float(np.mean(r)) for pid, r in per_policy.items()},
+        "policy_reward_min": {pid: float(np.min(r)) for pid, r in per_policy.items()},
+        "policy_reward_max": {pid: float(np.max(r)) for pid, r in per_policy.items()},
+    }
     if rewards:
         return {
             "episode_reward_mean": float(np.mean(rewards)),
@@ -223,10 +247,11 @@ def _summarize(rewards: Sequence[float], lengths: Sequence[int], new_episodes: i
             "episode_reward_max": float(np.max(rewards)),
             "episode_len_mean": float(np.mean(lengths)),
             "episodes_this_iter": new_episodes,
+            **by_policy,
         }
     nan = math.nan
     return {"episode_reward_mean": nan, "episode_reward_min": nan, "episode_reward_max": nan,
-            "episode_len_mean": nan, "episodes_this_iter": new_episodes}
+            "episode_len_mean": nan, "episodes_this_iter": new_episodes, **by_policy}
 
 
 class EpisodeWindow:
@@ -244,24 +269,32 @@ class EpisodeWindow:
         self.smoothing_episodes = smoothing_episodes
         self._rewards: deque[float] = deque(maxlen=smoothing_episodes)
         self._lengths: deque[int] = deque(maxlen=smoothing_episodes)
+        self._policy_rewards: deque[list[list[Any]]] = deque(maxlen=smoothing_episodes)
 
-    def update(self, new: EpisodeMetrics) -> dict[str, float]:
+    def update(self, new: EpisodeMetrics) -> dict[str, Any]:
         """Add the new episodes and return the smoothed summary."""
         missing = max(self.smoothing_episodes - new.num_episodes, 0)
-        old_rewards = list(self._rewards)[len(self._rewards) - missing:] if missing else []
-        old_lengths = list(self._lengths)[len(self._lengths) - missing:] if missing else []
-        summary = _summarize(old_rewards + new.episode_rewards,
-                             old_lengths + new.episode_lengths, new.num_episodes)
+
+        def recent(values: deque) -> list:
+            return list(values)[len(values) - missing:] if missing else []
+
+        new_policy_rewards = new._policy_rewards_per_episode()
+        summary = _summarize(recent(self._rewards) + new.episode_rewards,
+                             recent(self._lengths) + new.episode_lengths,
+                             recent(self._policy_rewards) + new_policy_rewards,
+                             new.num_episodes)
         self._rewards.extend(new.episode_rewards)
         self._lengths.extend(new.episode_lengths)
+        self._policy_rewards.extend(new_policy_rewards)
         return summary
 
 
 register_type(
     EpisodeMetrics,
     "actorrl.EpisodeMetrics",
-    lambda m: [m.episode_rewards, m.episode_lengths],
-    lambda state: EpisodeMetrics(list(state[0]), list(state[1])),
+    lambda m: [m.episode_rewards, m.episode_lengths, m.policy_rewards],
+    lambda state: EpisodeMetrics(list(state[0]), list(state[1]),
+                                 [list(e) for e in state[2]] if len(state) > 2 else []),
 )
 
 
@@ -409,7 +442,10 @@ class MultiAgentStep:
 
 class MultiAgentVectorEnv(_EnvSet):
     """``num_envs`` :class:`MultiAgentEnv` stepped in a loop, reset by hand when
-    ``"__all__"`` ends an episode. An episode's reward is the sum over all agents."""
+    ``"__all__"`` ends an episode. An episode's reward is the sum over all agents; each
+    agent's own total is recorded with the policy ``policy_of(env_index, agent_id)`` names
+    (set by the sampler, which maps agents to policies; agents it names none for are left
+    out of the per-policy rewards)."""
 
     def __init__(self, envs: Sequence[MultiAgentEnv], *, seed: int | None = None,
                  worker_index: int = 0) -> None:
@@ -423,6 +459,8 @@ class MultiAgentVectorEnv(_EnvSet):
         self._seeds = _env_seeds(seed, worker_index, self.num_envs)
         self._episode_rewards = [0.0] * self.num_envs
         self._episode_lengths = [0] * self.num_envs
+        self._agent_rewards: list[dict[str, float]] = [{} for _ in range(self.num_envs)]
+        self.policy_of: Callable[[int, str], str | None] = lambda _i, _agent: None
         self.metrics = EpisodeMetrics()
 
     def reset(self) -> list[dict[str, Any]]:
@@ -434,6 +472,7 @@ class MultiAgentVectorEnv(_EnvSet):
             out.append(dict(env.reset(seed=seed)[0]))
             self._episode_rewards[i] = 0.0
             self._episode_lengths[i] = 0
+            self._agent_rewards[i] = {}
         return out
 
     def step(self, actions: Sequence[dict[str, Any]]) -> list[MultiAgentStep]:
@@ -446,11 +485,18 @@ class MultiAgentVectorEnv(_EnvSet):
                                  f"truncateds dicts with an {ALL_AGENTS!r} key")
             self._episode_rewards[i] += float(sum(rewards.values()))
             self._episode_lengths[i] += 1
+            agent_rewards = self._agent_rewards[i]
+            for agent_id, reward in rewards.items():
+                agent_rewards[agent_id] = agent_rewards.get(agent_id, 0.0) + float(reward)
             step = MultiAgentStep(dict(obs), dict(rewards), dict(terms), dict(truncs), None)
             if step.episode_done:
-                self.metrics.record(self._episode_rewards[i], self._episode_lengths[i])
+                by_policy = [(pid, reward) for agent_id, reward in agent_rewards.items()
+                             if (pid := self.policy_of(i, agent_id)) is not None]
+                self.metrics.record(self._episode_rewards[i], self._episode_lengths[i],
+                                    by_policy)
                 self._episode_rewards[i] = 0.0
                 self._episode_lengths[i] = 0
+                self._agent_rewards[i] = {}
                 step.reset_obs = dict(env.reset()[0])
             out.append(step)
         return out

@@ -439,6 +439,8 @@ class _MultiAgentSampler(_Sampler):
         self.env = env
         self.policies = policies
         self.mapping_fn = mapping_fn
+        # Per-policy episode rewards: the env asks which policy each agent acted with.
+        env.policy_of = lambda i, agent_id: self.agent_policy[i].get(agent_id)
         n = env.num_envs
         self.obs: list[dict[str, Any]] | None = None
         self.trajectories: list[dict[str, _Trajectory]] = [{} for _ in range(n)]

@@ -212,6 +212,7 @@ def test_episode_metrics_summary_and_merge_are_exact():
     assert merged.summary() == {
         "episode_reward_mean": 30.0, "episode_reward_min": 10.0, "episode_reward_max": 50.0,
         "episode_len_mean": 30.0, "episodes_this_iter": 3,
+        "policy_reward_mean": {}, "policy_reward_min": {}, "policy_reward_max": {},
     }
     assert a.num_episodes == 2  # inputs untouched
 
@@ -288,7 +289,8 @@ def test_multi_agent_vector_env_resets_and_sums_agent_rewards():
     assert steps[0].episode_done and steps[0].reset_obs["a"].tolist() == [0]
     assert steps[0].obs["a"].tolist() == [2]
     assert not steps[1].episode_done and steps[1].reset_obs is None
-    assert venv.pop_metrics() == EpisodeMetrics([6.0], [2])
+    # No sampler named the agents' policies: no per-policy rewards for the episode.
+    assert venv.pop_metrics() == EpisodeMetrics([6.0], [2], [[]])
     assert envs[0].reset_seeds == [7, None]
 
 

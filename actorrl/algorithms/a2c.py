@@ -20,7 +20,8 @@ class A2CConfig(ActorCriticConfig):
     """Env steps per gradient computation; gradients accumulate to ``train_batch_size``."""
 
     def validate(self) -> list[str]:
-        """1 <= microbatch_size < train_batch_size."""
+        """1 <= microbatch_size < train_batch_size. ``num_workers: 0`` samples with the
+        learner's local worker (as the seeds' microbatch optimizer does)."""
         problems = super().validate()
         if self.microbatch_size < 1:
             problems.append(f"microbatch_size must be >= 1, got {self.microbatch_size}")
@@ -36,7 +37,8 @@ async def build_pipeline(trainer: Trainer) -> MicrobatchOptimizer:
     assert isinstance(config, A2CConfig) and trainer.learner is not None
     return MicrobatchOptimizer(trainer.runtime, trainer.workers, trainer.learner,
                                train_batch_size=config.train_batch_size,
-                               microbatch_size=config.microbatch_size)
+                               microbatch_size=config.microbatch_size,
+                               sample_locally=config.num_workers == 0)
 
 
 A2C = AlgorithmSpec(

@@ -30,13 +30,6 @@ class ActorCriticConfig(AlgorithmConfig):
     policy: ActorCriticPolicyConfig = field(default_factory=_ac_policy)
     """Actor-critic losses and GAE."""
 
-    def validate(self) -> list[str]:
-        """Sampling runs on remote workers."""
-        problems = super().validate()
-        if self.num_workers < 1:
-            problems.append(f"{type(self).__name__} needs num_workers >= 1 (sampling runs on "
-                            "remote workers)")
-        return problems
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,8 +40,11 @@ class A3CConfig(ActorCriticConfig):
     """Gradients applied per pipeline step."""
 
     def validate(self) -> list[str]:
-        """grads_per_step >= 1."""
+        """Remote workers (they compute the gradients), grads_per_step >= 1."""
         problems = super().validate()
+        if self.num_workers < 1:
+            problems.append("A3C needs num_workers >= 1 (remote workers compute the "
+                            "gradients; A2C can sample with num_workers=0)")
         if self.grads_per_step < 1:
             problems.append(f"grads_per_step must be >= 1, got {self.grads_per_step}")
         return problems

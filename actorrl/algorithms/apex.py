@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -50,26 +51,31 @@ class ApexConfig(AlgorithmConfig):
     (None: sample freely, as the original Ape-X; the learner then drops replays)."""
 
     def validate(self) -> list[str]:
-        """Remote workers, a positive weight-sync delay and training intensity."""
+        """Remote workers, a batch that splits across the towers, a positive weight-sync
+        delay and training intensity."""
         problems = super().validate()
         if self.num_workers < 1:
             problems.append("Ape-X needs num_workers >= 1 (sampling runs on remote workers)")
         if self.max_weight_sync_delay < 1:
             problems.append(f"max_weight_sync_delay must be >= 1, got "
                             f"{self.max_weight_sync_delay}")
+        towers = int(self.num_gpus) if self._fake_gpus else math.ceil(self.num_gpus)
+        if self.num_gpus and self.train_batch_size % max(towers, 1):
+            problems.append(f"train_batch_size ({self.train_batch_size}) must divide evenly "
+                            f"across {towers} towers (num_gpus={self.num_gpus:g})")
         if self.training_intensity is not None and self.training_intensity <= 0:
             problems.append(f"training_intensity must be > 0 or None, got "
                             f"{self.training_intensity}")
         return problems
 
     def derived_values(self, section: str) -> dict[str, Any]:
-        """The learner cuts no sequences (rows are independent transitions), and learns
-        on one device when the GPUs are fake (no DQN towers on the CPU)."""
+        """The learner cuts no sequences (rows are independent transitions) and waits for
+        its first batch however long replay takes to reach ``learning_starts``. ``num_gpus``
+        and ``_fake_gpus`` reach it as given: towers of the DQN loss on CUDA devices or,
+        with ``_fake_gpus``, on the CPU (td_error comes back in row order either way)."""
         if section != "learner":
             return {}
-        if self._fake_gpus:
-            return {"tower_rows_multiple": 1, "num_gpus": 0.0, "_fake_gpus": False}
-        return {"tower_rows_multiple": 1}
+        return {"tower_rows_multiple": 1, "wait_for_first_batch": True}
 
 
 def learner_config(config: ApexConfig) -> LearnerConfig:

@@ -142,7 +142,8 @@ class Trainer:
             self.spec.learner_class,
             args=(self.config.env, self.spec.policy, self.worker_config,
                   learner_config.to_dict()),
-            kwargs={"start_thread": self.spec.learner_thread},
+            kwargs={"start_thread": self.spec.learner_thread,
+                    "sampling": self.config.num_workers == 0},
             num_cpus=self.config.num_cpus_for_driver, num_gpus=num_gpus, name="learner")
 
     async def broadcast_learner_weights(self, workers: list[ActorHandle] | None = None
@@ -276,6 +277,8 @@ class Trainer:
     async def _collect_metrics(self) -> EpisodeMetrics:
         assert self.pipeline is not None
         workers = list(self.pipeline.workers)
+        if not workers and self.learner is not None and self.config.num_workers == 0:
+            workers = [self.learner]  # its local worker samples
         refs = [w.get_metrics.remote() for w in workers]
         results = await asyncio.gather(
             *(self.runtime.get_async(r, timeout_s=60) for r in refs), return_exceptions=True)

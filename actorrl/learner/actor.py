@@ -20,21 +20,31 @@ from typing import Any
 
 import torch
 
-from actorrl.batch import SampleBatch, as_multi_agent
+from actorrl.batch import MultiAgentBatch, SampleBatch, as_multi_agent
 from actorrl.classpath import resolve_callable
 from actorrl.config import WorkerConfig, load_worker_config
+from actorrl.envs import EpisodeMetrics
 from actorrl.learner.config import LearnerConfig
 from actorrl.learner.thread import LearnerResult, make_learner_thread
 from actorrl.learner.towers import move_policy_to
-from actorrl.messages import EnqueueReply, GradientsApplied, TrainedBatch, TrainedNotice
+from actorrl.messages import (
+    EnqueueReply,
+    GradientsApplied,
+    SampleReply,
+    TrainedBatch,
+    TrainedNotice,
+)
 from actorrl.policy.config import PolicyConfig
 from actorrl.rollout import RolloutWorker
 from actorrl.runtime import ObjectRef, Runtime
+from transport.error_types import register_error
 from transport.timeouts import wait_for
 
 
+@register_error  # reaches the pipeline (and its caller) as a LearnerError
 class LearnerError(RuntimeError):
-    """The learner thread stopped with an error; the message carries its traceback."""
+    """The learner thread (or one of its loader threads) stopped with an error; the message
+    names the thread and the error and carries its traceback."""
 
 
 class _NotifyingQueue(queue.Queue):
@@ -60,15 +70,18 @@ def _policy_device(worker: RolloutWorker) -> torch.device:
 
 class LearnerActor:
     """Actor wrapper of the learner. Construct with the same env / policy / worker config as
-    the rollout workers, plus the learner's own settings (see :class:`LearnerConfig`)."""
+    the rollout workers, plus the learner's own settings (see :class:`LearnerConfig`).
+    ``sampling``: the local worker also samples (A2C with ``num_workers: 0``;
+    :meth:`sample_ref`, :meth:`get_metrics`)."""
 
     def __init__(self, env: str, policy: str, worker_config: WorkerConfig | Mapping[str, Any],
                  learner_config: LearnerConfig | Mapping[str, Any],
-                 start_thread: bool = True) -> None:
+                 start_thread: bool = True, sampling: bool = False) -> None:
         policy_cls = resolve_callable(policy, "policy class")
         config = load_worker_config(worker_config, getattr(policy_cls, "config_class",
                                                            PolicyConfig))
-        config = config.replace(rollout=config.rollout.replace(num_envs_per_worker=1))
+        if not sampling:  # only a sampling local worker needs more than one env
+            config = config.replace(rollout=config.rollout.replace(num_envs_per_worker=1))
         self.worker = RolloutWorker(env, policy_cls, config, worker_index=0,
                                     num_workers=int(getattr(config.policy, "num_workers", 0)))
         self.config = (learner_config if isinstance(learner_config, LearnerConfig)
@@ -92,10 +105,27 @@ class LearnerActor:
         if start_thread:
             self.thread.start()
 
+    # ---- sampling with the local worker (no remote workers) -----------------------------
+    def sample_ref(self) -> SampleReply:
+        """Sample with the local worker and keep the batch here (as a rollout worker's
+        ``sample_ref``): the reply carries its ref and counts."""
+        with self.thread.update_lock:
+            batch = self.worker.sample()
+        agent_steps = batch.agent_steps() if isinstance(batch, MultiAgentBatch) else batch.count
+        return SampleReply(batch=Runtime.current().put(batch), count=batch.count,
+                           agent_steps=agent_steps, worker_index=0)
+
+    def get_metrics(self) -> EpisodeMetrics:
+        """Episodes the local worker finished since the last call."""
+        return self.worker.get_metrics()
+
     # ---- feeding ----------------------------------------------------------------------
     def _check(self) -> None:
         if self.thread.error is not None:
-            raise LearnerError(f"the learner thread failed: {self.thread.error!r}\n"
+            source = self.thread.error_source
+            where = (f"the learner's loader thread {source!r}" if "loader" in source
+                     else "the learner thread")
+            raise LearnerError(f"{where} failed: {self.thread.error!r}\n"
                                f"{self.thread.error_traceback}")
 
     def enqueue(self, tag: Any, batch: SampleBatch) -> bool:

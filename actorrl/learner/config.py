@@ -19,7 +19,8 @@ class LearnerConfig(ConfigSection):
     learner_queue_size: int = 16
     """Bound of the learner's in-queue of train batches (drops beyond it)."""
     learner_queue_timeout: float = 300.0
-    """Seconds without any batch before the learner raises."""
+    """Seconds without any batch before the learner raises (Ape-X: counted once its first
+    batch arrived, however long replay takes to reach ``learning_starts``)."""
     num_multi_gpu_tower_stacks: int = 1
     """Pre-loaded batch stacks per device (multi-tower learner)."""
     num_data_load_threads: int = 1
@@ -34,6 +35,10 @@ class LearnerConfig(ConfigSection):
     tower_rows_multiple: int = derived(1, ALGORITHM)
     """Each tower's shard must be a multiple of this many rows (IMPALA: the sequence
     length, so no sequence is cut); set by the algorithm."""
+
+    wait_for_first_batch: bool = derived(False, ALGORITHM)
+    """Wait for the first train batch without limit (``learner_queue_timeout`` applies only
+    once learning started): Ape-X, whose replay first fills to ``learning_starts``."""
 
     def validate(self) -> list[str]:
         """Sizes >= 1, a positive timeout, a batch that splits across the towers."""

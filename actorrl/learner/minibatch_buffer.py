@@ -3,7 +3,10 @@
 The buffer has ``size`` slots visited round-robin. A slot that is empty (or whose item was
 served ``num_passes`` times) is refilled from the in-queue, waiting at most ``timeout_s``;
 the first item is served ``init_num_passes`` times, and each new item one pass more up to
-``num_passes`` (so a fresh learner does not over-train on its very first batches).
+``num_passes`` (so a fresh learner does not over-train on its very first batches). With
+``wait_for_first`` the wait for the very first item has no limit (the seeds' Ape-X learner
+waits for replay to reach ``learning_starts``, however long that takes); the timeout
+applies from then on.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ class MinibatchBuffer:
     ``released`` says this was the item's last pass."""
 
     def __init__(self, inqueue: queue.Queue, size: int, timeout_s: float, num_passes: int,
-                 init_num_passes: int = 1) -> None:
+                 init_num_passes: int = 1, wait_for_first: bool = False) -> None:
         if size < 1:
             raise ValueError(f"minibatch_buffer_size must be >= 1, got {size}")
         if num_passes < 1:
@@ -33,15 +36,19 @@ class MinibatchBuffer:
         self.buffers: list[Any] = [None] * size
         self.ttl = [0] * size
         self.idx = 0
+        self.received_any = not wait_for_first
 
     def get(self) -> tuple[Any, bool]:
         """The next item to learn on and whether its slot is now released.
 
-        Raises :class:`LearnerStarvedError` if the in-queue stays empty for ``timeout_s``.
+        Raises :class:`LearnerStarvedError` if the in-queue stays empty for ``timeout_s``
+        (the first item, with ``wait_for_first``, is waited for without limit).
         """
         if self.ttl[self.idx] <= 0:
             try:
-                self.buffers[self.idx] = self.inqueue.get(timeout=self.timeout_s)
+                self.buffers[self.idx] = self.inqueue.get(
+                    timeout=self.timeout_s if self.received_any else None)
+                self.received_any = True
             except queue.Empty:
                 raise LearnerStarvedError(
                     f"the learner received no batch for {self.timeout_s:g} s "

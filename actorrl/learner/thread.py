@@ -75,7 +75,8 @@ class LearnerThread(threading.Thread):
     """Single-device learner thread (RLlib LearnerThread semantics).
 
     ``local_worker`` is anything with ``learn_on_batch(batch) -> {policy_id: info}``
-    (a RolloutWorker). ``error`` holds the exception that stopped the thread, if any.
+    (a RolloutWorker). ``error`` holds the exception that stopped the thread, if any, and
+    ``error_source`` the thread it happened in (``learner``, ``learner-loader-0``...).
     """
 
     def __init__(self, local_worker: Any, config: LearnerConfig) -> None:
@@ -95,18 +96,27 @@ class LearnerThread(threading.Thread):
         self.num_steps = 0
         self.error: BaseException | None = None
         self.error_traceback = ""
+        self.error_source = ""
         self.update_lock = threading.Lock()
         self.minibatch_buffer = MinibatchBuffer(
             self.inqueue, config.minibatch_buffer_size, config.learner_queue_timeout,
-            config.num_sgd_iter, init_num_passes=config.num_sgd_iter)
+            config.num_sgd_iter, init_num_passes=config.num_sgd_iter,
+            wait_for_first=config.wait_for_first_batch)
 
     def run(self) -> None:
         try:
             while not self.stopped:
                 self.step()
         except BaseException as exc:
-            self.error = exc
+            self._record_error(exc)
+
+    def _record_error(self, exc: BaseException) -> None:
+        """Keep the first error and the thread it happened in (a loader's error, re-raised
+        by the learner thread, stays the loader's)."""
+        if self.error is None:
             self.error_traceback = traceback.format_exc()
+            self.error_source = threading.current_thread().name
+            self.error = exc
 
     def step(self) -> None:
         """Learn on the next (tag, batch) from the minibatch buffer."""
@@ -172,7 +182,7 @@ class MultiTowerLearnerThread(LearnerThread):
         self.minibatch_buffer = MinibatchBuffer(
             self.ready_tower_stacks, config.num_multi_gpu_tower_stacks,
             config.learner_queue_timeout, config.num_sgd_iter,
-            init_num_passes=config.num_sgd_iter)
+            init_num_passes=config.num_sgd_iter, wait_for_first=config.wait_for_first_batch)
         self.loader_threads = [
             threading.Thread(target=self._load_loop, args=(i,), name=f"learner-loader-{i}",
                              daemon=True)
@@ -205,8 +215,7 @@ class MultiTowerLearnerThread(LearnerThread):
                 self.stack_batches[stack] = ma
                 self.ready_tower_stacks.put(stack)
         except BaseException as exc:
-            self.error = exc
-            self.error_traceback = traceback.format_exc()
+            self._record_error(exc)
             self.ready_tower_stacks.put(None)
 
     def step(self) -> None:

@@ -69,52 +69,66 @@ class AsyncGradientsOptimizer(StepCountersMixin):
         pool.add(worker, worker.compute_gradients_ref.remote(sample))
 
     async def step(self) -> dict[str, Any]:
-        """Apply ``grads_per_step`` gradients; returns the last learner stats."""
+        """Apply ``grads_per_step`` gradients; returns the last learner stats. The learner's
+        calls are watched in the same pool as the workers', so a dead learner fails the
+        step at once (``ActorDiedError``) instead of leaving workers waiting on it."""
         pool = TaskPool(self.runtime)
-        weights = self.learner.get_weights.remote()
+        weights = self._learner_call(pool, self.learner.get_weights.remote())
         dispatched = 0
         for worker in self.workers:
             self._dispatch(pool, worker, weights)
             dispatched += 1
-        applied: list[tuple[ObjectRef, int]] = []  # (apply call, its env steps)
+        applied: dict[ObjectRef, int] = {}  # apply call -> its env steps
         while pool.count:
             with self.wait_timer:
                 completed = await pool.completed(timeout_s=None)
             for worker, ref in completed:
+                if worker == self.learner:
+                    await self._on_learner_call(ref, applied.pop(ref, None))
+                    continue
                 try:
                     reply: GradientsReply = await self.runtime.get_async(ref)
                 except ActorDiedError as exc:
                     new = await self.worker_fleet.failed(worker, exc, lambda _w: None)
                     if new is not None and dispatched < self.grads_per_step:
-                        self._dispatch(pool, new, self.learner.get_weights.remote())
+                        self._dispatch(pool, new, self._learner_call(
+                            pool, self.learner.get_weights.remote()))
                         dispatched += 1
                     continue
                 self.learner_stats = reply.info.get("learner_stats", reply.info)
-                apply = self.learner.apply_gradients_refs.remote([reply.grads])
-                applied.append((apply, reply.batch_count))
+                apply = self._learner_call(
+                    pool, self.learner.apply_gradients_refs.remote([reply.grads]))
+                applied[apply] = reply.batch_count
                 self.counters.num_steps_sampled += reply.batch_count
                 if dispatched < self.grads_per_step:
                     with self.dispatch_timer:
                         # The weights once this worker's gradient is applied (RLlib's order).
-                        self._dispatch(pool, worker,
-                                       self.learner.get_weights_after.remote([apply]))
+                        self._dispatch(pool, worker, self._learner_call(
+                            pool, self.learner.get_weights_after.remote([apply])))
                     dispatched += 1
-        await self._count_applied(applied)
         return self.learner_stats
 
-    async def _count_applied(self, applied: list[tuple[ObjectRef, int]]) -> None:
-        """Wait for this step's applies; count the env steps of those that took effect (a
-        worker that died before the learner fetched its gradient lost it)."""
-        for ref, count in applied:
-            try:
-                done: GradientsApplied = await self.runtime.get_async(ref, timeout_s=300)
-            except ObjectLostError as exc:
+    def _learner_call(self, pool: TaskPool, ref: ObjectRef) -> ObjectRef:
+        """Watch a call on the learner in ``pool``; returns ``ref``."""
+        pool.add(self.learner, ref)
+        return ref
+
+    async def _on_learner_call(self, ref: ObjectRef, env_steps: int | None) -> None:
+        """A learner call finished. A dead learner raises ``ActorDiedError``. An apply
+        (``env_steps`` given) counts its env steps when it took effect (a worker that died
+        before the learner fetched its gradient lost it)."""
+        try:
+            done = await self.runtime.get_async(ref)
+        except ObjectLostError as exc:
+            if env_steps is not None:
                 self.num_gradients_lost += 1
                 log.warning("a gradient was lost with its worker: %s", exc)
-                continue
+            return
+        if env_steps is not None:
+            assert isinstance(done, GradientsApplied)
             self.apply_timer.push(done.apply_time_s)
             self.weights_version = max(self.weights_version, done.version)
-            self.counters.num_steps_trained += count
+            self.counters.num_steps_trained += env_steps
 
     def reset(self, workers: list[ActorHandle]) -> None:
         """Swap the worker set (takes effect at the next step)."""

@@ -94,7 +94,7 @@ class AsyncReplayOptimizer(StepCountersMixin):
         self._random = random.Random(seed)
         self.timers = {k: TimerStat() for k in (
             "put_weights", "get_samples", "sample_processing", "replay_processing",
-            "update_priorities")}
+            "update_priorities", "train", "sample")}
         self.sample_rate = RateWindow()
         self.train_rate = RateWindow()
         self.num_weight_syncs = 0
@@ -144,6 +144,7 @@ class AsyncReplayOptimizer(StepCountersMixin):
     # ---- the step ---------------------------------------------------------------------
     async def step(self, timeout_s: float = 1.0) -> None:
         """One pass over everything that finished (waiting up to ``timeout_s`` for it)."""
+        started = time.perf_counter()
         await self._wakeup.wait(timeout_s)
         sampled, trained = self.num_steps_sampled, self.num_steps_trained
         try:
@@ -157,6 +158,14 @@ class AsyncReplayOptimizer(StepCountersMixin):
         finally:
             self.sample_rate.add(self.num_steps_sampled - sampled)
             self.train_rate.add(self.num_steps_trained - trained)
+            # The seeds' step timers: every step's duration (waiting included) with the
+            # env steps it sampled; with the rows it trained once learning started.
+            duration = time.perf_counter() - started
+            self.timers["sample"].push(duration)
+            self.timers["sample"].push_units_processed(self.num_steps_sampled - sampled)
+            if self.learning_started:
+                self.timers["train"].push(duration)
+                self.timers["train"].push_units_processed(self.num_steps_trained - trained)
 
     async def _process_samples(self) -> None:
         """Route finished samples; raise a worker's error once the others are handled."""

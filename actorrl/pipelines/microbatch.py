@@ -6,7 +6,9 @@ microbatch after microbatch, sample from every worker in parallel until at least
 the workers and add their gradients (per trainable policy, weighted by row count) to its
 accumulator; once ``train_batch_size`` steps are covered, the learner applies the
 count-weighted mean once. Because each microbatch gradient is the gradient of a mean loss,
-``sum(count_i * grad_i) / sum(count_i)`` is exactly the full-batch gradient.
+``sum(count_i * grad_i) / sum(count_i)`` is exactly the full-batch gradient. With no remote
+workers (``num_workers: 0``) the learner's own local worker samples (RLlib's local worker),
+and no weights need broadcasting.
 """
 
 from __future__ import annotations
@@ -23,14 +25,16 @@ class MicrobatchOptimizer(StepCountersMixin):
     """The microbatch pipeline over remote workers and a learner actor."""
 
     def __init__(self, runtime: Runtime, workers: list[ActorHandle], learner: ActorHandle,
-                 *, train_batch_size: int = 10000, microbatch_size: int = 1000) -> None:
+                 *, train_batch_size: int = 10000, microbatch_size: int = 1000,
+                 sample_locally: bool = False) -> None:
         if train_batch_size <= microbatch_size:
             raise ValueError(f"The microbatch size must be smaller than the train batch "
                              f"size, got microbatch_size={microbatch_size} vs "
                              f"train_batch_size={train_batch_size}")
-        if not workers:
-            raise ValueError("the microbatch optimizer needs at least 1 remote worker: set "
-                             "num_workers >= 1")
+        if not workers and not sample_locally:
+            raise ValueError("the microbatch optimizer needs remote workers or "
+                             "sample_locally=True (the learner's local worker samples)")
+        self.sample_locally = sample_locally
         self.runtime = runtime
         self.workers = list(workers)
         self.learner = learner
@@ -48,13 +52,14 @@ class MicrobatchOptimizer(StepCountersMixin):
             weights = self.learner.get_weights.remote()
             for worker in self.workers:
                 worker.set_weights.remote(weights)
+        samplers = self.workers or ([self.learner] if self.sample_locally else [])
         samples_so_far = 0
         while samples_so_far < self.train_batch_size:
             with self.sample_timer:
                 refs, rows = [], 0
                 while rows < self.microbatch_size:
                     replies: list[SampleReply] = await self.runtime.get_async(
-                        [w.sample_ref.remote() for w in self.workers], timeout_s=600)
+                        [w.sample_ref.remote() for w in samplers], timeout_s=600)
                     refs += [r.batch for r in replies]
                     rows += sum(r.count for r in replies)
                 self.sample_timer.push_units_processed(rows)

@@ -1,0 +1,81 @@
+"""A two-agent env shipped for trying (and testing) multi-agent training.
+
+``actorrl.multi_agent_envs:two_cartpoles`` makes :class:`TwoCartPoles`: two independent
+CartPole-v1 games, one per agent (``agent_0``, ``agent_1``), stepped together. An agent
+whose pole falls (or whose game reaches 500 steps) is done for the rest of the episode;
+the episode ends when both are. ``policy_for_agent`` maps ``agent_i`` to ``policy_i``::
+
+    actorrl train apex --env actorrl.multi_agent_envs:two_cartpoles --set multiagent='{
+        "policies": {"policy_0": [null, null, null, {}], "policy_1": [null, null, null, {}]},
+        "policy_mapping_fn": "actorrl.multi_agent_envs:policy_for_agent"}'
+
+Each policy's return is in the results as ``policy_reward_mean`` (RLlib's key); an episode's
+``episode_reward_mean`` is the sum over both agents.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+
+from actorrl.envs import ALL_AGENTS, EnvContext, MultiAgentEnv
+
+AGENTS = ("agent_0", "agent_1")
+
+TWO_CARTPOLES_MULTIAGENT: dict[str, Any] = {
+    "policies": {"policy_0": [None, None, None, {}], "policy_1": [None, None, None, {}]},
+    "policy_mapping_fn": "actorrl.multi_agent_envs:policy_for_agent",
+}
+"""The ``multiagent`` setting that trains one policy per agent of :class:`TwoCartPoles`."""
+
+
+def policy_for_agent(agent_id: str) -> str:
+    """``agent_i`` -> ``policy_i``."""
+    return agent_id.replace("agent_", "policy_", 1)
+
+
+class TwoCartPoles(MultiAgentEnv):
+    """Two independent CartPole-v1 games, one per agent; see the module docstring."""
+
+    def __init__(self, env_config: EnvContext | dict | None = None) -> None:
+        self.games = {agent: gym.make("CartPole-v1") for agent in AGENTS}
+        self.possible_agents = list(AGENTS)
+        self.observation_spaces = {a: g.observation_space for a, g in self.games.items()}
+        self.action_spaces = {a: g.action_space for a, g in self.games.items()}
+        self.done: set[str] = set()
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None
+              ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Both games start; agent i's game is seeded with ``seed + i``."""
+        self.done = set()
+        obs = {}
+        for i, (agent, game) in enumerate(self.games.items()):
+            obs[agent], _ = game.reset(seed=None if seed is None else seed + i)
+        return obs, {}
+
+    def step(self, actions: dict[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
+        """Step the games of the agents that acted; a finished game's agent is done."""
+        obs, rewards, terminateds, truncateds = {}, {}, {}, {}
+        for agent, action in actions.items():
+            ob, reward, terminated, truncated, _ = self.games[agent].step(action)
+            obs[agent], rewards[agent] = ob, float(reward)
+            terminateds[agent], truncateds[agent] = bool(terminated), bool(truncated)
+            if terminated or truncated:
+                self.done.add(agent)
+        # The last game's ending says how the episode ended (a time limit bootstraps).
+        everyone_done = len(self.done) == len(self.games)
+        cut = any(truncateds.values())
+        terminateds[ALL_AGENTS] = everyone_done and not cut
+        truncateds[ALL_AGENTS] = everyone_done and cut
+        return obs, rewards, terminateds, truncateds, {}
+
+    def close(self) -> None:
+        """Close both games."""
+        for game in self.games.values():
+            game.close()
+
+
+def two_cartpoles(ctx: EnvContext) -> TwoCartPoles:
+    """The env factory (``"actorrl.multi_agent_envs:two_cartpoles"``)."""
+    return TwoCartPoles(ctx)
