@@ -10,28 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import pids_alive
+from tests.helpers.procs import descendants, pids_alive
 
 EXIT_GRACE_S = 15.0
 """How long processes still exiting at the end of the session may take."""
-
-
-def _descendants(pid: int) -> set[int]:
-    """Every live descendant of ``pid`` (from /proc/<pid>/task/*/children)."""
-    found: set[int] = set()
-    stack = [pid]
-    while stack:
-        parent = stack.pop()
-        for children_file in glob.glob(f"/proc/{parent}/task/*/children"):
-            try:
-                children = Path(children_file).read_text().split()
-            except OSError:
-                continue
-            for child in map(int, children):
-                if child not in found:
-                    found.add(child)
-                    stack.append(child)
-    return found
 
 
 def _temp_entries() -> set[str]:
@@ -62,7 +44,7 @@ def _owned_by_other_live_process(path: str) -> bool:
                   else Path(path, "owner.pid").read_text().strip() or 0)
     except (OSError, ValueError):
         return False
-    if pid in (0, os.getpid()) or pid in _descendants(os.getpid()):
+    if pid in (0, os.getpid()) or pid in descendants(os.getpid()):
         return False
     try:
         os.kill(pid, 0)
@@ -73,14 +55,34 @@ def _owned_by_other_live_process(path: str) -> bool:
     return True
 
 
+FIRST_SEEN: dict[int | str, str] = {}
+"""Process id or temp path -> the test after which it was first seen running or present
+(so a leak names the test that left it)."""
+
+
+@pytest.fixture(autouse=True)
+def note_what_each_test_leaves(request: pytest.FixtureRequest):
+    """After each test: remember which processes and temp entries first appeared by then
+    (processes of module fixtures are legitimately shared; only what is left at the end
+    of the session is a leak, and then this names its test)."""
+    yield
+    for item in (*descendants(os.getpid()), *_temp_entries()):
+        FIRST_SEEN.setdefault(item, request.node.nodeid)
+
+
+def _named(items: list) -> list[str]:
+    return [f"{item} (left by {FIRST_SEEN.get(item, 'a fixture teardown')})" for item in items]
+
+
 @pytest.fixture(scope="session", autouse=True)
 def nothing_left_behind():
     """After the whole session: no actor, zygote or server process of ours still runs, and
     no ``actorrl-*`` temp folder or shared-memory segment created during it remains
-    (SIGKILLed drivers included: the runtime must clean up after them)."""
+    (SIGKILLed drivers included: the runtime must clean up after them). Each leak is
+    named with the test after which it first appeared."""
     before = _temp_entries()
     yield
-    still_running = pids_alive(sorted(_descendants(os.getpid())), EXIT_GRACE_S)
+    still_running = pids_alive(sorted(descendants(os.getpid())), EXIT_GRACE_S)
     left = sorted(p for p in _temp_entries() - before if not _owned_by_other_live_process(p))
-    assert not still_running, f"processes left running after the tests: {still_running}"
-    assert not left, f"temp folders or shared-memory segments left after the tests: {left}"
+    assert not still_running, f"processes left running after the tests: {_named(still_running)}"
+    assert not left, f"temp folders or shared-memory segments left after the tests: {_named(left)}"

@@ -26,40 +26,18 @@ import numpy as np
 import pytest
 
 from actorrl.checkpoints import read_checkpoint
+from tests.helpers.cluster import CLI, TAG_VARIABLE, cli_env, run_cli, run_dirs
+from tests.helpers.procs import descendants
 
-REPO = Path(__file__).resolve().parent.parent
-CLI = [sys.executable, "-m", "actorrl.cli"]
 TINY = ["--num-workers", "1", "--set", "min_iter_time_s=0.5", "--stop-time", "90"]
 """Settings that keep a test training small; each test adds its stop criterion."""
 RUN_TIMEOUT_S = 240.0
 FIRST_RESULT_TIMEOUT_S = 120.0
 EXIT_TIMEOUT_S = 60.0
 QUICK_TIMEOUT_S = 60.0
-TAG_VARIABLE = "ACTORRL_TEST_CLI_RUN"
 
 
 # ---- helpers --------------------------------------------------------------------------
-def run_cli(args: list[str], cwd: Path, timeout_s: float = QUICK_TIMEOUT_S,
-            python: list[str] | None = None, tag: str = "") -> subprocess.CompletedProcess:
-    """Run the CLI to completion (bounded) and return its result."""
-    return subprocess.run([*(python or CLI), *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout_s, env=_env(tag))
-
-
-def _env(tag: str = "") -> dict[str, str]:
-    env = dict(os.environ)
-    if tag:
-        env[TAG_VARIABLE] = tag  # inherited by every actor process of the run
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env.pop("COLUMNS", None)
-    return env
-
-
-def run_dirs(output: Path) -> list[Path]:
-    """The results folders under ``output``."""
-    return sorted(p for p in output.iterdir() if p.is_dir()) if output.exists() else []
-
-
 def read_jsonl(path: Path) -> list[dict]:
     """Every line of a JSONL file, parsed (a line that does not parse fails the test)."""
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -80,24 +58,6 @@ def read_tensorboard_scalars(path: Path) -> dict[str, list[tuple[int, float]]]:
         for value in event.summary.value:
             scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
     return scalars
-
-
-def descendants(pid: int) -> set[int]:
-    """All processes below ``pid`` (from /proc/<pid>/task/*/children, recursively)."""
-    found: set[int] = set()
-    stack = [pid]
-    while stack:
-        parent = stack.pop()
-        for children_file in glob.glob(f"/proc/{parent}/task/*/children"):
-            try:
-                text = Path(children_file).read_text()
-            except OSError:
-                continue
-            for child in map(int, text.split()):
-                if child not in found:
-                    found.add(child)
-                    stack.append(child)
-    return found
 
 
 def open_pidfds(pids: set[int]) -> dict[int, int]:
@@ -200,7 +160,7 @@ def start_cli(args: list[str], cwd: Path, stderr_path: Path, tag: str,
     carry ``tag`` in their environment."""
     with open(stderr_path, "w") as stderr:
         return subprocess.Popen([*CLI, *args], cwd=cwd, stdout=subprocess.PIPE,
-                                stderr=stderr, bufsize=0, env=_env(tag),
+                                stderr=stderr, bufsize=0, env=cli_env(tag),
                                 start_new_session=new_session)
 
 
@@ -593,7 +553,7 @@ sys.exit(main(sys.argv[1:]))
 
 def _run_fake_remote(tmp_path: Path, args: list[str], num_results: int
                      ) -> subprocess.CompletedProcess:
-    env = {**_env(), "FAKE_JOB_RESULTS": str(num_results)}
+    env = {**cli_env(), "FAKE_JOB_RESULTS": str(num_results)}
     return subprocess.run([sys.executable, "-c", FAKE_CLIENT, "train", "apex", "--address",
                            "tcp://10.0.0.1:7000", "--keys", "/k", *args, "--output",
                            str(tmp_path / "results")], cwd=tmp_path, capture_output=True,

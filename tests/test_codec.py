@@ -18,7 +18,7 @@ from hypothesis.extra import numpy as hnp
 
 import transport.codec as codec_module
 from actorrl.batch import MultiAgentBatch, SampleBatch
-from tests.raw_rpc import colliding_key_map
+from tests.helpers.wire import colliding_key_map
 from transport.codec import (
     DEFAULT_INLINE_THRESHOLD,
     EXT_ARRAY,

@@ -17,7 +17,7 @@ from actorrl.runtime.driver import Driver
 from actorrl.runtime.errors import ActorDiedError
 from actorrl.runtime.forking import ForkedProcess, resolve_start_method
 from actorrl.runtime.process import ChildProcess
-from tests.procs import pids_alive
+from tests.helpers.procs import pids_alive
 
 INFO = "tests.actors.process_info:ProcessInfo"
 

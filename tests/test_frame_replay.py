@@ -10,7 +10,7 @@ import pytest
 from actorrl.batch import SampleBatch
 from actorrl.replay import PrioritizedReplayBuffer, ReplayBuffer
 from actorrl.replay.frame_buffer import FramePrioritizedReplayBuffer, FrameReplayBuffer
-from tests.frame_data import stacked_fragment
+from tests.helpers.frame_data import stacked_fragment
 from transport.codec import decode, encode
 
 CHI2_999_DOF7 = 24.322

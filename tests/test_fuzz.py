@@ -17,12 +17,10 @@ import contextlib
 import json
 import os
 import random
-import select
 import shutil
 import socket
 import struct
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,15 +33,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from actorrl.runtime.core import _check_request
-from tests.procs import terminate
-from tests.raw_rpc import collect_replies as raw_collect_replies
-from tests.raw_rpc import colliding_key_map
+from tests.helpers.procs import ready_line, start_python, terminate
+from tests.helpers.wire import PREFIX, colliding_key_map
+from tests.helpers.wire import collect_replies as raw_collect_replies
 from transport.codec import EXT_ARRAY, EXT_TENSOR, Codec, DecodeError
 from transport.errors import RemoteError
 from transport.rpc import KIND_ERROR, KIND_NOTIFY, KIND_OK, KIND_REQUEST, RpcClient, RpcServer
 
 REPO = Path(__file__).resolve().parent.parent
-PREFIX = struct.Struct("<BQ")
 LEGIT_S = 1.0  # a legitimate call answers within this after every phase
 REPLY_S = 10.0  # bound on waiting for the reply to a hostile request
 FD_SLACK = 16  # fds above baseline tolerated once settled
@@ -84,16 +81,8 @@ class Target:
 
     def __init__(self, directory: Path) -> None:
         self.log_path = directory / "target.log"
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", TARGET_SRC, str(directory / "s")], cwd=REPO,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
-            env=dict(os.environ, PYTHONPATH=str(REPO)))
-        ready, _, _ = select.select([self.proc.stdout], [], [], 90)
-        line = self.proc.stdout.readline().decode() if ready else ""
-        if not line.startswith("READY "):
-            self.stop()
-            raise AssertionError(f"target did not start: {line!r}\n{self.log_tail()}")
+        self.proc = start_python(["-c", TARGET_SRC, str(directory / "s")], self.log_path)
+        line = ready_line(self.proc, self.proc.stdout, "READY ", 90, self.log_path)
         info = json.loads(line[len("READY "):])
         self.ipc: str = info["ipc"]
         self.tcp: str = info["tcp"]
@@ -115,7 +104,6 @@ class Target:
             self.proc.kill()
             self.proc.wait(30)
         self.proc.stdout.close()
-        self._log.close()
 
 
 def fds_and_rss(pid: int) -> tuple[int, int]:
@@ -174,7 +162,7 @@ def request(method: Any, args: Any, kwargs: Any = None,
 
 def collect_replies(sock: zmq.Socket, ids: set[int], timeout_s: float = REPLY_S,
                     names: dict[int, str] | None = None) -> dict[int, tuple[int, Any]]:
-    """:func:`tests.raw_rpc.collect_replies` with this module's reply deadline."""
+    """:func:`tests.helpers.wire.collect_replies` with this module's reply deadline."""
     return raw_collect_replies(sock, ids, timeout_s, names)
 
 
@@ -553,21 +541,13 @@ def _start_cli(args: list[str], log_path: Path, ready: str, timeout_s: float = 9
                ) -> tuple[subprocess.Popen, str]:
     """Start ``python -m actorrl.cli_cluster ARGS`` and wait for a stdout line starting
     with ``ready``; returns the process and that line."""
-    log = open(log_path, "wb")  # noqa: SIM115 - handed to the child, closed here
+    proc = start_python(["-m", "actorrl.cli_cluster", *args], log_path,
+                        stdin=subprocess.DEVNULL)
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "actorrl.cli_cluster", *args], cwd=REPO,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
-                                env=dict(os.environ, PYTHONPATH=str(REPO)))
-    finally:
-        log.close()
-    ready_fds, _, _ = select.select([proc.stdout], [], [], timeout_s)
-    line = proc.stdout.readline().decode() if ready_fds else ""
-    if not line.startswith(ready):
-        proc.kill()
-        proc.wait(10)
+        line = ready_line(proc, proc.stdout, ready, timeout_s, log_path)
+    except AssertionError:
         proc.stdout.close()
-        raise AssertionError(f"{args[:2]} did not start: {line!r}\n"
-                             + log_path.read_text(errors="replace")[-3000:])
+        raise
     return proc, line
 
 

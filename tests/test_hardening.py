@@ -418,25 +418,21 @@ def test_the_coordinator_caps_frames_and_raises_its_fd_limit(tmp_path) -> None:
     import numpy as np
 
     from actorrl.client import Client
-    from tests.procs import terminate
+    from tests.helpers.procs import ready_line, start_python, terminate
     from transport.errors import CallTimeoutError, PeerLostError
     from transport.rpc import RpcClient
 
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     read_fd, write_fd = os.pipe()
     state = tmp_path / "state"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "actorrl.cli_cluster", "coordinator", "start", "--state-dir",
-         str(state), "--ready-fd", str(write_fd), "--max-frame-mb", "1"], cwd=REPO,
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        pass_fds=(write_fd,), preexec_fn=_lower_fd_limit)
+    proc = start_python(
+        ["-m", "actorrl.cli_cluster", "coordinator", "start", "--state-dir", str(state),
+         "--ready-fd", str(write_fd), "--max-frame-mb", "1"], tmp_path / "coordinator.log",
+        stdin=subprocess.DEVNULL, stdout=None, pass_fds=(write_fd,),
+        preexec_fn=_lower_fd_limit)
     os.close(write_fd)
     try:
-        import select
-
-        ready, _, _ = select.select([read_fd], [], [], 60)
-        line = os.read(read_fd, 4096).decode() if ready else ""
-        assert line.startswith("READY "), line
+        line = ready_line(proc, read_fd, "READY ", 60, tmp_path / "coordinator.log")
         address = line.split()[1]
         with open(f"/proc/{proc.pid}/limits") as f:
             row = next(r for r in f if r.startswith("Max open files")).split()

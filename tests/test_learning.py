@@ -13,7 +13,7 @@ import pytest
 from actorrl.algorithms import Trainer, get_algorithm
 from actorrl.config import load_config
 from actorrl.runtime import Driver
-from tests.procs import pids_alive
+from tests.helpers.procs import pids_alive
 
 pytestmark = pytest.mark.slow
 

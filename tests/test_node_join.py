@@ -11,7 +11,6 @@ import asyncio
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -19,12 +18,9 @@ from pathlib import Path
 import pytest
 
 from actorrl.runtime.node_agent import CoordinatorAddressError, NodeAgent, NodeJoinError
-from tests.test_cli import run_cli, run_dirs
-from tests.test_cluster import read, start_coordinator
+from tests.helpers.cluster import CLUSTER_CLI, REPO, read, run_cli, run_dirs, start_coordinator
 from transport.auth import generate_keys
 
-CLUSTER_CLI = [sys.executable, "-m", "actorrl.cli_cluster"]
-REPO = Path(__file__).resolve().parent.parent
 BAD_NAME = "tcp://no-such-coordinator.invalid:7000"
 
 

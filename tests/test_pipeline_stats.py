@@ -11,18 +11,12 @@ import pytest
 import torch
 
 from actorrl.algorithms.a3c import A3CConfig
-from actorrl.algorithms.apex import ApexConfig
 from actorrl.pipelines.a3c import AsyncGradientsOptimizer
 from actorrl.pipelines.apex import SAMPLE_QUEUE_DEPTH, AsyncReplayOptimizer
 from actorrl.rollout import RolloutWorker
 from actorrl.runtime import Driver
-from tests.a3c_actors import a3c_actors
 from tests.actors.failing import SampleFailure
-
-DQN = "actorrl.policy.dqn:DQNPolicy"
-AC = "actorrl.policy.actor_critic:ActorCriticPolicy"
-DQN_CONFIG = {**ApexConfig(num_workers=1).to_dict(), "model": {"fcnet_hiddens": [16]},
-              "hiddens": [16], "train_batch_size": 32}
+from tests.helpers.configs import AC, DQN, DQN_CONFIG, a3c_actors
 
 
 async def _apex(driver, workers, training_intensity=None):

@@ -12,11 +12,9 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import select
 import signal
 import struct
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -26,7 +24,8 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from tests.raw_rpc import collect_replies
+from tests.helpers.procs import ready_line, start_python
+from tests.helpers.wire import PREFIX, collect_replies
 from transport.codec import EXT_ARRAY, TYPE_MARKER, Codec, DecodeError
 from transport.errors import CallTimeoutError, PeerLostError, RemoteError
 from transport.rpc import (
@@ -42,7 +41,6 @@ from transport.rpc import (
 )
 
 REPO = Path(__file__).resolve().parent.parent
-PREFIX = struct.Struct("<BQ")
 MAX_MESSAGE_BYTES = 64 * 1024
 WAIT_S = 10.0  # bound on every wait for something that should happen promptly
 
@@ -104,17 +102,9 @@ class ServerProcess:
     def __init__(self, directory: Path, address: str,
                  max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
         self.log_path = directory / "server.log"
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        env = dict(os.environ, PYTHONPATH=str(REPO))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", SERVER_SRC, address, str(max_message_bytes)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, cwd=REPO,
-            env=env)
-        ready, _, _ = select.select([self.proc.stdout], [], [], 60)
-        line = self.proc.stdout.readline().decode() if ready else ""
-        if not line.startswith("READY "):
-            self.stop()
-            raise AssertionError(f"server did not start: {line!r}\n{self.log_tail()}")
+        self.proc = start_python(["-c", SERVER_SRC, address, str(max_message_bytes)],
+                                 self.log_path)
+        line = ready_line(self.proc, self.proc.stdout, "READY ", 60, self.log_path)
         self.endpoint = line.split()[1]
 
     def log_tail(self) -> str:
@@ -132,7 +122,6 @@ class ServerProcess:
             self.proc.kill()
             code = self.proc.wait(timeout_s)
         self.proc.stdout.close()
-        self._log.close()
         return code
 
 

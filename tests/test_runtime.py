@@ -14,7 +14,7 @@ import pytest
 
 import actorrl.runtime as rt
 from actorrl.runtime import Driver
-from tests.procs import pids_alive
+from tests.helpers.procs import pids_alive
 from transport.codec import EncodeError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -243,6 +243,27 @@ async def test_async_api_driver(tmp_path):
         ref = driver.put(np.arange(5))
         assert (await driver.get(counter.echo.remote(ref), timeout_s=30)).tolist() == list(
             range(5))
+
+
+async def test_calls_pending_on_a_killed_actor_leave_no_unretrieved_errors(tmp_path, caplog):
+    """Calls still pending when their actor is SIGKILLed fail with ActorDiedError; those
+    whose refs nobody gets are dropped without asyncio's "exception was never retrieved"
+    error reaching the log."""
+    import gc
+
+    async with Driver.start(str(tmp_path / "s")) as driver:
+        gate = await driver.create_actor("tests.actors.basic:Gate")
+        pid = await driver.get(gate.pid.remote(), timeout_s=30)
+        refs = [gate.wait_for.remote("never", i) for i in range(5)]
+        watched = gate.wait_for.remote("never", "watched")
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(rt.ActorDiedError):
+            await driver.get(watched, timeout_s=30)
+        ready, _ = await driver.wait(refs, num_returns=len(refs), timeout_s=30)
+        assert len(ready) == len(refs)
+        del refs, ready
+        gc.collect()
+    assert "never retrieved" not in caplog.text
 
 
 async def test_repeated_wait_leaves_nothing_behind_on_pending_refs(tmp_path):

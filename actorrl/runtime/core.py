@@ -1096,6 +1096,10 @@ class _CallFuture(asyncio.Future):
             died.__cause__ = exception
             exception = died
         super().set_exception(exception)
+        # Retrieved here: the ref reports the failure to whoever gets it, and a call whose
+        # ref nobody gets (fire and forget, or dropped) failing with its dead actor is no
+        # error for asyncio to log ("exception was never retrieved") when it is collected.
+        super().exception()
         self._settle()
 
     def cancel(self, msg: Any = None) -> bool:

@@ -60,6 +60,9 @@ class Gate:
     async def open(self, key: str) -> None:
         self._event(key).set()
 
+    def pid(self) -> int:
+        return os.getpid()
+
 
 class Store:
     """Produces and consumes large arrays; reports its transport byte counters."""
