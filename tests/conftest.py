@@ -34,6 +34,16 @@ SHM_OWNER = re.compile(r"actorrl-shm\.\d+\.(\d+)\.")
 """A shared-memory segment's name holds the pid of the process that made it."""
 
 
+def _of_another_pytest_run(path: str, basetemp: Path) -> bool:
+    """An ipc socket folder (``actorrl-ipc-*``) standing in for a session directory under
+    another pytest run's base temp folder: that run's, not a leak of this one."""
+    try:
+        owner_dir = Path(path, "for").read_text()
+    except OSError:
+        return False
+    return "/pytest-of-" in owner_dir and not owner_dir.startswith(str(basetemp))
+
+
 def _owned_by_other_live_process(path: str) -> bool:
     """A session folder whose owner (``owner.pid``), or a shared-memory segment whose maker,
     is another live process (not one of this session's): another test run or training on
@@ -75,7 +85,7 @@ def _named(items: list) -> list[str]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def nothing_left_behind():
+def nothing_left_behind(tmp_path_factory: pytest.TempPathFactory):
     """After the whole session: no actor, zygote or server process of ours still runs, and
     no ``actorrl-*`` temp folder or shared-memory segment created during it remains
     (SIGKILLed drivers included: the runtime must clean up after them). Each leak is
@@ -83,6 +93,8 @@ def nothing_left_behind():
     before = _temp_entries()
     yield
     still_running = pids_alive(sorted(descendants(os.getpid())), EXIT_GRACE_S)
-    left = sorted(p for p in _temp_entries() - before if not _owned_by_other_live_process(p))
+    basetemp = tmp_path_factory.getbasetemp()
+    left = sorted(p for p in _temp_entries() - before if not _owned_by_other_live_process(p)
+                  and not _of_another_pytest_run(p, basetemp))
     assert not still_running, f"processes left running after the tests: {_named(still_running)}"
     assert not left, f"temp folders or shared-memory segments left after the tests: {_named(left)}"

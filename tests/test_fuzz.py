@@ -32,7 +32,7 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from actorrl.runtime.core import _check_request
+from actorrl.runtime.core import check_request
 from tests.helpers.procs import ready_line, start_python, terminate
 from tests.helpers.wire import PREFIX, colliding_key_map
 from tests.helpers.wire import collect_replies as raw_collect_replies
@@ -296,19 +296,16 @@ def _crafted_headers() -> list[bytes]:
 async def test_malformed_and_crafted_msgpack_is_answered(target: Target, attacker: zmq.Context,
                                                           which: str) -> None:
     """Mutated valid headers, collision maps, deep nesting, absurd lengths and bad array
-    headers, each as a request: every one is answered (ok or error), fast."""
+    headers, each as a request: every one is answered (ok or error)."""
     rng = random.Random(7)
     sock = dealer(attacker, target.tcp if which == "server" else target.actor)
     try:
         ids = set()
-        started = asyncio.get_running_loop().time()
         for header in [*_malformed_headers(rng, 200), *_crafted_headers()]:
             request_id = next(_ids)
             ids.add(request_id)
             sock.send_multipart([PREFIX.pack(KIND_REQUEST, request_id), header])
-        collect_replies(sock, ids)
-        elapsed = asyncio.get_running_loop().time() - started
-        assert elapsed < 5.0, f"{len(ids)} hostile requests took {elapsed:.1f} s"
+        collect_replies(sock, ids)  # within its deadline; decode cost: benchmarks/
     finally:
         sock.close(linger=0)
     await healthy(target, f"malformed msgpack to the {which}")
@@ -339,7 +336,7 @@ COORD_SHAPES: dict[str, list[Any]] = {
 
 def _well_formed(method: str, args: Any) -> bool:
     try:
-        _check_request(method, args)
+        check_request(method, args)
     except (ValueError, TypeError):
         return False
     return True

@@ -15,6 +15,7 @@ import pytest
 from actorrl.runtime import Driver
 from actorrl.runtime.node import log_label
 from transport.codec import EXT_ARRAY, DecodeError, decode
+from transport.rpc import RpcClient
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -104,18 +105,27 @@ async def test_death_reports_are_checked_and_bounded(tmp_path) -> None:
 
     async with Driver.start(str(tmp_path / "s")) as driver:
         coordinator = Coordinator(driver.runtime)
+        coordinator.serve()
         node = coordinator.add_node("n1", "a", "ipc://nowhere", "127.0.0.1", 2, 0,
                                     conn=None)  # type: ignore[arg-type]
-        huge = "x" * (1 << 20)
-        for i in range(300):
-            assert await coordinator._rpc_actor_died("no-such-node", f"a{i}", huge) is False
-            assert await coordinator._rpc_actor_died(node.node_id, f"b{i}", huge) is False
-        assert coordinator._early_deaths == {}
-        node.starting = 1  # a start in flight: an early death is kept, truncated
-        assert await coordinator._rpc_actor_died(node.node_id, "c", huge) is True
-        assert len(coordinator._early_deaths["c"]) == MAX_REASON_CHARS
-        with pytest.raises(ValueError, match="actor_died takes"):
-            await coordinator._rpc_actor_died(node.node_id, ["c"], 3)
+        reporter = RpcClient(driver.runtime.local_address, connect_timeout_s=30)
+
+        async def died(*fields) -> bool:
+            return await reporter.call("coord.actor_died", fields, timeout_s=30)
+
+        try:
+            huge = "x" * ((1 << 20) - 4096)  # under the 1 MB header cap
+            for i in range(300):
+                assert await died("no-such-node", f"a{i}", huge) is False
+                assert await died(node.node_id, f"b{i}", huge) is False
+            assert coordinator.early_deaths == {}
+            node.starting = 1  # a start in flight: an early death is kept, truncated
+            assert await died(node.node_id, "c", huge) is True
+            assert len(coordinator.early_deaths["c"]) == MAX_REASON_CHARS
+            with pytest.raises(ValueError, match="actor_died takes"):
+                await died(node.node_id, ["c"], 3)
+        finally:
+            reporter.close()
 
 
 def _long_dir(tmp_path) -> str:

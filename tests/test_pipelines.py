@@ -172,7 +172,7 @@ def test_microbatch_accumulation_equals_the_full_batch_gradient():
     reference = RolloutWorker("CartPole-v1", AC, config)
     reference.set_weights(learner.worker.get_weights())
     for batch in batches:
-        learner._accumulate([batch])
+        learner.accumulate_gradients([batch])
     result = learner.apply_accumulated_gradients()
     assert result["rows"]["default_policy"] == full.count
     grads, _ = reference.compute_gradients(full)

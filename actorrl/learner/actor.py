@@ -305,9 +305,12 @@ class LearnerActor:
         trainable policy on their concatenation, and add ``count * grad`` to the
         accumulator. Returns the microbatch's row count and learner stats."""
         batches = await Runtime.current().get_and_free_async(refs)
-        return await asyncio.to_thread(self._accumulate, batches)
+        return await asyncio.to_thread(self.accumulate_gradients, batches)
 
-    def _accumulate(self, batches: list[Any]) -> dict[str, Any]:
+    def accumulate_gradients(self, batches: list[Any]) -> dict[str, Any]:
+        """Compute gradients per trainable policy on the concatenation of ``batches`` and
+        add ``count * grad`` to the accumulator (what :meth:`accumulate_gradients_refs`
+        does with fetched batches). Returns the row count and learner stats."""
         batch = as_multi_agent(SampleBatch.concat_samples(batches))
         stats: dict[str, Any] = {}
         trainable = set(self.worker.policies_to_train)
