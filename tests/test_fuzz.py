@@ -37,11 +37,13 @@ from tests.helpers.procs import ready_line, start_python, terminate
 from tests.helpers.wire import PREFIX, colliding_key_map
 from tests.helpers.wire import collect_replies as raw_collect_replies
 from transport.codec import EXT_ARRAY, EXT_TENSOR, Codec, DecodeError
-from transport.errors import RemoteError
+from transport.errors import PeerLostError, RemoteError
 from transport.rpc import KIND_ERROR, KIND_NOTIFY, KIND_OK, KIND_REQUEST, RpcClient, RpcServer
 
 REPO = Path(__file__).resolve().parent.parent
-LEGIT_S = 1.0  # a legitimate call answers within this after every phase
+LEGIT_S = 30.0
+"""Deadline of a legitimate call after every phase: a stalled or dead server misses it
+(a deadline, not a speed check: speed is measured in benchmarks/)."""
 REPLY_S = 10.0  # bound on waiting for the reply to a hostile request
 FD_SLACK = 16  # fds above baseline tolerated once settled
 RSS_SLACK = 96 << 20  # bytes of RSS above baseline tolerated
@@ -379,9 +381,19 @@ def _bad_field_requests(shapes: dict[str, list[Any]], rng: random.Random
     return out
 
 
+LENIENT = ("'__call__'", "'coord.actor_died'", "'coord.actors'", "'coord.close_session'",
+           "'coord.heartbeat'", "'coord.kill_actor'", "'coord.session_ping'",
+           "'coord.wait_actor'", "'coord.wait_nodes'")
+"""Requests that may be answered as valid with a bad field: the actor's ``noop`` takes any
+arguments; the others look up ids or filters that match nothing and say so (``False``,
+``known: False``, no actors, no nodes) instead of failing, so a peer learns nothing from
+the difference."""
+
+
 async def test_bad_field_types_are_answered(target: Target, attacker: zmq.Context) -> None:
     """Every runtime-protocol and ``coord.*`` request with a field of the wrong type (or
-    the wrong count) is answered, and mostly with an error; nothing is left pending."""
+    the wrong count) is answered; all but the lookups in :data:`LENIENT` with an error;
+    nothing is left pending."""
     rng = random.Random(3)
     for endpoint, shapes in ((target.actor, RUNTIME_SHAPES),
                              (target.tcp, {**RUNTIME_SHAPES, **COORD_SHAPES})):
@@ -393,8 +405,10 @@ async def test_bad_field_types_are_answered(target: Target, attacker: zmq.Contex
                                       names={rid: name for rid, _, name in cases})
         finally:
             sock.close(linger=0)
-        errors = sum(kind == KIND_ERROR for kind, _ in replies.values())
-        assert errors >= len(cases) * 0.7, f"{errors} errors of {len(cases)} hostile requests"
+        answered_ok = sorted(name for rid, _, name in cases
+                             if replies[rid][0] != KIND_ERROR)
+        unexpected = [name for name in answered_ok if not name.startswith(LENIENT)]
+        assert not unexpected, f"hostile requests answered as if valid: {unexpected}"
     await healthy(target, "bad field types")
 
 
@@ -598,6 +612,7 @@ def keyed() -> Iterator[KeyedTarget]:
     directory.mkdir(exist_ok=True)
     tgt = KeyedTarget(directory)
     try:
+        asyncio.run(keyed_healthy(tgt, "start"))  # the node's endpoint and the baselines
         yield tgt
         alive = {name: proc.poll() is None for name, proc in
                  (("coordinator", tgt.coordinator), ("node", tgt.node))}
@@ -613,7 +628,7 @@ def keyed() -> Iterator[KeyedTarget]:
 
 async def keyed_healthy(tgt: KeyedTarget, phase: str) -> None:
     """A legitimate client call to the coordinator and a coordinator-key call to the node
-    answer within 1 s; the node is still joined (never declared lost); fds and RSS of
+    answer (within :data:`LEGIT_S`); the node is still joined (never declared lost); fds and RSS of
     both are back near their baselines (the first call sets them)."""
     for name, pid in tgt.pids.items():
         assert os.path.exists(f"/proc/{pid}"), f"{name} died in phase {phase}"
@@ -777,7 +792,7 @@ async def test_socket_caps_drop_oversize_frames_and_stalled_handshakes() -> None
     client = RpcClient(endpoint, connect_timeout_s=5)
     try:
         assert await client.call("echo", [b"x" * 1000], timeout_s=5) == b"x" * 1000
-        with pytest.raises(Exception) as info:  # dropped with the connection: peer lost
+        with pytest.raises(PeerLostError, match="was lost") as info:  # dropped with it
             await client.call("echo", [np.zeros(8192, np.uint8)], timeout_s=5)
         assert not isinstance(info.value, RemoteError), info.value
         assert server.messages_dropped == 0
@@ -808,7 +823,7 @@ async def test_socket_caps_drop_oversize_frames_and_stalled_handshakes() -> None
     capped = RpcClient(endpoint, connect_timeout_s=5, max_frame_bytes=4096)
     try:
         assert await capped.call("echo", [b"y" * 100], timeout_s=5) == b"y" * 100
-        with pytest.raises(Exception) as info:
+        with pytest.raises(PeerLostError, match="was lost") as info:
             await capped.call("echo", [np.zeros(8192, np.uint8)], timeout_s=5)
         assert not isinstance(info.value, RemoteError), info.value
     finally:

@@ -228,9 +228,11 @@ async def test_a_call_waiting_on_its_ref_arguments_blocks_only_its_caller(tmp_pa
         echoed = counter.echo.remote(held)
         after = counter.add.remote(1)  # the driver's next call: waits behind `echoed`
         other = relay.call.remote(counter, "add", [10])
-        assert await driver.get(other, timeout_s=10) == 10
-        done, _ = await driver.wait([after], num_returns=1, timeout_s=0.5)
-        assert done == [], "the driver's own order was not kept"
+        assert await driver.get(other, timeout_s=10) == 10  # `after` (+1) has not run
+        # The counter keeps serving the relay while `after` waits: had the driver's order
+        # been broken, `after` would have run by this second call and the sum be 11.
+        again = relay.call.remote(counter, "add", [0])
+        assert await driver.get(again, timeout_s=10) == 10, "the driver's order was broken"
         await driver.get(gate.open.remote("k"), timeout_s=10)
         assert await driver.get(echoed, timeout_s=10) == 7
         assert await driver.get(after, timeout_s=10) == 11
@@ -254,7 +256,7 @@ async def test_failed_actors_are_replaced_concurrently() -> None:
     fleet = Fleet(["a", "b", "c"], replace, "rollout worker")  # type: ignore[arg-type]
     failures = [("a", RuntimeError("x")), ("c", RuntimeError("y")), ("a", RuntimeError("z"))]
     task = asyncio.ensure_future(fleet.failed_all(failures, lambda _a: None))
-    await asyncio.wait_for(both.wait(), 5)
+    await asyncio.wait_for(both.wait(), 30)
     assert not task.done()
     release.set()
     assert sorted(await task) == ["new-a", "new-c"]
