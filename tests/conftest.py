@@ -12,6 +12,39 @@ import pytest
 
 from tests.helpers.procs import descendants, pids_alive
 
+GROUPS = ("unit", "process", "cluster", "learning")
+"""What a test proves, one marker each (registered in pyproject.toml): ``pytest -m unit``,
+``pytest -m "not learning"`` (the fast part) and so on."""
+UNIT_MODULES = {
+    "test_actor_critic", "test_atari", "test_codec", "test_config_components", "test_dqn",
+    "test_envs", "test_experiment", "test_frame_replay", "test_frames", "test_impala_policy",
+    "test_layering", "test_learner", "test_metrics", "test_models", "test_readme",
+    "test_replay", "test_rollout", "test_timeouts", "test_vtrace"}
+"""Modules whose tests run in this process only (no child processes)."""
+CLUSTER_MODULES = {"test_cluster", "test_node_join"}
+"""Modules that start coordinators and node agents."""
+LEARNING_MODULES = {"test_learning", "test_learning_pixels"}
+"""Modules of trainings to a reward threshold. Elsewhere such a test is marked
+``learning`` (or ``slow``, its older name) itself; any other module is ``process``."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Give every test exactly one group marker of :data:`GROUPS` (an explicit one wins)."""
+    for item in items:
+        if any(item.get_closest_marker(group) for group in GROUPS):
+            continue
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        if item.get_closest_marker("slow") or module in LEARNING_MODULES:
+            group = "learning"
+        elif module in UNIT_MODULES:
+            group = "unit"
+        elif module in CLUSTER_MODULES:
+            group = "cluster"
+        else:
+            group = "process"
+        item.add_marker(group)
+
+
 EXIT_GRACE_S = 15.0
 """How long processes still exiting at the end of the session may take."""
 

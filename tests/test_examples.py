@@ -69,14 +69,27 @@ def test_example_validates_and_builds_its_policy(path: Path) -> None:
         worker.stop()
 
 
-def test_a_cartpole_example_trains_through_the_cli(tmp_path: Path) -> None:
+RANDOM_CARTPOLE_RETURN = 22.0
+"""Mean episode return of uniformly random actions on CartPole-v1 (about 22)."""
+SMOKE_REWARD = 50.0
+
+
+@pytest.mark.learning
+def test_a_cartpole_example_learns_through_the_cli(tmp_path: Path) -> None:
     """``actorrl train --config examples/cartpole-a2c.yaml`` with no ALGO trains and exits 0
-    at the (tighter) timesteps bound given on the command line."""
+    once its mean return passes 50 (over twice random's ~22), with the file's settings,
+    within a smoke budget of 60k steps / 150 s given on the command line.
+
+    Only this example is trained here: the other CartPole examples' algorithms are shown
+    learning CartPole (mean return 150) by tests/test_learning.py; the Atari and MinAtar
+    examples need millions of steps (hours on 2 cores; their curves are in docs/results),
+    so here they are only validated and their policies built and sampled (above)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     proc = subprocess.run(
         [sys.executable, "-m", "actorrl.cli", "train", "--config",
-         str(EXAMPLES / "cartpole-a2c.yaml"), "--stop-timesteps", "1500",
+         str(EXAMPLES / "cartpole-a2c.yaml"), "--stop-reward", str(SMOKE_REWARD),
+         "--stop-timesteps", "60000", "--stop-time", "150",
          "--set", "min_iter_time_s=0.5", "--output", str(tmp_path / "results"),
          "--progress", "plain"],
         cwd=tmp_path, capture_output=True, text=True, timeout=CLI_TIMEOUT_S, env=env)
@@ -85,9 +98,9 @@ def test_a_cartpole_example_trains_through_the_cli(tmp_path: Path) -> None:
     config = json.loads((run_dir / "config.json").read_text())
     assert config["algorithm"] == "a2c" and config["microbatch_size"] == 40
     status = json.loads((run_dir / "run.json").read_text())
-    assert status["stop_criteria"] == ("episode_reward_mean >= 100, timesteps_total >= "
-                                       "1,500")
-    assert status["timesteps_total"] >= 1500 or status["best_reward"] >= 100
+    assert status["best_reward"] >= SMOKE_REWARD > 2 * RANDOM_CARTPOLE_RETURN, (
+        f"the example did not learn: best mean return {status['best_reward']} after "
+        f"{status['timesteps_total']} steps\n{proc.stdout[-2000:]}")
 
 
 # ---- config-file handling ---------------------------------------------------------------

@@ -230,7 +230,7 @@ def test_serial_training_starts_no_child_process(tmp_path):
     assert "finished: timesteps_total" in done.stdout + done.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.learning
 @pytest.mark.parametrize("algorithm", ["apex", "a3c", "a2c", "impala"])
 async def test_algorithm_learns_cartpole_serially(algorithm, tmp_path):
     """The same pipelines, serially: each algorithm reaches a mean return of 150 on
