@@ -22,6 +22,7 @@ from actorrl.experiment.errors import UsageError
 from actorrl.experiment.train import TrainPlan, plan_training
 from actorrl.rollout import RolloutWorker
 from actorrl.stop import DEFAULT_STOP_TIME_S
+from tests.helpers.extras import installed
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
@@ -30,6 +31,9 @@ REQUIRED = {"pong-impala": "impala", "pong-apex": "apex", "breakout-impala": "im
             "cartpole-apex": "apex", "cartpole-impala": "impala", "cartpole-a2c": "a2c",
             "cartpole-a3c": "a3c"}
 CLI_TIMEOUT_S = 240.0
+EXTRAS = (("NoFrameskip", "ale_py", "atari"), ("ALE/", "ale_py", "atari"),
+          ("MinAtar/", "minatar", "minatar"))
+"""(text in an example's env, the module its env needs, the extra that installs it)."""
 
 
 def _plan(config_file: Path | str, algorithm: str | None = None, **kwargs: object
@@ -49,8 +53,12 @@ def test_the_required_examples_are_shipped() -> None:
 @pytest.mark.parametrize("path", EXAMPLE_FILES, ids=[p.stem for p in EXAMPLE_FILES])
 def test_example_validates_and_builds_its_policy(path: Path) -> None:
     """The file is valid as the CLI reads it, scaled to 2 cores, says so, has stop
-    criteria, and its policy builds and samples on the env."""
+    criteria, and its policy builds and samples on the env (skipped, saying which, when
+    the env's optional extra is not installed)."""
     text = path.read_text()
+    for marker, module, extra in EXTRAS:
+        if marker in text and not installed(module):
+            pytest.skip(f"the {extra} extra ({module}) is not installed")
     assert text.startswith("#") and "2-core" in text, "say how the file is scaled"
     plan = _plan(path)
     if path.stem in REQUIRED:
