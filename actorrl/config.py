@@ -545,8 +545,6 @@ class AlgorithmConfig(ConfigSection):
     """Minimum env steps sampled per iteration."""
     metrics_smoothing_episodes: int = 100
     """Episodes averaged in episode_reward_mean."""
-    debug: bool = False
-    """Report extra pipeline stats (timing breakdown, pending tasks)."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """How the rollout workers sample."""
 
