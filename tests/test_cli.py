@@ -26,8 +26,16 @@ import numpy as np
 import pytest
 
 from actorrl.checkpoints import read_checkpoint
-from tests.helpers.cluster import CLI, TAG_VARIABLE, cli_env, run_cli, run_dirs
-from tests.helpers.procs import descendants
+from tests.helpers.cluster import (
+    CLI,
+    TAG_VARIABLE,
+    cli_env,
+    join_node,
+    run_cli,
+    run_dirs,
+    start_coordinator,
+)
+from tests.helpers.procs import descendants, pids_alive, terminate
 
 TINY = ["--num-workers", "1", "--set", "min_iter_time_s=0.5", "--stop-time", "90"]
 """Settings that keep a test training small; each test adds its stop criterion."""
@@ -560,26 +568,52 @@ def _run_fake_remote(tmp_path: Path, args: list[str], num_results: int
                           text=True, timeout=QUICK_TIMEOUT_S, env=env)
 
 
-def test_address_submits_to_the_client_and_records_results(tmp_path: Path) -> None:
-    """--address runs the job through actorrl.client: the resolved config with its
-    "algorithm" key and the stop criteria is submitted, results are recorded locally, and
-    a criterion met here checkpoints and stops the job, then closes the client."""
-    proc = _run_fake_remote(tmp_path, ["--set", "lr=0.01", "--stop-timesteps", "2000"], 99)
-    assert proc.returncode == 0, proc.stderr
-    assert "FAKE client tcp://10.0.0.1:7000 /k" in proc.stdout
-    submitted = json.loads(proc.stdout.split("FAKE submit ", 1)[1].splitlines()[0])
-    assert submitted == {"algorithm": "apex", "env": "CartPole-v1", "lr": 0.01,
-                         "stop": {"episode_reward_mean": 450.0, "timesteps_total": 2000,
-                                  "time_total_s": 600.0}}
-    order = [line for line in proc.stdout.splitlines() if line.startswith("FAKE ")]
-    assert order[-3:] == ["FAKE checkpoint", "FAKE job stopped", "FAKE closed"]
-    [run] = run_dirs(tmp_path / "results")
-    results = read_jsonl(run / "result.jsonl")
-    assert [r["timesteps_total"] for r in results] == [1000, 2000]
-    status = json.loads((run / "run.json").read_text())
-    assert status["status"] == "finished" and status["job_id"] == "job-1"
-    assert status["last_checkpoint"].startswith(
-        "/coordinator/jobs/job-1/checkpoints/checkpoint_000002")
+@pytest.mark.timeout(300)
+def test_address_trains_on_a_real_cluster_and_records_results(tmp_path: Path) -> None:
+    """``train apex --address`` against a real coordinator and node (keyless, ipc, in
+    their own processes): the job runs there, its results are followed and recorded in
+    the local results folder, and once the criterion is met the job's checkpoint is a
+    file on the coordinator's side and the job has ended (stopped by the command or by
+    itself); the cluster keeps running no actor of it."""
+    from actorrl.client import Client
+
+    proc, address = start_coordinator(str(tmp_path), None, bind=None)
+    sessions: list[str] = []
+    node = join_node(str(tmp_path), address, None, None, "n", 3, sessions)
+    try:
+        with Client(address) as client:
+            assert client.wait_for_nodes(1, 60) == 1
+        train = run_cli(["train", "apex", "--address", address, *TINY,
+                         "--set", "learning_starts=200", "--stop-timesteps", "1500",
+                         "--output", str(tmp_path / "results")], tmp_path,
+                        timeout_s=RUN_TIMEOUT_S)
+        assert train.returncode == 0, train.stderr[-3000:]
+        [run] = run_dirs(tmp_path / "results")
+        results = read_jsonl(run / "result.jsonl")
+        assert results and results[-1]["timesteps_total"] >= 1500
+        assert [r["training_iteration"] for r in results] == list(
+            range(1, len(results) + 1))
+        status = json.loads((run / "run.json").read_text())
+        assert status["status"] == "finished", status
+        path, where = status["last_checkpoint"].split(" ", 1)
+        assert where == "(on the coordinator's host)", status["last_checkpoint"]
+        checkpoint = Path(path)
+        assert checkpoint.is_relative_to(tmp_path / "state"), checkpoint
+        assert checkpoint.exists(), checkpoint
+        with Client(address) as client:
+            [job] = client.jobs()
+            # Stopped by the command, or finished by the same criterion on the coordinator.
+            assert job["job_id"] == status["job_id"], job
+            assert job["state"] in ("stopped", "finished"), job
+            # The job's actors (still stopping, if the job only just ended) exit.
+            assert pids_alive([a["pid"] for a in client.actors()], 60) == []
+    finally:
+        for p in (node, proc):
+            terminate(p)
+        for session in sessions:
+            shutil.rmtree(session, ignore_errors=True)
+    log = (tmp_path / "coordinator.log").read_text()
+    assert "never retrieved" not in log and "Traceback" not in log, log[-3000:]
 
 
 def test_address_job_that_ends_by_itself(tmp_path: Path) -> None:
