@@ -642,6 +642,34 @@ async def test_unreachable_server_fails_calls_after_connect_timeout(tmp_path) ->
         c.close()
 
 
+async def test_a_reply_read_after_the_disconnect_event_is_not_failed(tmp_path) -> None:
+    """The adverse order forced: the disconnect event is handled while the reply still
+    sits unread in the client's socket; the reply must still win over PeerLostError.
+    (The SIGKILL test below shows the same end to end, but cannot choose the order.)"""
+    endpoint = f"ipc://{tmp_path}/replier.sock"
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind(endpoint)
+    client = RpcClient(endpoint, connect_timeout_s=WAIT_S)
+    try:
+        fut = client.call("echo", ["hi"])
+        await asyncio.sleep(0)  # the send happens on the loop
+        assert router.poll(WAIT_S * 1000), "the request never arrived"
+        identity, prefix, *_ = router.recv_multipart()
+        _, request_id = PREFIX.unpack(prefix)
+        router.send_multipart([identity, PREFIX.pack(KIND_OK, request_id),
+                               *Codec().encode("hi")])
+        # Private (2 uses): only the client's own socket says when the reply has arrived
+        # unread, and only its monitor callback can be made to run before the read.
+        assert client._async.sock.poll(WAIT_S * 1000), "the reply never arrived"
+        client.connected = True
+        client._on_monitor_event([zmq.Frame(struct.pack("=hi", zmq.EVENT_DISCONNECTED, 0))])
+        assert await asyncio.wait_for(fut, WAIT_S) == "hi"
+    finally:
+        client.close()
+        router.close(0)
+
+
 REPLY_THEN_DIE_SRC = r"""
 import os, signal, sys
 import zmq
