@@ -581,8 +581,6 @@ class AlgorithmConfig(ConfigSection):
     """Minimum env steps sampled per iteration."""
     metrics_smoothing_episodes: int = 100
     """Episodes averaged in episode_reward_mean."""
-    debug: bool = False
-    """Report extra pipeline stats (timing breakdown, pending tasks)."""
     callbacks: str | None = None
     """``"pkg.module:Class"``, a subclass of ``actorrl.callbacks.DefaultCallbacks``:
     episode and sample hooks run on the rollout workers, ``on_train_result`` on the

@@ -54,7 +54,7 @@ TARGET_VS_NAIVE = 0.5
 def _template(rng: np.random.Generator, boundary: int | None) -> FramePack:
     """The index structure of one 50-step fragment (an episode ending after step
     ``boundary`` if given), from real stacks."""
-    from tests.frame_data import stacked_fragment
+    from tests.helpers.frame_data import stacked_fragment
 
     ends = () if boundary is None else (boundary,)
     batch = stacked_fragment(rng, FRAGMENT, frame_shape=(2, 2), n_step=N_STEP,

@@ -10,28 +10,43 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import pids_alive
+from tests.helpers.procs import descendants, pids_alive
+
+GROUPS = ("unit", "process", "cluster", "learning")
+"""What a test proves, one marker each (registered in pyproject.toml): ``pytest -m unit``,
+``pytest -m "not learning"`` (the fast part) and so on."""
+UNIT_MODULES = {
+    "test_actor_critic", "test_atari", "test_codec", "test_config_components", "test_dqn",
+    "test_envs", "test_experiment", "test_frame_replay", "test_frames", "test_impala_policy",
+    "test_layering", "test_learner", "test_metrics", "test_models", "test_readme",
+    "test_replay", "test_rollout", "test_timeouts", "test_vtrace"}
+"""Modules whose tests run in this process only (no child processes)."""
+CLUSTER_MODULES = {"test_cluster", "test_node_join"}
+"""Modules that start coordinators and node agents."""
+LEARNING_MODULES = {"test_learning", "test_learning_pixels"}
+"""Modules of trainings to a reward threshold. Elsewhere such a test is marked
+``learning`` (or ``slow``, its older name) itself; any other module is ``process``."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Give every test exactly one group marker of :data:`GROUPS` (an explicit one wins)."""
+    for item in items:
+        if any(item.get_closest_marker(group) for group in GROUPS):
+            continue
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        if item.get_closest_marker("slow") or module in LEARNING_MODULES:
+            group = "learning"
+        elif module in UNIT_MODULES:
+            group = "unit"
+        elif module in CLUSTER_MODULES:
+            group = "cluster"
+        else:
+            group = "process"
+        item.add_marker(group)
+
 
 EXIT_GRACE_S = 15.0
 """How long processes still exiting at the end of the session may take."""
-
-
-def _descendants(pid: int) -> set[int]:
-    """Every live descendant of ``pid`` (from /proc/<pid>/task/*/children)."""
-    found: set[int] = set()
-    stack = [pid]
-    while stack:
-        parent = stack.pop()
-        for children_file in glob.glob(f"/proc/{parent}/task/*/children"):
-            try:
-                children = Path(children_file).read_text().split()
-            except OSError:
-                continue
-            for child in map(int, children):
-                if child not in found:
-                    found.add(child)
-                    stack.append(child)
-    return found
 
 
 def _temp_entries() -> set[str]:
@@ -52,6 +67,16 @@ SHM_OWNER = re.compile(r"actorrl-shm\.\d+\.(\d+)\.")
 """A shared-memory segment's name holds the pid of the process that made it."""
 
 
+def _of_another_pytest_run(path: str, basetemp: Path) -> bool:
+    """An ipc socket folder (``actorrl-ipc-*``) standing in for a session directory under
+    another pytest run's base temp folder: that run's, not a leak of this one."""
+    try:
+        owner_dir = Path(path, "for").read_text()
+    except OSError:
+        return False
+    return "/pytest-of-" in owner_dir and not owner_dir.startswith(str(basetemp))
+
+
 def _owned_by_other_live_process(path: str) -> bool:
     """A session folder whose owner (``owner.pid``), or a shared-memory segment whose maker,
     is another live process (not one of this session's): another test run or training on
@@ -62,7 +87,7 @@ def _owned_by_other_live_process(path: str) -> bool:
                   else Path(path, "owner.pid").read_text().strip() or 0)
     except (OSError, ValueError):
         return False
-    if pid in (0, os.getpid()) or pid in _descendants(os.getpid()):
+    if pid in (0, os.getpid()) or pid in descendants(os.getpid()):
         return False
     try:
         os.kill(pid, 0)
@@ -73,14 +98,36 @@ def _owned_by_other_live_process(path: str) -> bool:
     return True
 
 
+FIRST_SEEN: dict[int | str, str] = {}
+"""Process id or temp path -> the test after which it was first seen running or present
+(so a leak names the test that left it)."""
+
+
+@pytest.fixture(autouse=True)
+def note_what_each_test_leaves(request: pytest.FixtureRequest):
+    """After each test: remember which processes and temp entries first appeared by then
+    (processes of module fixtures are legitimately shared; only what is left at the end
+    of the session is a leak, and then this names its test)."""
+    yield
+    for item in (*descendants(os.getpid()), *_temp_entries()):
+        FIRST_SEEN.setdefault(item, request.node.nodeid)
+
+
+def _named(items: list) -> list[str]:
+    return [f"{item} (left by {FIRST_SEEN.get(item, 'a fixture teardown')})" for item in items]
+
+
 @pytest.fixture(scope="session", autouse=True)
-def nothing_left_behind():
+def nothing_left_behind(tmp_path_factory: pytest.TempPathFactory):
     """After the whole session: no actor, zygote or server process of ours still runs, and
     no ``actorrl-*`` temp folder or shared-memory segment created during it remains
-    (SIGKILLed drivers included: the runtime must clean up after them)."""
+    (SIGKILLed drivers included: the runtime must clean up after them). Each leak is
+    named with the test after which it first appeared."""
     before = _temp_entries()
     yield
-    still_running = pids_alive(sorted(_descendants(os.getpid())), EXIT_GRACE_S)
-    left = sorted(p for p in _temp_entries() - before if not _owned_by_other_live_process(p))
-    assert not still_running, f"processes left running after the tests: {still_running}"
-    assert not left, f"temp folders or shared-memory segments left after the tests: {left}"
+    still_running = pids_alive(sorted(descendants(os.getpid())), EXIT_GRACE_S)
+    basetemp = tmp_path_factory.getbasetemp()
+    left = sorted(p for p in _temp_entries() - before if not _owned_by_other_live_process(p)
+                  and not _of_another_pytest_run(p, basetemp))
+    assert not still_running, f"processes left running after the tests: {_named(still_running)}"
+    assert not left, f"temp folders or shared-memory segments left after the tests: {_named(left)}"

@@ -181,7 +181,7 @@ def test_compute_and_apply_gradients_equal_learn_on_batch():
         np.testing.assert_allclose(value, b.get_weights()[name], atol=1e-7, err_msg=name)
 
 
-@pytest.mark.slow
+@pytest.mark.learning
 def test_a2c_learns_cartpole():
     """Single-process A2C (sample from 8 vectorized envs, one update per batch) reaches a
     smoothed mean return of 150 on CartPole-v1 within 100k env steps."""

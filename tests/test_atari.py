@@ -23,6 +23,7 @@ from actorrl.atari import (
     is_atari_id,
 )
 from actorrl.envs import VectorEnv, make_env
+from tests.helpers.extras import installed
 
 
 class FakeAle(gym.Env):
@@ -143,9 +144,12 @@ def test_atari_ids_are_recognised():
     assert not is_atari_id("mypkg.mod:factory")
 
 
-ale_py = pytest.importorskip("ale_py", reason="the atari extra is not installed")
+needs_ale = pytest.mark.skipif(not installed("ale_py"),
+                               reason="the atari extra (ale-py) is not installed")
+"""For the tests that run real games; the wrapper tests above run without the extra."""
 
 
+@needs_ale
 @pytest.mark.parametrize("env_id", ["ALE/Pong-v5", "PongNoFrameskip-v4"])
 def test_real_games_get_deepmind_frames(env_id):
     env = make_env(env_id)
@@ -160,6 +164,7 @@ def test_real_games_get_deepmind_frames(env_id):
     assert raw.reset(seed=0)[0].shape == (210, 160, 3)
 
 
+@needs_ale
 def test_breakout_metrics_count_whole_games_in_game_score():
     """Breakout has 5 lives: learning sees 5 episodes, metrics one game with its score."""
     env = VectorEnv([make_env("ALE/Breakout-v5", {"noop_max": 0})], seed=0)

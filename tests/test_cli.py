@@ -26,40 +26,26 @@ import numpy as np
 import pytest
 
 from actorrl.checkpoints import read_checkpoint
+from tests.helpers.cluster import (
+    CLI,
+    TAG_VARIABLE,
+    cli_env,
+    join_node,
+    run_cli,
+    run_dirs,
+    start_coordinator,
+)
+from tests.helpers.procs import descendants, pids_alive, terminate
 
-REPO = Path(__file__).resolve().parent.parent
-CLI = [sys.executable, "-m", "actorrl.cli"]
 TINY = ["--num-workers", "1", "--set", "min_iter_time_s=0.5", "--stop-time", "90"]
 """Settings that keep a test training small; each test adds its stop criterion."""
 RUN_TIMEOUT_S = 240.0
 FIRST_RESULT_TIMEOUT_S = 120.0
 EXIT_TIMEOUT_S = 60.0
 QUICK_TIMEOUT_S = 60.0
-TAG_VARIABLE = "ACTORRL_TEST_CLI_RUN"
 
 
 # ---- helpers --------------------------------------------------------------------------
-def run_cli(args: list[str], cwd: Path, timeout_s: float = QUICK_TIMEOUT_S,
-            python: list[str] | None = None, tag: str = "") -> subprocess.CompletedProcess:
-    """Run the CLI to completion (bounded) and return its result."""
-    return subprocess.run([*(python or CLI), *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout_s, env=_env(tag))
-
-
-def _env(tag: str = "") -> dict[str, str]:
-    env = dict(os.environ)
-    if tag:
-        env[TAG_VARIABLE] = tag  # inherited by every actor process of the run
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env.pop("COLUMNS", None)
-    return env
-
-
-def run_dirs(output: Path) -> list[Path]:
-    """The results folders under ``output``."""
-    return sorted(p for p in output.iterdir() if p.is_dir()) if output.exists() else []
-
-
 def read_jsonl(path: Path) -> list[dict]:
     """Every line of a JSONL file, parsed (a line that does not parse fails the test)."""
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -80,24 +66,6 @@ def read_tensorboard_scalars(path: Path) -> dict[str, list[tuple[int, float]]]:
         for value in event.summary.value:
             scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
     return scalars
-
-
-def descendants(pid: int) -> set[int]:
-    """All processes below ``pid`` (from /proc/<pid>/task/*/children, recursively)."""
-    found: set[int] = set()
-    stack = [pid]
-    while stack:
-        parent = stack.pop()
-        for children_file in glob.glob(f"/proc/{parent}/task/*/children"):
-            try:
-                text = Path(children_file).read_text()
-            except OSError:
-                continue
-            for child in map(int, text.split()):
-                if child not in found:
-                    found.add(child)
-                    stack.append(child)
-    return found
 
 
 def open_pidfds(pids: set[int]) -> dict[int, int]:
@@ -200,7 +168,7 @@ def start_cli(args: list[str], cwd: Path, stderr_path: Path, tag: str,
     carry ``tag`` in their environment."""
     with open(stderr_path, "w") as stderr:
         return subprocess.Popen([*CLI, *args], cwd=cwd, stdout=subprocess.PIPE,
-                                stderr=stderr, bufsize=0, env=_env(tag),
+                                stderr=stderr, bufsize=0, env=cli_env(tag),
                                 start_new_session=new_session)
 
 
@@ -612,33 +580,59 @@ sys.exit(main(sys.argv[1:]))
 
 def _run_fake_remote(tmp_path: Path, args: list[str], num_results: int
                      ) -> subprocess.CompletedProcess:
-    env = {**_env(), "FAKE_JOB_RESULTS": str(num_results)}
+    env = {**cli_env(), "FAKE_JOB_RESULTS": str(num_results)}
     return subprocess.run([sys.executable, "-c", FAKE_CLIENT, "train", "apex", "--address",
                            "tcp://10.0.0.1:7000", "--keys", "/k", *args, "--output",
                            str(tmp_path / "results")], cwd=tmp_path, capture_output=True,
                           text=True, timeout=QUICK_TIMEOUT_S, env=env)
 
 
-def test_address_submits_to_the_client_and_records_results(tmp_path: Path) -> None:
-    """--address runs the job through actorrl.client: the resolved config with its
-    "algorithm" key and the stop criteria is submitted, results are recorded locally, and
-    a criterion met here checkpoints and stops the job, then closes the client."""
-    proc = _run_fake_remote(tmp_path, ["--set", "lr=0.01", "--stop-timesteps", "2000"], 99)
-    assert proc.returncode == 0, proc.stderr
-    assert "FAKE client tcp://10.0.0.1:7000 /k" in proc.stdout
-    submitted = json.loads(proc.stdout.split("FAKE submit ", 1)[1].splitlines()[0])
-    assert submitted == {"algorithm": "apex", "env": "CartPole-v1", "lr": 0.01,
-                         "stop": {"episode_reward_mean": 450.0, "timesteps_total": 2000,
-                                  "time_total_s": 600.0}}
-    order = [line for line in proc.stdout.splitlines() if line.startswith("FAKE ")]
-    assert order[-3:] == ["FAKE checkpoint", "FAKE job stopped", "FAKE closed"]
-    [run] = run_dirs(tmp_path / "results")
-    results = read_jsonl(run / "result.jsonl")
-    assert [r["timesteps_total"] for r in results] == [1000, 2000]
-    status = json.loads((run / "run.json").read_text())
-    assert status["status"] == "finished" and status["job_id"] == "job-1"
-    assert status["last_checkpoint"].startswith(
-        "/coordinator/jobs/job-1/checkpoints/checkpoint_000002")
+@pytest.mark.timeout(300)
+def test_address_trains_on_a_real_cluster_and_records_results(tmp_path: Path) -> None:
+    """``train apex --address`` against a real coordinator and node (keyless, ipc, in
+    their own processes): the job runs there, its results are followed and recorded in
+    the local results folder, and once the criterion is met the job's checkpoint is a
+    file on the coordinator's side and the job has ended (stopped by the command or by
+    itself); the cluster keeps running no actor of it."""
+    from actorrl.client import Client
+
+    proc, address = start_coordinator(str(tmp_path), None, bind=None)
+    sessions: list[str] = []
+    node = join_node(str(tmp_path), address, None, None, "n", 3, sessions)
+    try:
+        with Client(address) as client:
+            assert client.wait_for_nodes(1, 60) == 1
+        train = run_cli(["train", "apex", "--address", address, *TINY,
+                         "--set", "learning_starts=200", "--stop-timesteps", "1500",
+                         "--output", str(tmp_path / "results")], tmp_path,
+                        timeout_s=RUN_TIMEOUT_S)
+        assert train.returncode == 0, train.stderr[-3000:]
+        [run] = run_dirs(tmp_path / "results")
+        results = read_jsonl(run / "result.jsonl")
+        assert results and results[-1]["timesteps_total"] >= 1500
+        assert [r["training_iteration"] for r in results] == list(
+            range(1, len(results) + 1))
+        status = json.loads((run / "run.json").read_text())
+        assert status["status"] == "finished", status
+        path, where = status["last_checkpoint"].split(" ", 1)
+        assert where == "(on the coordinator's host)", status["last_checkpoint"]
+        checkpoint = Path(path)
+        assert checkpoint.is_relative_to(tmp_path / "state"), checkpoint
+        assert checkpoint.exists(), checkpoint
+        with Client(address) as client:
+            [job] = client.jobs()
+            # Stopped by the command, or finished by the same criterion on the coordinator.
+            assert job["job_id"] == status["job_id"], job
+            assert job["state"] in ("stopped", "finished"), job
+            # The job's actors (still stopping, if the job only just ended) exit.
+            assert pids_alive([a["pid"] for a in client.actors()], 60) == []
+    finally:
+        for p in (node, proc):
+            terminate(p)
+        for session in sessions:
+            shutil.rmtree(session, ignore_errors=True)
+    log = (tmp_path / "coordinator.log").read_text()
+    assert "never retrieved" not in log and "Traceback" not in log, log[-3000:]
 
 
 def test_address_job_that_ends_by_itself(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -25,7 +25,15 @@ import zmq
 
 from actorrl.client import Client, ClusterConnectionError, Job
 from actorrl.runtime.network import Network
-from tests.procs import pids_alive, tcp_listeners, terminate
+from tests.helpers.cluster import (
+    CLUSTER_CLI,
+    REPO,
+    SESSION_TIMEOUT_S,
+    join_node,
+    read,
+    start_coordinator,
+)
+from tests.helpers.procs import pids_alive, ready_line, start_python, tcp_listeners, terminate
 from transport.auth import (
     InsecureBindError,
     KeyFileError,
@@ -38,12 +46,8 @@ from transport.auth import (
     load_keypair,
 )
 from transport.endpoint import Endpoint
-from transport.errors import CallTimeoutError, PeerLostError
+from transport.errors import AuthenticationError, CallTimeoutError, PeerLostError
 from transport.rpc import RpcClient, RpcServer
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CLI = [sys.executable, "-m", "actorrl.cli_cluster"]
-SESSION_TIMEOUT_S = 4.0
 
 APEX_TINY = {"algorithm": "apex", "num_workers": 2, "num_envs_per_worker": 1,
              "rollout_fragment_length": 16, "learning_starts": 64, "buffer_size": 4000,
@@ -52,64 +56,6 @@ APEX_TINY = {"algorithm": "apex", "num_workers": 2, "num_envs_per_worker": 1,
 
 
 # ---------------------------------------------------------------------------- helpers
-def read(path: str) -> str:
-    """A text file's contents."""
-    with open(path) as f:
-        return f.read()
-
-
-def spawn(args: list[str], log_path: str, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
-    """A CLI subprocess with its output in ``log_path``."""
-    with open(log_path, "ab") as log:
-        return subprocess.Popen([*CLI, *args], cwd=REPO, stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=subprocess.STDOUT, pass_fds=pass_fds)
-
-
-def start_coordinator(tmp: str, keys: str | None, bind: str | None = "tcp://127.0.0.1:0",
-                      timeout_s: float = 60.0, insecure_loopback: bool = False
-                      ) -> tuple[subprocess.Popen, str]:
-    """Start ``actorrl coordinator start`` and wait for its READY line (a handshake);
-    ``bind`` None: its default (ipc without keys)."""
-    read_fd, write_fd = os.pipe()
-    args = ["coordinator", "start", "--state-dir", os.path.join(tmp, "state"),
-            "--ready-fd", str(write_fd), "--session-timeout", str(SESSION_TIMEOUT_S)]
-    if bind is not None:
-        args += ["--bind", bind]
-    if insecure_loopback:
-        args += ["--insecure-loopback"]
-    if keys:
-        args += ["--keys", keys]
-    proc = spawn(args, os.path.join(tmp, "coordinator.log"), pass_fds=(write_fd,))
-    os.close(write_fd)
-    try:
-        ready, _, _ = select.select([read_fd], [], [], timeout_s)
-        line = os.read(read_fd, 4096).decode() if ready else ""
-    finally:
-        os.close(read_fd)
-    if not line.startswith("READY "):
-        proc.kill()
-        proc.wait(10)
-        raise AssertionError(f"coordinator did not start: {line!r}\n"
-                             + read(os.path.join(tmp, "coordinator.log"))[-3000:])
-    return proc, line.split()[1]
-
-
-def join_node(tmp: str, address: str, keys: str | None, host: str | None, name: str,
-              cpus: float, sessions: list[str]) -> subprocess.Popen:
-    """Start ``actorrl node join`` on loopback address ``host`` (None: the node's default,
-    ipc only for an ipc coordinator); its session directory is appended to ``sessions``
-    (for the test to remove, even after a SIGKILL)."""
-    session = tempfile.mkdtemp(prefix="arl-node-")  # short: ipc paths max ~107 bytes
-    sessions.append(session)
-    args = ["node", "join", address, "--name", name, "--cpus", str(cpus),
-            "--gpus", "0", "--session-dir", session]
-    if host is not None:
-        args += ["--host", host]
-    if keys:
-        args += ["--keys", keys]
-    return spawn(args, os.path.join(tmp, f"node-{name}.log"))
-
-
 def next_result(job: Job, after: int, predicate: Callable[[dict[str, Any]], bool],
                 timeout_s: float) -> tuple[dict[str, Any], int]:
     """The first result at index >= ``after`` meeting ``predicate``, and the index after
@@ -176,6 +122,10 @@ class Cluster:
         for session in self.sessions:
             shutil.rmtree(session, ignore_errors=True)
         assert left == [], f"processes left behind: {left}"
+        # Calls pending on killed actors and nodes are retrieved, not logged by asyncio.
+        for log in ["coordinator.log", *(f"node-{name}.log" for name in self.nodes)]:
+            text = read(os.path.join(self.tmp, log))
+            assert "never retrieved" not in text, f"{log}:\n{text[-3000:]}"
 
 
 @pytest.fixture(scope="module")
@@ -244,12 +194,12 @@ def test_tcp_binds_need_keys_or_the_insecure_flag(tmp_path):
     check_bind("tcp://0.0.0.0:7450", Security.from_dir(str(tmp_path / "k"), "node"))
     for bind, words in (("tcp://0.0.0.0:0", "needs CURVE keys"),
                         ("tcp://127.0.0.1:0", "--insecure-loopback")):
-        result = subprocess.run([*CLI, "coordinator", "start", "--bind", bind,
+        result = subprocess.run([*CLUSTER_CLI, "coordinator", "start", "--bind", bind,
                                  "--state-dir", str(tmp_path / "s")], cwd=REPO,
                                 capture_output=True, text=True, timeout=60)
         assert result.returncode == 2
         assert words in result.stderr and "actorrl keys generate" in result.stderr
-    result = subprocess.run([*CLI, "node", "join", "tcp://127.0.0.1:1", "--cpus", "1"],
+    result = subprocess.run([*CLUSTER_CLI, "node", "join", "tcp://127.0.0.1:1", "--cpus", "1"],
                             cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode != 0 and "--insecure-loopback" in result.stderr, result.stderr
 
@@ -341,6 +291,60 @@ async def test_curve_listener_admits_only_allowed_keys(tmp_path):
     finally:
         for client in clients:
             client.close()
+        server.close()
+
+
+SILENT_LISTENER = r"""
+import socket, sys
+listener = socket.socket()
+listener.bind(("127.0.0.1", 0))
+listener.listen(8)
+print("READY", listener.getsockname()[1], flush=True)
+conn, _ = listener.accept()  # accepted, never read: a handshake nobody answers
+print("ACCEPTED", flush=True)
+sys.stdin.read()
+"""
+
+
+async def test_a_dead_peer_is_a_lost_peer_and_only_a_wrong_key_a_key_problem(tmp_path):
+    """A CURVE client given the wrong server key fails with AuthenticationError saying the
+    server key is likely wrong. A client whose peer process is SIGKILLed mid-handshake (as
+    a coordinator probing a killed node meets it) fails with a plain PeerLostError that
+    says nobody answered, and nothing about keys (it used to blame the key)."""
+    generate_keys(str(tmp_path / "k"))
+    security = Security.from_dir(str(tmp_path / "k"), "coordinator")
+    ensure_authenticator(security.allowed)
+    server = RpcServer(lambda request: request.reply("ok"))
+    tcp = server.bind("tcp://127.0.0.1:0", security.identity.secret)
+    server.start()
+    _, public, secret = security.client_keys(security.identity.public)
+    wrong_key = RpcClient(tcp, curve_keys=(KeyPair.generate().public, public, secret))
+    listener = start_python(["-c", SILENT_LISTENER], tmp_path / "listener.log")
+    try:
+        with pytest.raises(AuthenticationError, match="most likely not that server's") as bad:
+            await wrong_key.call("hello", timeout_s=30)
+        assert not bad.value.key_refused
+        port = ready_line(listener, listener.stdout, "READY ", 60,
+                          tmp_path / "listener.log").split()[1]
+        dying = RpcClient(f"tcp://127.0.0.1:{port}", connect_timeout_s=60,
+                          curve_keys=security.client_keys(security.identity.public))
+        try:
+            call = dying.call("hello", timeout_s=60)
+            ready_line(listener, listener.stdout, "ACCEPTED", 60, tmp_path / "listener.log")
+            listener.kill()
+            listener.wait(10)
+            with pytest.raises(PeerLostError) as lost:
+                await call
+            assert type(lost.value) is PeerLostError, repr(lost.value)
+            assert "no answer to the handshake" in str(lost.value)
+            assert "key" not in str(lost.value)
+        finally:
+            dying.close()
+    finally:
+        terminate(listener)
+        listener.stdout.close()
+        listener.stdin.close()
+        wrong_key.close()
         server.close()
 
 
@@ -503,21 +507,23 @@ def test_lost_node_actors_are_recreated_on_the_remaining_nodes(cluster):
         _, after = next_result(job, 0, lambda r: True, 150)
         on_c = [a for a in cluster.remember(job) if a["node"] == "c"]
         assert {a["name"] for a in on_c} == {"worker-1", "worker-2"}
-        killed_at = time.monotonic()
         node_c.kill()
         node_c.wait(10)
         assert pids_alive([a["pid"] for a in on_c], 15) == []  # no orphans
         result, after = next_result(
             job, after, lambda r: r["info"]["num_worker_restarts"] >= 2
             and r["num_healthy_workers"] == 2, 150)
-        recovered_s = time.monotonic() - killed_at
         nodes = {n["name"] for n in cluster.client.nodes()}
         assert nodes == {"a", "b"}
         assert {a["node"] for a in cluster.remember(job)
                 if a["name"].startswith("worker")} <= {"a", "b"}
         lost = cluster.client.status()["lost_nodes"]
         assert any(n["name"] == "c" for n in lost)
-        assert recovered_s < 120
+        # A dead node is reported as gone, not as a key problem (the ping used to fail
+        # with "the CURVE handshake ... failed ... most likely not that server's key").
+        log = read(os.path.join(cluster.tmp, "coordinator.log")).splitlines()
+        [lost_line] = [line for line in log if "node c lost" in line]
+        assert "CURVE" not in lost_line and "server's" not in lost_line, lost_line
         next_result(job, after, lambda r: True, 60)
     finally:
         job.stop()
@@ -584,7 +590,7 @@ def test_jobs_follow_reattaches_across_a_coordinator_restart(tmp_path, keys):
         next_result(job, 0, lambda r: r["training_iteration"] >= 2, 150)
         c.remember(job)
         follower = subprocess.Popen(
-            [*CLI, "jobs", "follow", job.id[:10], "--address", c.address, "--keys", keys,
+            [*CLUSTER_CLI, "jobs", "follow", job.id[:10], "--address", c.address, "--keys", keys,
              "--reconnect-timeout", "120", "--timeout", "5"], cwd=REPO,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         seen: list[str] = []
@@ -620,14 +626,14 @@ def test_daemon_and_job_commands_from_the_shell(tmp_path, keys):
     state = str(tmp_path / "state")
 
     def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-        result = subprocess.run([*CLI, *args, "--state-dir", state], cwd=REPO,
+        result = subprocess.run([*CLUSTER_CLI, *args, "--state-dir", state], cwd=REPO,
                                 capture_output=True, text=True, timeout=120)
         if check:
             assert result.returncode == 0, result.stdout + result.stderr
         return result
 
     started = subprocess.run(
-        [*CLI, "coordinator", "start", "--daemon", "--bind", "tcp://127.0.0.1:0",
+        [*CLUSTER_CLI, "coordinator", "start", "--daemon", "--bind", "tcp://127.0.0.1:0",
          "--keys", keys, "--state-dir", state], cwd=REPO, capture_output=True, text=True,
         timeout=120)
     assert started.returncode == 0, started.stdout + started.stderr
@@ -721,12 +727,18 @@ def test_a_node_stopped_with_sigterm_leaves(tmp_path, keys):
 
 
 @pytest.mark.parametrize("how", ["shutdown", "sigkill"])
-def test_closing_a_client_never_waits_on_a_gone_coordinator(tmp_path, keys, how):
+def test_closing_a_client_never_waits_on_a_gone_coordinator(tmp_path, keys, how,
+                                                           monkeypatch):
     """After ``coord.shutdown`` (what ``actorrl coordinator stop`` sends) or a SIGKILL of
-    the coordinator, ``Client.close()`` returns at once or within its short bound; it used
-    to wait 30 s on a fresh connection to the dead coordinator."""
+    the coordinator, ``Client.close()`` does not try to reach it; it used to wait 30 s on
+    a fresh connection to the dead coordinator. Every timeout such a try could wait on is
+    made 600 s here, so a close that tries misses the deadline by far on any machine."""
+    import actorrl.client
+
+    monkeypatch.setattr(actorrl.client, "CLOSE_TIMEOUT_S", 600.0)
     proc, address = start_coordinator(str(tmp_path), keys)
-    client = Client(address, keys_dir=keys)
+    client = Client(address, keys_dir=keys, connect_timeout_s=600)
+    closing = threading.Thread(target=client.close, name="client-close")
     try:
         assert client.nodes() == []
         if how == "shutdown":
@@ -736,10 +748,9 @@ def test_closing_a_client_never_waits_on_a_gone_coordinator(tmp_path, keys, how)
             proc.kill()
             proc.wait(10)
     finally:
-        started = time.monotonic()
-        client.close()
-        took = time.monotonic() - started
+        closing.start()
+        closing.join(25)
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
-    assert took < 6.5, f"close took {took:.1f} s"
+    assert not closing.is_alive(), "close() is waiting on the gone coordinator"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import struct
 import threading
-import time
 
 import msgpack
 import numpy as np
@@ -18,7 +17,7 @@ from hypothesis.extra import numpy as hnp
 
 import transport.codec as codec_module
 from actorrl.batch import MultiAgentBatch, SampleBatch
-from tests.raw_rpc import colliding_key_map
+from tests.helpers.wire import colliding_key_map
 from transport.codec import (
     DEFAULT_INLINE_THRESHOLD,
     EXT_ARRAY,
@@ -653,14 +652,12 @@ def test_non_buffer_frames_raise_decode_error(frames: list) -> None:
 
 
 def test_what_encodes_also_decodes_tuple_keys() -> None:
-    """Whatever the sender accepts the receiver decodes: a dict with tuple keys is either
-    refused at encode with EncodeError or arrives intact."""
+    """Whatever the sender accepts the receiver decodes: a dict with tuple keys arrives
+    intact, its keys tuples again."""
     value = {(1, 2): "a", (3, "x"): "b"}
-    try:
-        frames = encode(value)
-    except EncodeError:
-        return
-    assert decode(frames) == value
+    decoded = decode(encode(value))
+    assert decoded == value
+    assert all(type(key) is tuple for key in decoded)
 
 
 def test_registered_dataclass_round_trips_with_arrays_inside():
@@ -777,30 +774,28 @@ def test_typing_a_remote_error_never_runs_the_class_constructor():
 
 
 def test_colliding_composite_keys_are_refused_fast() -> None:
-    """A hash-flooding map (20,000 colliding tuple keys, ~400 KB) is refused in well under
-    a second instead of stalling the event loop for seconds; a few collisions pass."""
+    """A hash-flooding map (20,000 colliding tuple keys, ~400 KB) is refused as such
+    instead of being built (which stalls the event loop for seconds); a few collisions
+    pass. How fast the refusal is: ``benchmarks/hostile_input.py``."""
     header = colliding_key_map(20_000)
     assert len(header) < 1 << 20
-    started = time.perf_counter()
     with pytest.raises(DecodeError, match="hash-collision"):
         decode([header])
-    assert time.perf_counter() - started < 0.5
     few = decode([colliding_key_map(8)])
     assert len(few) == 8 and all(isinstance(k, tuple) for k in few)
 
 
 def test_header_size_is_capped_and_worst_case_decode_is_bounded() -> None:
     """A header above the cap is refused before unpacking; a header just under it of the
-    costliest shape (nested empty lists) decodes fast; arrays past the inline budget
-    travel as frames, so legitimate headers stay small."""
+    costliest shape (nested empty lists) decodes (its time:
+    ``benchmarks/hostile_input.py``); arrays past the inline budget travel as frames, so
+    legitimate headers stay small."""
     codec = Codec()
     with pytest.raises(DecodeError, match="exceeds"):
         codec.decode([msgpack.packb(b"x" * (codec.max_header_bytes + 1))])
     nested = msgpack.packb([[[]]] * ((codec.max_header_bytes - 16) // 3))
     assert len(nested) <= codec.max_header_bytes
-    started = time.perf_counter()
     assert len(codec.decode([nested])) > 300_000
-    assert time.perf_counter() - started < 0.25
     arrays = [np.full(60_000, i, np.uint8) for i in range(10)]
     frames = codec.encode(arrays)
     assert len(frames[0]) <= codec.max_inline_bytes + 4096

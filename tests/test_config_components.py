@@ -35,7 +35,7 @@ COMMON = {
     "env": "Acrobot-v1", "env_config": {"k": 1}, "num_workers": 3, "seed": 7,
     "num_gpus": 2.0, "_fake_gpus": True, "min_iter_time_s": 0.5,
     "num_cpus_per_worker": 0.5, "num_cpus_for_driver": 2.0,
-    "timesteps_per_iteration": 10, "metrics_smoothing_episodes": 7, "debug": True,
+    "timesteps_per_iteration": 10, "metrics_smoothing_episodes": 7,
     "num_envs_per_worker": 3, "rollout_fragment_length": 10, "explore": False,
     "clip_actions": False, "multiagent": {"policies_to_train": ["default_policy"]},
     "lr": 0.123, "gamma": 0.9, "grad_clip": 3.0, "lr_schedule": [[0.0, 0.1], [50.0, 0.01]],
@@ -64,7 +64,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "num_replay_buffer_shards": 3, "batch_replay": True,
         "worker_side_prioritization": True, "max_weight_sync_delay": 33,
         "compress_observations": True,
-        "training_intensity": 2.0,
+        "training_intensity": 2.0, "debug": True,
     },
     "impala": {
         **COMMON, **LEARNER, "train_batch_size": 40, "vtrace": False,
@@ -259,3 +259,120 @@ def test_no_from_dict_drops_keys() -> None:
     root = Path(__file__).resolve().parent.parent / "actorrl"
     offenders = [str(p) for p in root.rglob("*.py") if "def from_dict" in p.read_text()]
     assert offenders == []
+
+
+# ---- keys the trainer and its pipeline read ----------------------------------------------
+class RecordingDriver:
+    """A serial driver that records each actor the trainer asks it for."""
+
+    def __init__(self, driver: Any) -> None:
+        self.driver = driver
+        self.created: list[dict[str, Any]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.driver, name)
+
+    async def create_actor(self, class_path: str, args: Any = (), kwargs: Any = None,
+                           **options: Any) -> Any:
+        self.created.append({"class_path": class_path, "args": args, **options})
+        return await self.driver.create_actor(class_path, args, kwargs, **options)
+
+    def made(self, name_prefix: str) -> list[dict[str, Any]]:
+        """The recorded creations whose actor name starts with ``name_prefix``."""
+        return [c for c in self.created if c.get("name", "").startswith(name_prefix)]
+
+
+SMALL = {"env": "Acrobot-v1", "num_workers": 3, "seed": 5, "min_iter_time_s": 0.3,
+         "timesteps_per_iteration": 150, "metrics_smoothing_episodes": 7,
+         "num_cpus_per_worker": 0.5, "num_cpus_for_driver": 0.25, "num_gpus": 1,
+         "_fake_gpus": True, "rollout_fragment_length": 16, "num_envs_per_worker": 1,
+         "model": {"fcnet_hiddens": [8]}}
+TRAINER_CASES: dict[str, dict[str, Any]] = {
+    "apex": {**SMALL, "debug": True, "train_batch_size": 32, "max_weight_sync_delay": 33,
+             "training_intensity": 2.0, "learning_starts": 64, "learner_queue_size": 5,
+             "num_replay_buffer_shards": 2, "batch_replay": True, "buffer_size": 2000,
+             "hiddens": [8]},
+    "impala": {**SMALL, "train_batch_size": 48, "broadcast_interval": 3, "learner_queue_size": 5,
+               "max_sample_requests_in_flight_per_worker": 3},
+    "a3c": {**SMALL, "train_batch_size": 40, "grads_per_step": 3},
+    "a2c": {**SMALL, "train_batch_size": 64, "microbatch_size": 32},
+}
+"""Per algorithm: a small config giving every trainer key it has a non-default value."""
+
+def _learner_queue_applied(trainer: Any, driver: RecordingDriver) -> bool:
+    """The learner's in-queue holds 5, and Ape-X's credit window is one more."""
+    learner_config = driver.made("learner")[0]["args"][3]
+    credits = getattr(trainer.pipeline, "credits", None)
+    return learner_config["learner_queue_size"] == 5 and (credits is None
+                                                          or credits.size == 5 + 1)
+
+
+READS: dict[str, Any] = {
+    "env": lambda t, d, r: {c["args"][0] for c in d.made("worker")} == {"Acrobot-v1"},
+    "num_workers": lambda t, d, r: len(d.made("worker")) == 3 == len(t.workers),
+    "seed": lambda t, d, r: t.worker_config["rollout"]["seed"] == 5,
+    "num_gpus": lambda t, d, r: d.made("learner")[0]["num_gpus"] == 0.0,
+    "_fake_gpus": lambda t, d, r: d.made("learner")[0]["num_gpus"] == 0.0,
+    "min_iter_time_s": lambda t, d, r: r["time_this_iter_s"] >= 0.3,
+    "timesteps_per_iteration": lambda t, d, r: r["timesteps_this_iter"] >= 150,
+    "metrics_smoothing_episodes": lambda t, d, r: t.episodes.smoothing_episodes == 7,
+    "num_cpus_per_worker": lambda t, d, r: {c["num_cpus"] for c in d.made("worker")} == {0.5},
+    "num_cpus_for_driver": lambda t, d, r: d.made("learner")[0]["num_cpus"] == 0.25,
+    "debug": lambda t, d, r: t.pipeline.debug is True,
+    "train_batch_size": lambda t, d, r: t.spec.learner_config(t.config).train_batch_size
+    == t.config.train_batch_size != type(t.config)().train_batch_size,
+    "max_weight_sync_delay": lambda t, d, r: t.pipeline.max_weight_sync_delay == 33,
+    "training_intensity": lambda t, d, r: t.pipeline.intensity.intensity == 2.0,
+    "learning_starts": lambda t, d, r: t.pipeline.intensity.learning_starts == 64,
+    "learner_queue_size": lambda t, d, r: _learner_queue_applied(t, d),
+    "num_replay_buffer_shards": lambda t, d, r: len(d.made("replay")) == 2,
+    "batch_replay": lambda t, d, r: {c["class_path"] for c in d.made("replay")}
+    == {"actorrl.replay.actor:BatchReplayActor"},
+    "broadcast_interval": lambda t, d, r: t.pipeline.broadcast_interval == 3,
+    "max_sample_requests_in_flight_per_worker":
+        lambda t, d, r: t.pipeline.samples_in_flight == 3,
+    "grads_per_step": lambda t, d, r: t.pipeline.grads_per_step == 3,
+    "microbatch_size": lambda t, d, r: t.pipeline.microbatch_size == 32,
+}
+"""Trainer key -> what shows it reached what reads it: the actors the trainer started
+(count, class, CPUs, GPUs), the pipeline it built, or one training iteration's result.
+What each pipeline setting then changes is shown by the pipeline tests
+(tests/test_pipelines.py: max_weight_sync_delay, training_intensity, learning_starts,
+learner_queue_size, grads_per_step, microbatch_size; tests/test_pipeline_stats.py)."""
+
+
+def test_every_trainer_key_is_read_by_the_trainer_or_pipeline() -> None:
+    """Each exempted trainer key has a check here, and each algorithm's case gives every
+    trainer key it has a non-default value."""
+    assert set(READS) == TRAINER_KEYS
+    for name, values in TRAINER_CASES.items():
+        spec = get_algorithm(name)
+        config = load_config(spec.config_cls, values)
+        defaults = spec.config_cls()
+        mine = TRAINER_KEYS & leaf_keys(config)
+        assert mine <= set(values), f"{name}: no value for {sorted(mine - set(values))}"
+        for key in mine:
+            assert plain(getattr(config, key)) != plain(getattr(defaults, key)), (name, key)
+
+
+@pytest.mark.parametrize("name", sorted(TRAINER_CASES))
+async def test_trainer_keys_reach_the_actors_pipeline_and_iterations(name: str,
+                                                                     tmp_path) -> None:
+    """A trainer built from the case (serial: every actor in this process) started its
+    actors as the keys say, built its pipeline with them, and one iteration respects
+    ``min_iter_time_s`` and ``timesteps_per_iteration``."""
+    from actorrl.algorithms.trainer import Trainer
+    from actorrl.runtime import Driver
+
+    spec = get_algorithm(name)
+    config = load_config(spec.config_cls, TRAINER_CASES[name])
+    async with Driver.start(str(tmp_path / "s"), serial=True) as driver:
+        recording = RecordingDriver(driver)
+        trainer = await Trainer.create(spec, config, recording)  # type: ignore[arg-type]
+        try:
+            result = await trainer.train()
+            keys = TRAINER_KEYS & leaf_keys(config)
+            failed = sorted(k for k in keys if not READS[k](trainer, recording, result))
+        finally:
+            await trainer.stop()
+    assert failed == [], f"{name}: not applied: {failed}"

@@ -489,7 +489,7 @@ def run_dqn_cartpole(config: dict, seed: int, max_env_steps: int, target: float,
     return env_steps, returns
 
 
-@pytest.mark.slow
+@pytest.mark.learning
 def test_dqn_learns_cartpole() -> None:
     """With DQN_CARTPOLE_DEFAULTS and prioritized replay, the mean return of the last 20
     CartPole-v1 episodes reaches 150 within 20k env steps (7-9k for seeds 0-6)."""

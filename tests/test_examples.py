@@ -22,6 +22,7 @@ from actorrl.experiment.errors import UsageError
 from actorrl.experiment.train import TrainPlan, plan_training
 from actorrl.rollout import RolloutWorker
 from actorrl.stop import DEFAULT_STOP_TIME_S
+from tests.helpers.extras import installed
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
@@ -30,6 +31,9 @@ REQUIRED = {"pong-impala": "impala", "pong-apex": "apex", "breakout-impala": "im
             "cartpole-apex": "apex", "cartpole-impala": "impala", "cartpole-a2c": "a2c",
             "cartpole-a3c": "a3c"}
 CLI_TIMEOUT_S = 240.0
+EXTRAS = (("NoFrameskip", "ale_py", "atari"), ("ALE/", "ale_py", "atari"),
+          ("MinAtar/", "minatar", "minatar"))
+"""(text in an example's env, the module its env needs, the extra that installs it)."""
 
 
 def _plan(config_file: Path | str, algorithm: str | None = None, **kwargs: object
@@ -49,8 +53,12 @@ def test_the_required_examples_are_shipped() -> None:
 @pytest.mark.parametrize("path", EXAMPLE_FILES, ids=[p.stem for p in EXAMPLE_FILES])
 def test_example_validates_and_builds_its_policy(path: Path) -> None:
     """The file is valid as the CLI reads it, scaled to 2 cores, says so, has stop
-    criteria, and its policy builds and samples on the env."""
+    criteria, and its policy builds and samples on the env (skipped, saying which, when
+    the env's optional extra is not installed)."""
     text = path.read_text()
+    for marker, module, extra in EXTRAS:
+        if marker in text and not installed(module):
+            pytest.skip(f"the {extra} extra ({module}) is not installed")
     assert text.startswith("#") and "2-core" in text, "say how the file is scaled"
     plan = _plan(path)
     if path.stem in REQUIRED:
@@ -69,14 +77,27 @@ def test_example_validates_and_builds_its_policy(path: Path) -> None:
         worker.stop()
 
 
-def test_a_cartpole_example_trains_through_the_cli(tmp_path: Path) -> None:
+RANDOM_CARTPOLE_RETURN = 22.0
+"""Mean episode return of uniformly random actions on CartPole-v1 (about 22)."""
+SMOKE_REWARD = 50.0
+
+
+@pytest.mark.learning
+def test_a_cartpole_example_learns_through_the_cli(tmp_path: Path) -> None:
     """``actorrl train --config examples/cartpole-a2c.yaml`` with no ALGO trains and exits 0
-    at the (tighter) timesteps bound given on the command line."""
+    once its mean return passes 50 (over twice random's ~22), with the file's settings,
+    within a smoke budget of 60k steps / 150 s given on the command line.
+
+    Only this example is trained here: the other CartPole examples' algorithms are shown
+    learning CartPole (mean return 150) by tests/test_learning.py; the Atari and MinAtar
+    examples need millions of steps (hours on 2 cores; their curves are in docs/results),
+    so here they are only validated and their policies built and sampled (above)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     proc = subprocess.run(
         [sys.executable, "-m", "actorrl.cli", "train", "--config",
-         str(EXAMPLES / "cartpole-a2c.yaml"), "--stop-timesteps", "1500",
+         str(EXAMPLES / "cartpole-a2c.yaml"), "--stop-reward", str(SMOKE_REWARD),
+         "--stop-timesteps", "60000", "--stop-time", "150",
          "--set", "min_iter_time_s=0.5", "--output", str(tmp_path / "results"),
          "--progress", "plain"],
         cwd=tmp_path, capture_output=True, text=True, timeout=CLI_TIMEOUT_S, env=env)
@@ -85,9 +106,9 @@ def test_a_cartpole_example_trains_through_the_cli(tmp_path: Path) -> None:
     config = json.loads((run_dir / "config.json").read_text())
     assert config["algorithm"] == "a2c" and config["microbatch_size"] == 40
     status = json.loads((run_dir / "run.json").read_text())
-    assert status["stop_criteria"] == ("episode_reward_mean >= 100, timesteps_total >= "
-                                       "1,500")
-    assert status["timesteps_total"] >= 1500 or status["best_reward"] >= 100
+    assert status["best_reward"] >= SMOKE_REWARD > 2 * RANDOM_CARTPOLE_RETURN, (
+        f"the example did not learn: best mean return {status['best_reward']} after "
+        f"{status['timesteps_total']} steps\n{proc.stdout[-2000:]}")
 
 
 # ---- config-file handling ---------------------------------------------------------------

@@ -17,7 +17,7 @@ from actorrl.runtime.driver import Driver
 from actorrl.runtime.errors import ActorDiedError
 from actorrl.runtime.forking import ForkedProcess, resolve_start_method
 from actorrl.runtime.process import ChildProcess
-from tests.procs import pids_alive
+from tests.helpers.procs import pids_alive
 
 INFO = "tests.actors.process_info:ProcessInfo"
 
@@ -65,7 +65,7 @@ async def test_forked_actors_get_their_own_rng_threads_and_environment(monkeypat
     the CPU request; the environment is the driver's at creation time (not the server's
     at its start) plus the actor's own, and CPU actors see no GPU."""
     async with Driver.start(start_method="fork") as driver:
-        await driver.node._fork_server.ready  # the server's environment is fixed by now
+        await driver.node.fork_server.ready  # the server's environment is fixed by now
         monkeypatch.setenv("ACTORRL_TEST_LATE_VARIABLE", "late")
         one = await driver.create_actor(INFO, num_cpus=1)
         two = await driver.create_actor(INFO, num_cpus=2, env={"ACTORRL_TEST_OWN": "mine"})
@@ -96,7 +96,7 @@ async def test_a_killed_fork_server_takes_its_actors_and_is_restarted():
     async with Driver.start(start_method="fork") as driver:
         actor = await driver.create_actor(INFO)
         actor_pid = await driver.get(actor.pid.remote(), timeout_s=30)
-        server = driver.node._fork_server
+        server = driver.node.fork_server
         deaths: list[str] = []
         driver.node.on_death.append(lambda actor_id, reason: deaths.append(actor_id))
         os.kill(server.process.pid, signal.SIGKILL)
@@ -106,7 +106,7 @@ async def test_a_killed_fork_server_takes_its_actors_and_is_restarted():
             await driver.get(actor.pid.remote(), timeout_s=30)
         assert pids_alive([actor_pid], timeout_s=10) == []
         again = await driver.create_actor(INFO)
-        assert driver.node._fork_server is not server
+        assert driver.node.fork_server is not server
         assert await driver.get(again.pid.remote(), timeout_s=30) != actor_pid
 
 
@@ -115,7 +115,7 @@ async def test_shutdown_stops_the_server_and_every_forked_actor():
     async with Driver.start(start_method="fork") as driver:
         actors = [await driver.create_actor(INFO) for _ in range(3)]
         pids = await driver.get([a.pid.remote() for a in actors], timeout_s=30)
-        server_pid = driver.node._fork_server.process.pid
+        server_pid = driver.node.fork_server.process.pid
     assert pids_alive([*pids, server_pid], timeout_s=10) == []
 
 

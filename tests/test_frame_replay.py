@@ -10,7 +10,7 @@ import pytest
 from actorrl.batch import SampleBatch
 from actorrl.replay import PrioritizedReplayBuffer, ReplayBuffer
 from actorrl.replay.frame_buffer import FramePrioritizedReplayBuffer, FrameReplayBuffer
-from tests.frame_data import stacked_fragment
+from tests.helpers.frame_data import stacked_fragment
 from transport.codec import decode, encode
 
 CHI2_999_DOF7 = 24.322
@@ -72,13 +72,13 @@ def test_overwritten_frames_retire_their_rows_and_are_never_served():
             batch = (frames_buffer.sample(64) if isinstance(frames_buffer, FrameReplayBuffer)
                      else frames_buffer.sample(64, beta=0.4))
             slots = batch["batch_indexes"]
-            assert not frames_buffer._is_retired(slots).any()
+            assert not frames_buffer.is_retired(slots).any()
             _assert_rows_equal(batch, naive.rows_at(slots))
             if isinstance(frames_buffer, FramePrioritizedReplayBuffer):
                 # An update for a row retired since does not bring it back.
                 frames_buffer.update_priorities(slots, np.full(len(slots), 5.0))
                 held = np.arange(len(naive))
-                retired = held[frames_buffer._is_retired(held)]
+                retired = held[frames_buffer.is_retired(held)]
                 assert (frames_buffer.priority_mass(retired) == 0).all()
         assert frames_buffer.stats()["num_retired"] > 20  # the ring did run out
 

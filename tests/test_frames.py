@@ -8,7 +8,7 @@ import pytest
 
 from actorrl.batch import MultiAgentBatch, SampleBatch
 from actorrl.frames import pack_frames, packable_columns, stack_axis
-from tests.frame_data import stacked_fragment
+from tests.helpers.frame_data import stacked_fragment
 from transport.codec import decode, encode
 
 

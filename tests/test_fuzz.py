@@ -17,12 +17,10 @@ import contextlib
 import json
 import os
 import random
-import select
 import shutil
 import socket
 import struct
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,17 +32,18 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from actorrl.runtime.core import _check_request
-from tests.procs import terminate
-from tests.raw_rpc import collect_replies as raw_collect_replies
-from tests.raw_rpc import colliding_key_map
+from actorrl.runtime.core import check_request
+from tests.helpers.procs import ready_line, start_python, terminate
+from tests.helpers.wire import PREFIX, colliding_key_map
+from tests.helpers.wire import collect_replies as raw_collect_replies
 from transport.codec import EXT_ARRAY, EXT_TENSOR, Codec, DecodeError
-from transport.errors import RemoteError
+from transport.errors import PeerLostError, RemoteError
 from transport.rpc import KIND_ERROR, KIND_NOTIFY, KIND_OK, KIND_REQUEST, RpcClient, RpcServer
 
 REPO = Path(__file__).resolve().parent.parent
-PREFIX = struct.Struct("<BQ")
-LEGIT_S = 1.0  # a legitimate call answers within this after every phase
+LEGIT_S = 30.0
+"""Deadline of a legitimate call after every phase: a stalled or dead server misses it
+(a deadline, not a speed check: speed is measured in benchmarks/)."""
 REPLY_S = 10.0  # bound on waiting for the reply to a hostile request
 FD_SLACK = 16  # fds above baseline tolerated once settled
 RSS_SLACK = 96 << 20  # bytes of RSS above baseline tolerated
@@ -84,16 +83,8 @@ class Target:
 
     def __init__(self, directory: Path) -> None:
         self.log_path = directory / "target.log"
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", TARGET_SRC, str(directory / "s")], cwd=REPO,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
-            env=dict(os.environ, PYTHONPATH=str(REPO)))
-        ready, _, _ = select.select([self.proc.stdout], [], [], 90)
-        line = self.proc.stdout.readline().decode() if ready else ""
-        if not line.startswith("READY "):
-            self.stop()
-            raise AssertionError(f"target did not start: {line!r}\n{self.log_tail()}")
+        self.proc = start_python(["-c", TARGET_SRC, str(directory / "s")], self.log_path)
+        line = ready_line(self.proc, self.proc.stdout, "READY ", 90, self.log_path)
         info = json.loads(line[len("READY "):])
         self.ipc: str = info["ipc"]
         self.tcp: str = info["tcp"]
@@ -115,7 +106,6 @@ class Target:
             self.proc.kill()
             self.proc.wait(30)
         self.proc.stdout.close()
-        self._log.close()
 
 
 def fds_and_rss(pid: int) -> tuple[int, int]:
@@ -174,7 +164,7 @@ def request(method: Any, args: Any, kwargs: Any = None,
 
 def collect_replies(sock: zmq.Socket, ids: set[int], timeout_s: float = REPLY_S,
                     names: dict[int, str] | None = None) -> dict[int, tuple[int, Any]]:
-    """:func:`tests.raw_rpc.collect_replies` with this module's reply deadline."""
+    """:func:`tests.helpers.wire.collect_replies` with this module's reply deadline."""
     return raw_collect_replies(sock, ids, timeout_s, names)
 
 
@@ -308,19 +298,16 @@ def _crafted_headers() -> list[bytes]:
 async def test_malformed_and_crafted_msgpack_is_answered(target: Target, attacker: zmq.Context,
                                                           which: str) -> None:
     """Mutated valid headers, collision maps, deep nesting, absurd lengths and bad array
-    headers, each as a request: every one is answered (ok or error), fast."""
+    headers, each as a request: every one is answered (ok or error)."""
     rng = random.Random(7)
     sock = dealer(attacker, target.tcp if which == "server" else target.actor)
     try:
         ids = set()
-        started = asyncio.get_running_loop().time()
         for header in [*_malformed_headers(rng, 200), *_crafted_headers()]:
             request_id = next(_ids)
             ids.add(request_id)
             sock.send_multipart([PREFIX.pack(KIND_REQUEST, request_id), header])
-        collect_replies(sock, ids)
-        elapsed = asyncio.get_running_loop().time() - started
-        assert elapsed < 5.0, f"{len(ids)} hostile requests took {elapsed:.1f} s"
+        collect_replies(sock, ids)  # within its deadline; decode cost: benchmarks/
     finally:
         sock.close(linger=0)
     await healthy(target, f"malformed msgpack to the {which}")
@@ -351,7 +338,7 @@ COORD_SHAPES: dict[str, list[Any]] = {
 
 def _well_formed(method: str, args: Any) -> bool:
     try:
-        _check_request(method, args)
+        check_request(method, args)
     except (ValueError, TypeError):
         return False
     return True
@@ -394,9 +381,19 @@ def _bad_field_requests(shapes: dict[str, list[Any]], rng: random.Random
     return out
 
 
+LENIENT = ("'__call__'", "'coord.actor_died'", "'coord.actors'", "'coord.close_session'",
+           "'coord.heartbeat'", "'coord.kill_actor'", "'coord.session_ping'",
+           "'coord.wait_actor'", "'coord.wait_nodes'")
+"""Requests that may be answered as valid with a bad field: the actor's ``noop`` takes any
+arguments; the others look up ids or filters that match nothing and say so (``False``,
+``known: False``, no actors, no nodes) instead of failing, so a peer learns nothing from
+the difference."""
+
+
 async def test_bad_field_types_are_answered(target: Target, attacker: zmq.Context) -> None:
     """Every runtime-protocol and ``coord.*`` request with a field of the wrong type (or
-    the wrong count) is answered, and mostly with an error; nothing is left pending."""
+    the wrong count) is answered; all but the lookups in :data:`LENIENT` with an error;
+    nothing is left pending."""
     rng = random.Random(3)
     for endpoint, shapes in ((target.actor, RUNTIME_SHAPES),
                              (target.tcp, {**RUNTIME_SHAPES, **COORD_SHAPES})):
@@ -408,8 +405,10 @@ async def test_bad_field_types_are_answered(target: Target, attacker: zmq.Contex
                                       names={rid: name for rid, _, name in cases})
         finally:
             sock.close(linger=0)
-        errors = sum(kind == KIND_ERROR for kind, _ in replies.values())
-        assert errors >= len(cases) * 0.7, f"{errors} errors of {len(cases)} hostile requests"
+        answered_ok = sorted(name for rid, _, name in cases
+                             if replies[rid][0] != KIND_ERROR)
+        unexpected = [name for name in answered_ok if not name.startswith(LENIENT)]
+        assert not unexpected, f"hostile requests answered as if valid: {unexpected}"
     await healthy(target, "bad field types")
 
 
@@ -553,21 +552,13 @@ def _start_cli(args: list[str], log_path: Path, ready: str, timeout_s: float = 9
                ) -> tuple[subprocess.Popen, str]:
     """Start ``python -m actorrl.cli_cluster ARGS`` and wait for a stdout line starting
     with ``ready``; returns the process and that line."""
-    log = open(log_path, "wb")  # noqa: SIM115 - handed to the child, closed here
+    proc = start_python(["-m", "actorrl.cli_cluster", *args], log_path,
+                        stdin=subprocess.DEVNULL)
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "actorrl.cli_cluster", *args], cwd=REPO,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
-                                env=dict(os.environ, PYTHONPATH=str(REPO)))
-    finally:
-        log.close()
-    ready_fds, _, _ = select.select([proc.stdout], [], [], timeout_s)
-    line = proc.stdout.readline().decode() if ready_fds else ""
-    if not line.startswith(ready):
-        proc.kill()
-        proc.wait(10)
+        line = ready_line(proc, proc.stdout, ready, timeout_s, log_path)
+    except AssertionError:
         proc.stdout.close()
-        raise AssertionError(f"{args[:2]} did not start: {line!r}\n"
-                             + log_path.read_text(errors="replace")[-3000:])
+        raise
     return proc, line
 
 
@@ -621,6 +612,7 @@ def keyed() -> Iterator[KeyedTarget]:
     directory.mkdir(exist_ok=True)
     tgt = KeyedTarget(directory)
     try:
+        asyncio.run(keyed_healthy(tgt, "start"))  # the node's endpoint and the baselines
         yield tgt
         alive = {name: proc.poll() is None for name, proc in
                  (("coordinator", tgt.coordinator), ("node", tgt.node))}
@@ -636,7 +628,7 @@ def keyed() -> Iterator[KeyedTarget]:
 
 async def keyed_healthy(tgt: KeyedTarget, phase: str) -> None:
     """A legitimate client call to the coordinator and a coordinator-key call to the node
-    answer within 1 s; the node is still joined (never declared lost); fds and RSS of
+    answer (within :data:`LEGIT_S`); the node is still joined (never declared lost); fds and RSS of
     both are back near their baselines (the first call sets them)."""
     for name, pid in tgt.pids.items():
         assert os.path.exists(f"/proc/{pid}"), f"{name} died in phase {phase}"
@@ -800,7 +792,7 @@ async def test_socket_caps_drop_oversize_frames_and_stalled_handshakes() -> None
     client = RpcClient(endpoint, connect_timeout_s=5)
     try:
         assert await client.call("echo", [b"x" * 1000], timeout_s=5) == b"x" * 1000
-        with pytest.raises(Exception) as info:  # dropped with the connection: peer lost
+        with pytest.raises(PeerLostError, match="was lost") as info:  # dropped with it
             await client.call("echo", [np.zeros(8192, np.uint8)], timeout_s=5)
         assert not isinstance(info.value, RemoteError), info.value
         assert server.messages_dropped == 0
@@ -831,7 +823,7 @@ async def test_socket_caps_drop_oversize_frames_and_stalled_handshakes() -> None
     capped = RpcClient(endpoint, connect_timeout_s=5, max_frame_bytes=4096)
     try:
         assert await capped.call("echo", [b"y" * 100], timeout_s=5) == b"y" * 100
-        with pytest.raises(Exception) as info:
+        with pytest.raises(PeerLostError, match="was lost") as info:
             await capped.call("echo", [np.zeros(8192, np.uint8)], timeout_s=5)
         assert not isinstance(info.value, RemoteError), info.value
     finally:

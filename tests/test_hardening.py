@@ -15,6 +15,7 @@ import pytest
 from actorrl.runtime import Driver
 from actorrl.runtime.node import log_label
 from transport.codec import EXT_ARRAY, DecodeError, decode
+from transport.rpc import RpcClient
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -104,18 +105,27 @@ async def test_death_reports_are_checked_and_bounded(tmp_path) -> None:
 
     async with Driver.start(str(tmp_path / "s")) as driver:
         coordinator = Coordinator(driver.runtime)
+        coordinator.serve()
         node = coordinator.add_node("n1", "a", "ipc://nowhere", "127.0.0.1", 2, 0,
                                     conn=None)  # type: ignore[arg-type]
-        huge = "x" * (1 << 20)
-        for i in range(300):
-            assert await coordinator._rpc_actor_died("no-such-node", f"a{i}", huge) is False
-            assert await coordinator._rpc_actor_died(node.node_id, f"b{i}", huge) is False
-        assert coordinator._early_deaths == {}
-        node.starting = 1  # a start in flight: an early death is kept, truncated
-        assert await coordinator._rpc_actor_died(node.node_id, "c", huge) is True
-        assert len(coordinator._early_deaths["c"]) == MAX_REASON_CHARS
-        with pytest.raises(ValueError, match="actor_died takes"):
-            await coordinator._rpc_actor_died(node.node_id, ["c"], 3)
+        reporter = RpcClient(driver.runtime.local_address, connect_timeout_s=30)
+
+        async def died(*fields) -> bool:
+            return await reporter.call("coord.actor_died", fields, timeout_s=30)
+
+        try:
+            huge = "x" * ((1 << 20) - 4096)  # under the 1 MB header cap
+            for i in range(300):
+                assert await died("no-such-node", f"a{i}", huge) is False
+                assert await died(node.node_id, f"b{i}", huge) is False
+            assert coordinator.early_deaths == {}
+            node.starting = 1  # a start in flight: an early death is kept, truncated
+            assert await died(node.node_id, "c", huge) is True
+            assert len(coordinator.early_deaths["c"]) == MAX_REASON_CHARS
+            with pytest.raises(ValueError, match="actor_died takes"):
+                await died(node.node_id, ["c"], 3)
+        finally:
+            reporter.close()
 
 
 def _long_dir(tmp_path) -> str:
@@ -218,9 +228,11 @@ async def test_a_call_waiting_on_its_ref_arguments_blocks_only_its_caller(tmp_pa
         echoed = counter.echo.remote(held)
         after = counter.add.remote(1)  # the driver's next call: waits behind `echoed`
         other = relay.call.remote(counter, "add", [10])
-        assert await driver.get(other, timeout_s=10) == 10
-        done, _ = await driver.wait([after], num_returns=1, timeout_s=0.5)
-        assert done == [], "the driver's own order was not kept"
+        assert await driver.get(other, timeout_s=10) == 10  # `after` (+1) has not run
+        # The counter keeps serving the relay while `after` waits: had the driver's order
+        # been broken, `after` would have run by this second call and the sum be 11.
+        again = relay.call.remote(counter, "add", [0])
+        assert await driver.get(again, timeout_s=10) == 10, "the driver's order was broken"
         await driver.get(gate.open.remote("k"), timeout_s=10)
         assert await driver.get(echoed, timeout_s=10) == 7
         assert await driver.get(after, timeout_s=10) == 11
@@ -244,7 +256,7 @@ async def test_failed_actors_are_replaced_concurrently() -> None:
     fleet = Fleet(["a", "b", "c"], replace, "rollout worker")  # type: ignore[arg-type]
     failures = [("a", RuntimeError("x")), ("c", RuntimeError("y")), ("a", RuntimeError("z"))]
     task = asyncio.ensure_future(fleet.failed_all(failures, lambda _a: None))
-    await asyncio.wait_for(both.wait(), 5)
+    await asyncio.wait_for(both.wait(), 30)
     assert not task.done()
     release.set()
     assert sorted(await task) == ["new-a", "new-c"]
@@ -418,25 +430,21 @@ def test_the_coordinator_caps_frames_and_raises_its_fd_limit(tmp_path) -> None:
     import numpy as np
 
     from actorrl.client import Client
-    from tests.procs import terminate
+    from tests.helpers.procs import ready_line, start_python, terminate
     from transport.errors import CallTimeoutError, PeerLostError
     from transport.rpc import RpcClient
 
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     read_fd, write_fd = os.pipe()
     state = tmp_path / "state"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "actorrl.cli_cluster", "coordinator", "start", "--state-dir",
-         str(state), "--ready-fd", str(write_fd), "--max-frame-mb", "1"], cwd=REPO,
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        pass_fds=(write_fd,), preexec_fn=_lower_fd_limit)
+    proc = start_python(
+        ["-m", "actorrl.cli_cluster", "coordinator", "start", "--state-dir", str(state),
+         "--ready-fd", str(write_fd), "--max-frame-mb", "1"], tmp_path / "coordinator.log",
+        stdin=subprocess.DEVNULL, stdout=None, pass_fds=(write_fd,),
+        preexec_fn=_lower_fd_limit)
     os.close(write_fd)
     try:
-        import select
-
-        ready, _, _ = select.select([read_fd], [], [], 60)
-        line = os.read(read_fd, 4096).decode() if ready else ""
-        assert line.startswith("READY "), line
+        line = ready_line(proc, read_fd, "READY ", 60, tmp_path / "coordinator.log")
         address = line.split()[1]
         with open(f"/proc/{proc.pid}/limits") as f:
             row = next(r for r in f if r.startswith("Max open files")).split()
@@ -455,7 +463,7 @@ def test_the_coordinator_caps_frames_and_raises_its_fd_limit(tmp_path) -> None:
                     raw.close()
 
             client.run(raw(), 30)
-            assert client.call("coord.hello", timeout_s=1)["max_frame_bytes"] == 1 << 20
+            assert client.call("coord.hello", timeout_s=30)["max_frame_bytes"] == 1 << 20
     finally:
         os.close(read_fd)
         terminate(proc)

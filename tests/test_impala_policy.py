@@ -347,7 +347,7 @@ def run_impala_cartpole(config: dict, seed: int, max_env_steps: int, target: flo
     return env_steps, returns
 
 
-@pytest.mark.slow
+@pytest.mark.learning
 def test_impala_learns_cartpole() -> None:
     """With IMPALA_CARTPOLE_DEFAULTS and a lagged actor, the mean return of the last 20
     CartPole-v1 episodes reaches 150 within 60k env steps (12-19k for seeds 0-6)."""

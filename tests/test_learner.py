@@ -17,6 +17,7 @@ from actorrl.learner.minibatch_buffer import LearnerStarvedError, MinibatchBuffe
 from actorrl.learner.thread import LearnerThread, MultiTowerLearnerThread
 from actorrl.learner.towers import TowerSet
 from actorrl.rollout import RolloutWorker
+from tests.helpers.waiting import wait_until
 from transport.timeouts import wait_for
 
 AC_POLICY = "actorrl.policy.actor_critic:ActorCriticPolicy"
@@ -203,20 +204,32 @@ async def test_a_put_waiting_for_room_holds_no_thread_and_ends_when_the_learner_
     assert learner.enqueue("first", _batch(8))
     executor_threads = {t.name for t in threading.enumerate() if "asyncio" in t.name}
     waiting = asyncio.ensure_future(learner.enqueue_wait("second", _batch(8), timeout_s=60))
-    for _ in range(3):  # let it reach its wait
-        await asyncio.sleep(0)
+    await wait_until(lambda: learner.puts_waiting == 1, 10, "the put waits for room")
     assert not waiting.done()
     assert {t.name for t in threading.enumerate() if "asyncio" in t.name} == executor_threads
     assert learner.thread.inqueue.get_nowait()[0] == "first"  # room made: it goes in
     assert await wait_for(waiting, 10) == 1
     assert learner.thread.inqueue.queue[0][0] == "second"
     late = asyncio.ensure_future(learner.enqueue_wait("third", _batch(8), timeout_s=60))
-    for _ in range(3):
-        await asyncio.sleep(0)
-    assert not late.done()
+    await wait_until(lambda: learner.puts_waiting == 1, 10, "the late put waits for room")
     learner.stop()
     assert await wait_for(late, 10) == 1  # returned; "third" was dropped
+    assert learner.puts_waiting == 0
     assert [tag for tag, _ in learner.thread.inqueue.queue] == ["second"]
+
+
+async def test_stopping_a_learner_that_never_started_wakes_its_waiters():
+    """A ``wait_trained`` call on a learner whose thread never started returns when the
+    learner is stopped (it used to wait out its whole timeout), and so does one made
+    after the stop."""
+    learner = LearnerActor("CartPole-v1", AC_POLICY, WORKER_CONFIG, {"train_batch_size": 8},
+                           start_thread=False)
+    waiting = asyncio.ensure_future(learner.wait_trained(timeout_s=300))
+    await asyncio.sleep(0)  # the call starts and hooks the loop (either order must work)
+    learner.stop()
+    notice = await wait_for(waiting, 10)
+    assert notice.results == () and notice.num_steps_trained == 0
+    assert (await wait_for(learner.wait_trained(timeout_s=300), 10)).results == ()
 
 
 async def test_learner_actor_stats_and_weights_versions():

@@ -13,9 +13,9 @@ import pytest
 from actorrl.algorithms import Trainer, get_algorithm
 from actorrl.config import load_config
 from actorrl.runtime import Driver
-from tests.procs import pids_alive
+from tests.helpers.procs import pids_alive
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.learning
 
 THRESHOLD = 150.0
 BUDGET_S = {"apex": 180.0, "a3c": 150.0, "a2c": 150.0, "impala": 150.0}

@@ -12,7 +12,7 @@ from actorrl.algorithms import Trainer, get_algorithm
 from actorrl.config import load_config
 from actorrl.runtime import Driver
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.learning
 
 THRESHOLD = 0.8
 BUDGET_S = 120.0

@@ -365,7 +365,7 @@ def test_same_padding_matches_explicit_tf_padding():
     remainder) compute exactly TF/RLlib "same" padding: pad (lo, hi), then convolve."""
     import torch.nn.functional as F
 
-    from actorrl.policy.models import _same_padding
+    from actorrl.policy.models import tf_same_padding
 
     torch.manual_seed(0)
     encoder, _ = build_encoder(gym.spaces.Box(0, 255, (84, 84, 4), np.uint8), {})
@@ -374,8 +374,8 @@ def test_same_padding_matches_explicit_tf_padding():
     convs = [m for m in encoder.layers if isinstance(m, torch.nn.Conv2d)]
     for index, conv in enumerate(convs):
         if index < len(convs) - 1:
-            (top, bottom), _ = _same_padding(x.shape[2], conv.kernel_size[0], conv.stride[0])
-            (left, right), _ = _same_padding(x.shape[3], conv.kernel_size[1], conv.stride[1])
+            (top, bottom), _ = tf_same_padding(x.shape[2], conv.kernel_size[0], conv.stride[0])
+            (left, right), _ = tf_same_padding(x.shape[3], conv.kernel_size[1], conv.stride[1])
             x = F.pad(x, (left, right, top, bottom))
         x = torch.relu(F.conv2d(x, conv.weight, conv.bias, conv.stride))
     assert torch.allclose(encoder(frames), x.reshape(3, -1), atol=1e-5)

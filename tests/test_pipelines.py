@@ -12,7 +12,6 @@ import pytest
 
 from actorrl.algorithms.a2c import A2CConfig
 from actorrl.algorithms.a3c import A3CConfig
-from actorrl.algorithms.apex import ApexConfig
 from actorrl.batch import SampleBatch
 from actorrl.config import ConfigError
 from actorrl.learner.actor import LearnerActor
@@ -22,18 +21,15 @@ from actorrl.pipelines.impala import AsyncSamplesOptimizer
 from actorrl.pipelines.microbatch import MicrobatchOptimizer
 from actorrl.rollout import RolloutWorker
 from actorrl.runtime import Driver
-from tests.a3c_actors import a3c_actors
+from tests.helpers.configs import AC, DQN, DQN_CONFIG, a3c_actors
 
-DQN = "actorrl.policy.dqn:DQNPolicy"
-AC = "actorrl.policy.actor_critic:ActorCriticPolicy"
+
 @pytest.fixture(params=[False, True], ids=["processes", "serial"])
 def serial(request) -> bool:
     """Run the test on actor processes, then in serial mode."""
     return request.param
 
 
-DQN_CONFIG = {**ApexConfig(num_workers=1).to_dict(), "model": {"fcnet_hiddens": [16]},
-              "hiddens": [16], "train_batch_size": 32}
 
 
 async def _until(predicate, pipeline, timeout_s: float = 60.0) -> None:
@@ -176,7 +172,7 @@ def test_microbatch_accumulation_equals_the_full_batch_gradient():
     reference = RolloutWorker("CartPole-v1", AC, config)
     reference.set_weights(learner.worker.get_weights())
     for batch in batches:
-        learner._accumulate([batch])
+        learner.accumulate_gradients([batch])
     result = learner.apply_accumulated_gradients()
     assert result["rows"]["default_policy"] == full.count
     grads, _ = reference.compute_gradients(full)

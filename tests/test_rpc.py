@@ -12,11 +12,9 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import select
 import signal
 import struct
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -26,7 +24,8 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from tests.raw_rpc import collect_replies
+from tests.helpers.procs import ready_line, start_python, terminate
+from tests.helpers.wire import PREFIX, collect_replies
 from transport.codec import EXT_ARRAY, TYPE_MARKER, Codec, DecodeError
 from transport.errors import CallTimeoutError, PeerLostError, RemoteError
 from transport.rpc import (
@@ -42,7 +41,6 @@ from transport.rpc import (
 )
 
 REPO = Path(__file__).resolve().parent.parent
-PREFIX = struct.Struct("<BQ")
 MAX_MESSAGE_BYTES = 64 * 1024
 WAIT_S = 10.0  # bound on every wait for something that should happen promptly
 
@@ -104,17 +102,9 @@ class ServerProcess:
     def __init__(self, directory: Path, address: str,
                  max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
         self.log_path = directory / "server.log"
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        env = dict(os.environ, PYTHONPATH=str(REPO))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", SERVER_SRC, address, str(max_message_bytes)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, cwd=REPO,
-            env=env)
-        ready, _, _ = select.select([self.proc.stdout], [], [], 60)
-        line = self.proc.stdout.readline().decode() if ready else ""
-        if not line.startswith("READY "):
-            self.stop()
-            raise AssertionError(f"server did not start: {line!r}\n{self.log_tail()}")
+        self.proc = start_python(["-c", SERVER_SRC, address, str(max_message_bytes)],
+                                 self.log_path)
+        line = ready_line(self.proc, self.proc.stdout, "READY ", 60, self.log_path)
         self.endpoint = line.split()[1]
 
     def log_tail(self) -> str:
@@ -132,7 +122,6 @@ class ServerProcess:
             self.proc.kill()
             code = self.proc.wait(timeout_s)
         self.proc.stdout.close()
-        self._log.close()
         return code
 
 
@@ -653,9 +642,10 @@ async def test_unreachable_server_fails_calls_after_connect_timeout(tmp_path) ->
         c.close()
 
 
-async def test_a_reply_received_before_the_disconnect_is_not_failed(tmp_path) -> None:
-    """When the peer replies and then goes away, the loop may see the disconnect event
-    before it reads the reply: the reply must still win over PeerLostError."""
+async def test_a_reply_read_after_the_disconnect_event_is_not_failed(tmp_path) -> None:
+    """The adverse order forced: the disconnect event is handled while the reply still
+    sits unread in the client's socket; the reply must still win over PeerLostError.
+    (The SIGKILL test below shows the same end to end, but cannot choose the order.)"""
     endpoint = f"ipc://{tmp_path}/replier.sock"
     router = zmq.Context.instance().socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
@@ -667,10 +657,10 @@ async def test_a_reply_received_before_the_disconnect_is_not_failed(tmp_path) ->
         assert router.poll(WAIT_S * 1000), "the request never arrived"
         identity, prefix, *_ = router.recv_multipart()
         _, request_id = PREFIX.unpack(prefix)
-        body = Codec().encode("hi")
-        router.send_multipart([identity, PREFIX.pack(KIND_OK, request_id), *body])
-        # Block the loop until the reply sits unread in the client's socket, then deliver
-        # the disconnect first, as a loop that wakes on the monitor socket first would.
+        router.send_multipart([identity, PREFIX.pack(KIND_OK, request_id),
+                               *Codec().encode("hi")])
+        # Private (2 uses): only the client's own socket says when the reply has arrived
+        # unread, and only its monitor callback can be made to run before the read.
         assert client._async.sock.poll(WAIT_S * 1000), "the reply never arrived"
         client.connected = True
         client._on_monitor_event([zmq.Frame(struct.pack("=hi", zmq.EVENT_DISCONNECTED, 0))])
@@ -678,6 +668,57 @@ async def test_a_reply_received_before_the_disconnect_is_not_failed(tmp_path) ->
     finally:
         client.close()
         router.close(0)
+
+
+REPLY_THEN_DIE_SRC = r"""
+import os, signal, sys
+import zmq
+from transport.codec import Codec
+from transport.rpc import KIND_OK
+from tests.helpers.wire import PREFIX
+
+ctx = zmq.Context()
+router = ctx.socket(zmq.ROUTER)
+router.bind(sys.argv[1])
+print("READY", sys.argv[1], flush=True)
+identity, prefix, *_ = router.recv_multipart()
+print("GOT", flush=True)
+sys.stdin.readline()  # the test holds its loop from here on
+_, request_id = PREFIX.unpack(prefix)
+router.send_multipart([identity, PREFIX.pack(KIND_OK, request_id), *Codec().encode("hi")])
+router.close(linger=-1)
+ctx.term()  # returns once the reply is out
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize("attempt", range(3))
+async def test_a_reply_sent_before_the_peer_died_is_not_failed(tmp_path, attempt) -> None:
+    """A peer replies and is then SIGKILLed while the client's loop is held: when the loop
+    resumes, both the reply and the disconnect are waiting, and it may see the disconnect
+    first. The reply must still win over PeerLostError (repeated: either order)."""
+    log_path = tmp_path / "peer.log"
+    endpoint = f"ipc://{tmp_path}/replier.sock"
+    peer = start_python(["-c", REPLY_THEN_DIE_SRC, endpoint], log_path)
+    client = None
+    try:
+        ready_line(peer, peer.stdout, "READY ", 60, log_path)
+        client = RpcClient(endpoint, connect_timeout_s=WAIT_S)
+        fut = client.call("echo", ["hi"])
+        await asyncio.to_thread(ready_line, peer, peer.stdout, "GOT", WAIT_S, log_path)
+        # Hold the loop (no await) from the go-ahead until the peer is dead.
+        peer.stdin.write(b"go\n")
+        peer.stdin.flush()
+        assert peer.wait(WAIT_S) == -signal.SIGKILL, log_path.read_text()
+        assert await _bounded(fut) == "hi"
+        with pytest.raises(PeerLostError, match="lost"):
+            await _bounded(client.call("echo", ["after"]))
+    finally:
+        if client is not None:
+            client.close()
+        terminate(peer)
+        peer.stdout.close()
+        peer.stdin.close()
 
 
 @pytest.mark.parametrize("endpoint", ["bogus://x", "tcp://127.0.0.1:notaport",

@@ -5,7 +5,6 @@ step, and no child process at all (``actorrl train a2c --serial``)."""
 from __future__ import annotations
 
 import asyncio
-import glob
 import inspect
 import os
 import subprocess
@@ -22,6 +21,7 @@ from actorrl.pipelines.apex import AsyncReplayOptimizer
 from actorrl.runtime import ActorDiedError, Driver, DriverLike, ObjectLostError, Runtime
 from actorrl.runtime.coordinator import ClusterDriver, Coordinator
 from tests.actors.failing import SampleFailure
+from tests.helpers.procs import descendants
 
 DQN = "actorrl.policy.dqn:DQNPolicy"
 
@@ -63,15 +63,6 @@ class Probe:
         return event_key
 
 
-def _children() -> list[str]:
-    """Child pids of this process (every thread's), from /proc."""
-    found = []
-    for path in glob.glob(f"/proc/{os.getpid()}/task/*/children"):
-        with open(path) as f:
-            found.extend(f.read().split())
-    return found
-
-
 async def test_calls_refs_and_order(tmp_path):
     """Method calls return refs, get/wait resolve them, one caller's calls run in order,
     and the actor runs in this process."""
@@ -85,7 +76,7 @@ async def test_calls_refs_and_order(tmp_path):
         assert await driver.get(probe.later.remote("x")) == "x"
         # Arguments cross the codec: the actor gets a read-only copy, like over the wire.
         assert await driver.get(probe.mutate.remote(np.zeros(100_000))) is False
-        assert _children() == []
+        assert not descendants(os.getpid())
 
 
 async def test_a_pending_ref_argument_holds_back_the_calls_behind_it(tmp_path):
@@ -188,7 +179,7 @@ def test_sync_api_in_serial_mode(tmp_path):
         assert rt.get([counter.add.remote(2), counter.add.remote(3)], timeout=10) == [3, 6]
         ref = rt.put({"x": 1})
         assert rt.get(counter.echo.remote(ref), timeout=10) == {"x": 1}
-        assert rt.driver().serial and _children() == []
+        assert rt.driver().serial and not descendants(os.getpid())
     finally:
         rt.shutdown()
 
@@ -239,7 +230,7 @@ def test_serial_training_starts_no_child_process(tmp_path):
     assert "finished: timesteps_total" in done.stdout + done.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.learning
 @pytest.mark.parametrize("algorithm", ["apex", "a3c", "a2c", "impala"])
 async def test_algorithm_learns_cartpole_serially(algorithm, tmp_path):
     """The same pipelines, serially: each algorithm reaches a mean return of 150 on
@@ -259,6 +250,6 @@ async def test_algorithm_learns_cartpole_serially(algorithm, tmp_path):
             history.append((result["timesteps_total"], round(result["episode_reward_mean"], 1)))
             if result["episode_reward_mean"] == result["episode_reward_mean"]:  # not NaN
                 best = max(best, result["episode_reward_mean"])
-        assert _children() == []
+        assert not descendants(os.getpid())
         await trainer.stop()
     assert best >= 150, f"{algorithm} reached only {best}: {history}"

@@ -21,6 +21,9 @@ from actorrl.runtime import Driver
 from actorrl.runtime.core import Runtime
 from actorrl.runtime.sessions import remove_stale_session_dirs
 from transport import shm
+
+# Private: _SHM_HEAD is the wire layout of a shared-memory handle; the hostile-handle
+# tests forge handles byte for byte with it.
 from transport.codec import _SHM_HEAD, EXT_SHM_ARRAY, Codec, DecodeError
 from transport.rpc import LOCAL_ID_BIT, RpcClient, RpcServer
 from transport.timeouts import wait_for
@@ -182,12 +185,12 @@ def test_receivers_cache_mappings_of_pooled_segments() -> None:
     assert (second == 1).all()
     del second
     placer.finish(True)
-    assert len(shm._mappings) == 1
+    assert shm.mapping_count() == 1
     pool.close()
     other = shm.SegmentPool()
     placer = shm.CallPlacer(other)
     codec.decode(codec.encode([np.ones(BIG // 8)], placer), allow_shm=True)
-    assert len(shm._mappings) == 1, "the unlinked segment's mapping was dropped"
+    assert shm.mapping_count() == 1, "the unlinked segment's mapping was dropped"
     placer.finish(True)
     other.close()
     shm.forget_mappings()
@@ -199,6 +202,7 @@ def test_a_full_dev_shm_falls_back_to_frames_with_one_warning(monkeypatch, caplo
 
     monkeypatch.setattr(shm.Segment, "create", full)
     monkeypatch.setattr(shm.Segment, "from_array", full)
+    # Private: the warning is once per process; reset so this test sees its own.
     monkeypatch.setattr(shm, "_warned", False)
     codec = Codec()
     pool = shm.SegmentPool()
@@ -392,6 +396,8 @@ async def test_handles_over_tcp_are_refused(tmp_path) -> None:
         placer = shm.CallPlacer(pool)
         frames = server.codec.encode(["m", [np.ones(BIG // 8)], {}], placer)
         # forge a local request id over tcp
+        # Private: a hostile tcp peer forging the local-request bit in its request ids;
+        # the client sets that bit only over ipc.
         tcp_client._id_flag = LOCAL_ID_BIT
         with pytest.raises(rt.RemoteError, match="only from processes of this host"):
             await wait_for(tcp_client.call_encoded(frames, placer=placer), 10)

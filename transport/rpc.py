@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import ipaddress
 import itertools
 import logging
@@ -727,6 +728,15 @@ class RpcClient:
                 f"{self.endpoint} refused this client's key (CURVE authentication failed, "
                 f"ZAP status {value}): its public key is not on that server's allow-list",
                 key_refused=True))
+        elif event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and value != errno.EPIPE:
+            # Reset or timed out mid-handshake: nobody answered (the peer process died, or
+            # a child that inherited its listening socket holds connections it never
+            # reads). Only a server that read our greeting and closed the connection
+            # (EPIPE) says anything about keys.
+            self._fail_all(PeerLostError(
+                f"no answer to the handshake from {self.endpoint} "
+                f"({errno.errorcode.get(value, value)}): the peer process is gone or not "
+                "answering"))
         elif event in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
                        zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
             if self._curve:  # a wrong server key: the server cannot read our HELLO

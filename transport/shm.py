@@ -73,6 +73,7 @@ __all__ = [
     "empty",
     "enabled_by_env",
     "forget_mappings",
+    "mapping_count",
     "list_segments",
     "map_region",
     "open_segment",
@@ -671,6 +672,13 @@ def _exists(name: str) -> bool:
     except OSError:
         return False
     return True
+
+
+def mapping_count() -> int:
+    """How many received pooled segments this process keeps mapped (a cache bounded
+    by bytes; unlinked segments are dropped at the next miss)."""
+    with _lock:
+        return len(_mappings)
 
 
 def forget_mappings() -> None:

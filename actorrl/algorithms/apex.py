@@ -46,6 +46,9 @@ class ApexConfig(AlgorithmConfig):
     """The learner process."""
     max_weight_sync_delay: int = 400
     """Env steps a worker samples between weight syncs."""
+    debug: bool = False
+    """Report extra pipeline stats (timing breakdown, pending tasks). Only the Ape-X
+    pipeline has any; the other algorithms refuse the key."""
     training_intensity: float | None = 8.0
     """Rows trained per env step sampled: sampling pauses while the learner is behind
     (None: sample freely, as the original Ape-X; the learner then drops replays)."""

@@ -101,6 +101,9 @@ class LearnerActor:
         self.weights_version = 0
         self.num_steps_trained = 0
         self._seen_steps = 0
+        self._stopped = False
+        self.puts_waiting = 0
+        """Puts waiting on the loop for room in the full in-queue."""
         self._accumulated: dict[str, tuple[list[Any] | None, int]] = {}
         if start_thread:
             self.thread.start()
@@ -199,8 +202,12 @@ class LearnerActor:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise queue.Full(f"the learner's in-queue stayed full for {timeout_s:g} s")
-            with contextlib.suppress(TimeoutError):
-                await wait_for(self._room.wait(), remaining)
+            self.puts_waiting += 1
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await wait_for(self._room.wait(), remaining)
+            finally:
+                self.puts_waiting -= 1
 
     def _join(self, batches: list[Any]) -> Any:
         batch = SampleBatch.concat_samples(batches)
@@ -256,7 +263,8 @@ class LearnerActor:
                                     per_sample=result.per_sample))
 
     def _thread_ended(self) -> bool:
-        return self.thread.ident is not None and not self.thread.is_alive()
+        """The thread ran and ended, or the learner was stopped before it ever started."""
+        return not self.thread.is_alive() and (self.thread.ident is not None or self._stopped)
 
     def _hook_loop(self) -> None:
         """On the first wait: the thread's puts, the room it makes in its in-queue, and its
@@ -335,9 +343,12 @@ class LearnerActor:
         trainable policy on their concatenation, and add ``count * grad`` to the
         accumulator. Returns the microbatch's row count and learner stats."""
         batches = await Runtime.current().get_and_free_async(refs)
-        return await asyncio.to_thread(self._accumulate, batches)
+        return await asyncio.to_thread(self.accumulate_gradients, batches)
 
-    def _accumulate(self, batches: list[Any]) -> dict[str, Any]:
+    def accumulate_gradients(self, batches: list[Any]) -> dict[str, Any]:
+        """Compute gradients per trainable policy on the concatenation of ``batches`` and
+        add ``count * grad`` to the accumulator (what :meth:`accumulate_gradients_refs`
+        does with fetched batches). Returns the row count and learner stats."""
         batch = as_multi_agent(SampleBatch.concat_samples(batches))
         stats: dict[str, Any] = {}
         trainable = set(self.worker.policies_to_train)
@@ -397,9 +408,12 @@ class LearnerActor:
             self.num_steps_trained = int(state.get("num_steps_trained", 0))
 
     def stop(self) -> None:
-        """Stop the learner thread (a put waiting for room returns, dropping its batch)."""
+        """Stop the learner thread (a put waiting for room returns, dropping its batch; a
+        :meth:`wait_trained` call returns, also when the thread never started)."""
+        self._stopped = True
         self.thread.stop()
         loop = self._loop
         if loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
                 loop.call_soon_threadsafe(self._room.set)
+                loop.call_soon_threadsafe(self._trained.set)

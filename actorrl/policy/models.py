@@ -187,8 +187,8 @@ class ConvEncoder(nn.Module):
             last = index == len(filters) - 1
             padding = (0, 0)
             if same_padding and not last:
-                pad_h, h = _same_padding(h, kh, stride)
-                pad_w, w = _same_padding(w, kw, stride)
+                pad_h, h = tf_same_padding(h, kh, stride)
+                pad_w, w = tf_same_padding(w, kw, stride)
                 # The symmetric part is the conv's own padding; only an odd remainder
                 # needs a pad op (it cost ~25% of a conv layer's time here).
                 padding = (min(pad_h), min(pad_w))
@@ -247,7 +247,8 @@ def build_conv_encoder(obs_space: gym.spaces.Box, cfg: Mapping[str, Any]) -> Con
                        channels_first=channels_first)
 
 
-def _same_padding(size: int, kernel: int, stride: int) -> tuple[tuple[int, int], int]:
+def tf_same_padding(size: int, kernel: int, stride: int) -> tuple[tuple[int, int], int]:
+    """TensorFlow's "same" padding of one dimension: ``((before, after), output_size)``."""
     out = math.ceil(size / stride)
     total = max((out - 1) * stride + kernel - size, 0)
     return (total // 2, total - total // 2), out

@@ -232,7 +232,8 @@ class _FrameStacks:
         """Rows that can be sampled (held and not retired)."""
         return self._size - self._retired
 
-    def _is_retired(self, slots: np.ndarray) -> np.ndarray:
+    def is_retired(self, slots: np.ndarray) -> np.ndarray:
+        """Per slot: whether it is among the oldest ones retired (no longer sampled)."""
         return (np.asarray(slots) - self._oldest_slot()) % self._capacity < self._retired
 
     # ---- reading -------------------------------------------------------------------------
@@ -317,7 +318,7 @@ class FramePrioritizedReplayBuffer(_FrameStacks, PrioritizedReplayBuffer):
         indices, priorities = np.asarray(indices), np.asarray(priorities)
         if self._retired and indices.ndim == 1 and indices.shape == priorities.shape \
                 and len(indices) and indices.dtype.kind in "iu":
-            keep = ~self._is_retired(indices)
+            keep = ~self.is_retired(indices)
             indices, priorities = indices[keep], priorities[keep]
         super().update_priorities(indices, priorities)
 

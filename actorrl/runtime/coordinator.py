@@ -40,8 +40,9 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Protocol
 
 from actorrl.runtime.actor import ActorHandle, ActorSpec
@@ -398,6 +399,12 @@ class Coordinator:
         self._closing = False
         self._tasks: set[asyncio.Task] = set()
         self.extra_status: list[Callable[[], dict[str, Any]]] = []
+
+    @property
+    def early_deaths(self) -> Mapping[str, str]:
+        """Deaths reported for actors whose start is still in flight (bounded), by actor
+        id: the start then fails with that reason."""
+        return MappingProxyType(self._early_deaths)
 
     # ---- lifecycle ----------------------------------------------------------------------
     def serve(self) -> None:

@@ -299,7 +299,7 @@ _REQUEST_SHAPES: dict[str, tuple[type | tuple[type, ...], ...]] = {
 """The argument types of the runtime's own protocol methods."""
 
 
-def _check_request(method: str, args: list[Any]) -> None:
+def check_request(method: str, args: list[Any]) -> None:
     """ValueError unless ``args`` fit ``method``'s shape (see :data:`_REQUEST_SHAPES`)."""
     shape = _REQUEST_SHAPES[method]
     if len(args) == len(shape):
@@ -390,6 +390,23 @@ class Runtime:
         self.exit_event = asyncio.Event()
         self.on_actor_died: list[Callable[[str, str], None]] = []
         self.closed = False
+
+    @property
+    def bytes_received(self) -> int:
+        """Bytes this process received: requests at its server and replies on every
+        cached connection (arrays read through shared memory included)."""
+        return self.server.bytes_received + sum(c.bytes_received for c in self._clients.values())
+
+    @property
+    def pending_frees(self) -> int:
+        """Frees of collected refs queued here, not sent to their owners yet."""
+        return len(self._frees)
+
+    @property
+    def executor(self) -> _ActorExecutor | None:
+        """The thread running the hosted actor's synchronous methods (None before
+        :meth:`host_actor`)."""
+        return self._executor
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
@@ -939,7 +956,7 @@ class Runtime:
         if method in _REQUEST_SHAPES:
             # Checked before any state changes: a malformed request gets an error reply
             # (it used to raise later, in a loop callback, leaving its object pending).
-            _check_request(method, request.args)
+            check_request(method, request.args)
         if method == "__call__":
             self._on_actor_call(request)
         elif method == "__fetch__":
@@ -1123,6 +1140,10 @@ class _CallFuture(asyncio.Future):
             died.__cause__ = exception
             exception = died
         super().set_exception(exception)
+        # Retrieved here: the ref reports the failure to whoever gets it, and a call whose
+        # ref nobody gets (fire and forget, or dropped) failing with its dead actor is no
+        # error for asyncio to log ("exception was never retrieved") when it is collected.
+        super().exception()
         self._settle()
 
     def cancel(self, msg: Any = None) -> bool:
@@ -1196,6 +1217,9 @@ class _ActorExecutor:
         self.pending_puts: deque[tuple[bytes, Any]] = deque()
         self._lock = threading.Lock()
         self._wake_scheduled = False
+        self.after_flush_puts: Callable[[], None] | None = None
+        """Test hook: runs on the loop after each :meth:`flush_puts`, to force the race of
+        a method finishing while an earlier result is being delivered."""
         self._thread = threading.Thread(target=self._run, name="actor-executor", daemon=True)
         self._thread.start()
 
@@ -1228,18 +1252,25 @@ class _ActorExecutor:
                 return
             for call, fn in batch:
                 try:
-                    result = (call, STATUS_OK, fn(*call.args, **call.kwargs))
+                    status, value = STATUS_OK, fn(*call.args, **call.kwargs)
                 except BaseException as exc:
-                    result = (call, STATUS_ERROR, RemoteError.from_exception(exc))
-                with self._lock:
-                    self._done.append(result)
-                    wake = not self._wake_scheduled
-                    self._wake_scheduled = True
-                if wake:
-                    try:
-                        self.runtime.loop.call_soon_threadsafe(self._deliver)
-                    except RuntimeError:  # loop closed during shutdown
-                        return
+                    status, value = STATUS_ERROR, RemoteError.from_exception(exc)
+                try:
+                    self.hand_back(call, status, value)
+                except RuntimeError:  # loop closed during shutdown
+                    return
+
+    def hand_back(self, call: _Call, status: int, value: Any) -> None:
+        """Hand a finished call's result to the loop (from any thread): results are
+        delivered in batches, each after the puts of its methods are stored. What this
+        executor's thread does after each method; tests call it to finish a method at a
+        chosen moment. Raises RuntimeError when the loop is closed."""
+        with self._lock:
+            self._done.append((call, status, value))
+            wake = not self._wake_scheduled
+            self._wake_scheduled = True
+        if wake:
+            self.runtime.loop.call_soon_threadsafe(self._deliver)
 
     def running_here(self) -> bool:
         """True when called from this executor's thread (inside an actor method)."""
@@ -1250,6 +1281,8 @@ class _ActorExecutor:
         while self.pending_puts:
             object_id, value = self.pending_puts.popleft()
             self.runtime.store.set(object_id, STATUS_OK, value)
+        if self.after_flush_puts is not None:
+            self.after_flush_puts()
 
     def _deliver(self) -> None:
         with self._lock:

@@ -79,6 +79,12 @@ class LocalNode:
         if self.start_method == "fork":
             self._fork_server = self._start_fork_server()
 
+    @property
+    def fork_server(self) -> ForkServer | None:
+        """The server that forks this node's actor processes (``fork`` start method; None
+        with ``spawn``); replaced by a fresh one when it died."""
+        return self._fork_server
+
     def _start_fork_server(self) -> ForkServer:
         log_path = os.path.join(self.session_dir, "logs", "fork-server.log")
         return ForkServer(self.lifeline, log_path, {**os.environ, **self.child_env})

@@ -68,6 +68,13 @@ class ObjectRef:
         self._wait: Any = None
         self._fetching: Any = None  # the one fetch in flight for this ref, shared by gets
 
+    @property
+    def call_hooks(self) -> int:
+        """Callbacks hooked on this ref's call while it runs (0 once none: a test hook,
+        so tests can check that waits which gave up removed theirs)."""
+        fut = self._future
+        return len(getattr(fut, "_callbacks", None) or ()) if fut is not None else 0
+
     def hex(self) -> str:
         """The id as hex, for logs."""
         return self.id.hex()

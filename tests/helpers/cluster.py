@@ -1,0 +1,96 @@
+"""Launchers for the ``actorrl`` commands as real subprocesses: the training CLI run to
+completion, a coordinator started up to its READY line, node agents joining it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from tests.helpers.procs import REPO, child_env, ready_line, start_python
+
+CLI = [sys.executable, "-m", "actorrl.cli"]
+CLUSTER_CLI = [sys.executable, "-m", "actorrl.cli_cluster"]
+TAG_VARIABLE = "ACTORRL_TEST_CLI_RUN"
+"""Set to a test's tag in a CLI run's environment (its actor processes inherit it)."""
+SESSION_TIMEOUT_S = 4.0
+"""Client-session timeout of test coordinators (a dead client's actors stop soon)."""
+
+
+def cli_env(tag: str = "") -> dict[str, str]:
+    """The environment of a CLI run: the repository importable, ``tag`` in
+    :data:`TAG_VARIABLE`, no ``COLUMNS`` (tables lay out the same everywhere)."""
+    env = child_env()
+    if tag:
+        env[TAG_VARIABLE] = tag  # inherited by every actor process of the run
+    env.pop("COLUMNS", None)
+    return env
+
+
+def run_cli(args: list[str], cwd: Path | str, timeout_s: float = 60.0,
+            python: list[str] | None = None, tag: str = "") -> subprocess.CompletedProcess:
+    """Run the CLI (``python``: another entry point) to completion, bounded."""
+    return subprocess.run([*(python or CLI), *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout_s, env=cli_env(tag))
+
+
+def run_dirs(output: Path) -> list[Path]:
+    """The results folders under ``output``."""
+    return sorted(p for p in output.iterdir() if p.is_dir()) if output.exists() else []
+
+
+def read(path: str | Path) -> str:
+    """A text file's contents."""
+    return Path(path).read_text(errors="replace")
+
+
+def spawn(args: list[str], log_path: str, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
+    """``actorrl.cli_cluster ARGS`` as a subprocess with its output in ``log_path``."""
+    return start_python(["-m", "actorrl.cli_cluster", *args], log_path,
+                        stdin=subprocess.DEVNULL, stdout=None, pass_fds=pass_fds)
+
+
+def start_coordinator(tmp: str, keys: str | None, bind: str | None = "tcp://127.0.0.1:0",
+                      timeout_s: float = 60.0, insecure_loopback: bool = False
+                      ) -> tuple[subprocess.Popen, str]:
+    """Start ``actorrl coordinator start`` and wait for its READY line (a handshake);
+    ``bind`` None: its default (ipc without keys). Its log is ``tmp/coordinator.log``."""
+    read_fd, write_fd = os.pipe()
+    args = ["coordinator", "start", "--state-dir", os.path.join(tmp, "state"),
+            "--ready-fd", str(write_fd), "--session-timeout", str(SESSION_TIMEOUT_S)]
+    if bind is not None:
+        args += ["--bind", bind]
+    if insecure_loopback:
+        args += ["--insecure-loopback"]
+    if keys:
+        args += ["--keys", keys]
+    log_path = os.path.join(tmp, "coordinator.log")
+    proc = spawn(args, log_path, pass_fds=(write_fd,))
+    os.close(write_fd)
+    try:
+        line = ready_line(proc, read_fd, "READY ", timeout_s, log_path)
+    finally:
+        os.close(read_fd)
+    return proc, line.split()[1]
+
+
+def join_node(tmp: str, address: str, keys: str | None, host: str | None, name: str,
+              cpus: float, sessions: list[str]) -> subprocess.Popen:
+    """Start ``actorrl node join`` on loopback address ``host`` (None: the node's default,
+    ipc only for an ipc coordinator); its log is ``tmp/node-NAME.log`` and its session
+    directory is appended to ``sessions`` (for the test to remove, even after a SIGKILL)."""
+    session = tempfile.mkdtemp(prefix="arl-node-")  # short: ipc paths max ~107 bytes
+    sessions.append(session)
+    args = ["node", "join", address, "--name", name, "--cpus", str(cpus),
+            "--gpus", "0", "--session-dir", session]
+    if host is not None:
+        args += ["--host", host]
+    if keys:
+        args += ["--keys", keys]
+    return spawn(args, os.path.join(tmp, f"node-{name}.log"))
+
+
+__all__ = ["CLI", "CLUSTER_CLI", "REPO", "cli_env", "join_node", "read", "run_cli",
+           "run_dirs", "spawn", "start_coordinator"]
