@@ -9,7 +9,6 @@ deadline that fails with the output seen so far.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import select
@@ -28,12 +27,15 @@ import pytest
 from actorrl.checkpoints import read_checkpoint
 from tests.helpers.cluster import (
     CLI,
-    TAG_VARIABLE,
+    assert_no_process_left,
     cli_env,
     join_node,
+    open_pidfds,
+    read_jsonl,
     run_cli,
     run_dirs,
     start_coordinator,
+    wait_pidfds_exit,
 )
 from tests.helpers.procs import descendants, pids_alive, terminate
 
@@ -46,11 +48,6 @@ QUICK_TIMEOUT_S = 60.0
 
 
 # ---- helpers --------------------------------------------------------------------------
-def read_jsonl(path: Path) -> list[dict]:
-    """Every line of a JSONL file, parsed (a line that does not parse fails the test)."""
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def read_tensorboard_scalars(path: Path) -> dict[str, list[tuple[int, float]]]:
     """tag -> [(step, value)] from a TensorBoard event file (TFRecord framing: length,
     length crc, Event protobuf, data crc)."""
@@ -66,67 +63,6 @@ def read_tensorboard_scalars(path: Path) -> dict[str, list[tuple[int, float]]]:
         for value in event.summary.value:
             scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
     return scalars
-
-
-def open_pidfds(pids: set[int]) -> dict[int, int]:
-    """pid -> pidfd for each pid still running (an exited one needs no waiting)."""
-    fds = {}
-    for pid in pids:
-        try:
-            fds[pid] = os.pidfd_open(pid)
-        except ProcessLookupError:
-            pass
-    return fds
-
-
-def wait_pidfds_exit(pidfds: dict[int, int], timeout_s: float) -> None:
-    """Wait until every process exits (its pidfd becomes readable); fail naming the ones
-    still alive at the deadline."""
-    poller = select.poll()
-    for fd in pidfds.values():
-        poller.register(fd, select.POLLIN)
-    alive = dict(pidfds)
-    deadline = time.monotonic() + timeout_s
-    try:
-        while alive:
-            remaining_ms = int((deadline - time.monotonic()) * 1000)
-            if remaining_ms <= 0:
-                names = {pid: _cmdline(pid) for pid in alive}
-                pytest.fail(f"processes still alive {timeout_s:g} s after the CLI exited: "
-                            f"{names}")
-            for fd, _ in poller.poll(remaining_ms):
-                poller.unregister(fd)
-                alive = {p: f for p, f in alive.items() if f != fd}
-    finally:
-        for fd in pidfds.values():
-            os.close(fd)
-
-
-def tagged_processes(tag: str) -> set[int]:
-    """Live processes whose environment carries ``TAG_VARIABLE=tag`` (the CLI and every
-    process it started, however deep)."""
-    needle = f"{TAG_VARIABLE}={tag}".encode()
-    found = set()
-    for environ in glob.glob("/proc/[0-9]*/environ"):
-        try:
-            entries = Path(environ).read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if needle in entries:
-            found.add(int(environ.split("/")[2]))
-    return found
-
-
-def assert_no_process_left(tag: str, timeout_s: float = 10.0) -> None:
-    """Every process of the run has exited (waiting on pidfds up to ``timeout_s``)."""
-    wait_pidfds_exit(open_pidfds(tagged_processes(tag)), timeout_s)
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
-    except OSError:
-        return "?"
 
 
 class LineReader:

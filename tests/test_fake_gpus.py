@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_cli import assert_no_process_left, read_jsonl, run_cli, run_dirs
+from tests.helpers.cluster import assert_no_process_left, read_jsonl, run_cli, run_dirs
 
 pytestmark = pytest.mark.slow
 

@@ -34,7 +34,7 @@ from actorrl.runtime.coordinator import ClusterDriver, Coordinator
 from actorrl.runtime.core import Runtime
 from actorrl.runtime.network import Network
 from actorrl.runtime.sessions import remove_stale_session_dirs
-from tests.procs import pids_alive, terminate
+from tests.helpers.procs import pids_alive, terminate
 from transport.auth import generate_keys
 from transport.sockets import new_event_loop
 

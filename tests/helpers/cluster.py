@@ -3,11 +3,17 @@ completion, a coordinator started up to its READY line, node agents joining it."
 
 from __future__ import annotations
 
+import glob
+import json
 import os
+import select
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+
+import pytest
 
 from tests.helpers.procs import REPO, child_env, ready_line, start_python
 
@@ -94,3 +100,69 @@ def join_node(tmp: str, address: str, keys: str | None, host: str | None, name: 
 
 __all__ = ["CLI", "CLUSTER_CLI", "REPO", "cli_env", "join_node", "read", "run_cli",
            "run_dirs", "spawn", "start_coordinator"]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Every line of a JSONL file, parsed (a line that does not parse fails the test)."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def open_pidfds(pids: set[int]) -> dict[int, int]:
+    """pid -> pidfd for each pid still running (an exited one needs no waiting)."""
+    fds = {}
+    for pid in pids:
+        try:
+            fds[pid] = os.pidfd_open(pid)
+        except ProcessLookupError:
+            pass
+    return fds
+
+
+def wait_pidfds_exit(pidfds: dict[int, int], timeout_s: float) -> None:
+    """Wait until every process exits (its pidfd becomes readable); fail naming the ones
+    still alive at the deadline."""
+    poller = select.poll()
+    for fd in pidfds.values():
+        poller.register(fd, select.POLLIN)
+    alive = dict(pidfds)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while alive:
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            if remaining_ms <= 0:
+                names = {pid: _cmdline(pid) for pid in alive}
+                pytest.fail(f"processes still alive {timeout_s:g} s after the CLI exited: "
+                            f"{names}")
+            for fd, _ in poller.poll(remaining_ms):
+                poller.unregister(fd)
+                alive = {p: f for p, f in alive.items() if f != fd}
+    finally:
+        for fd in pidfds.values():
+            os.close(fd)
+
+
+def tagged_processes(tag: str) -> set[int]:
+    """Live processes whose environment carries ``TAG_VARIABLE=tag`` (the CLI and every
+    process it started, however deep)."""
+    needle = f"{TAG_VARIABLE}={tag}".encode()
+    found = set()
+    for environ in glob.glob("/proc/[0-9]*/environ"):
+        try:
+            entries = Path(environ).read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if needle in entries:
+            found.add(int(environ.split("/")[2]))
+    return found
+
+
+def assert_no_process_left(tag: str, timeout_s: float = 10.0) -> None:
+    """Every process of the run has exited (waiting on pidfds up to ``timeout_s``)."""
+    wait_pidfds_exit(open_pidfds(tagged_processes(tag)), timeout_s)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+    except OSError:
+        return "?"
