@@ -85,7 +85,7 @@ async def test_a_raising_callback_fails_the_iteration_with_its_traceback(tmp_pat
 
 
 def test_custom_metrics_reach_csv_jsonl_tensorboard_live_line_and_plot(tmp_path) -> None:
-    from tests.test_cli import read_tensorboard_scalars
+    from tests.helpers.cluster import read_tensorboard_scalars
 
     run = RunDirectory.create(tmp_path, "a2c", "CartPole-v1")
     writer = ResultWriter(run.path)

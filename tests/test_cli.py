@@ -14,7 +14,6 @@ import os
 import select
 import shutil
 import signal
-import struct
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ from tests.helpers.cluster import (
     join_node,
     open_pidfds,
     read_jsonl,
+    read_tensorboard_scalars,
     run_cli,
     run_dirs,
     start_coordinator,
@@ -48,23 +48,6 @@ QUICK_TIMEOUT_S = 60.0
 
 
 # ---- helpers --------------------------------------------------------------------------
-def read_tensorboard_scalars(path: Path) -> dict[str, list[tuple[int, float]]]:
-    """tag -> [(step, value)] from a TensorBoard event file (TFRecord framing: length,
-    length crc, Event protobuf, data crc)."""
-    from tensorboardX.proto.event_pb2 import Event
-
-    data = path.read_bytes()
-    scalars: dict[str, list[tuple[int, float]]] = {}
-    pos = 0
-    while pos < len(data):
-        (length,) = struct.unpack_from("<Q", data, pos)
-        event = Event.FromString(data[pos + 12:pos + 12 + length])
-        pos += 12 + length + 4
-        for value in event.summary.value:
-            scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
-    return scalars
-
-
 class LineReader:
     """Reads a child's stdout line by line with deadlines (no sleeping)."""
 

@@ -7,6 +7,7 @@ import glob
 import json
 import os
 import select
+import struct
 import subprocess
 import sys
 import tempfile
@@ -166,3 +167,20 @@ def _cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
     except OSError:
         return "?"
+
+
+def read_tensorboard_scalars(path: Path) -> dict[str, list[tuple[int, float]]]:
+    """tag -> [(step, value)] from a TensorBoard event file (TFRecord framing: length,
+    length crc, Event protobuf, data crc)."""
+    from tensorboardX.proto.event_pb2 import Event
+
+    data = path.read_bytes()
+    scalars: dict[str, list[tuple[int, float]]] = {}
+    pos = 0
+    while pos < len(data):
+        (length,) = struct.unpack_from("<Q", data, pos)
+        event = Event.FromString(data[pos + 12:pos + 12 + length])
+        pos += 12 + length + 4
+        for value in event.summary.value:
+            scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return scalars
