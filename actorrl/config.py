@@ -298,6 +298,10 @@ class RolloutConfig(ConfigSection):
     """Sample actions (False: the most likely actions)."""
     clip_actions: bool = True
     """Clip Box actions to the action space before ``env.step``."""
+    observation_filter: str = "NoFilter"
+    """``NoFilter`` or ``MeanStdFilter``: observations normalised by running mean/std
+    (clipped to [-10, 10]), kept per worker and merged by the driver every iteration
+    (single-agent envs; see actorrl.filters)."""
     multiagent: dict[str, Any] = field(default_factory=dict)
     """``policies``, ``policy_mapping_fn``, ``policies_to_train`` (see actorrl.rollout)."""
     env_config: dict[str, Any] = derived(None, "env_config")
@@ -322,6 +326,9 @@ class RolloutConfig(ConfigSection):
         for key in ("rollout_fragment_length", "num_envs_per_worker"):
             if getattr(self, key) < 1:
                 problems.append(f"{key} must be an int >= 1, got {getattr(self, key)!r}")
+        from actorrl.filters import check_observation_filter
+
+        problems += check_observation_filter(self.observation_filter)
         unknown = sorted(set(self.multiagent) - set(MULTIAGENT_KEYS))
         if unknown:
             problems.append(f"unknown multiagent key(s) {unknown}; allowed: "
@@ -349,7 +356,7 @@ _POLICY_KEYS = (
     "momentum", "epsilon", "use_gae", "use_critic", "lambda", "lr_schedule",
     "entropy_coeff_schedule")
 _ROLLOUT_KEYS = ("num_envs_per_worker", "rollout_fragment_length", "batch_mode", "explore",
-                 "clip_actions", "multiagent")
+                 "clip_actions", "observation_filter", "multiagent")
 _REPLAY_KEYS = ("buffer_size", "learning_starts", "prioritized_replay",
                 "prioritized_replay_alpha", "prioritized_replay_beta", "prioritized_replay_eps",
                 "num_replay_buffer_shards", "batch_replay", "worker_side_prioritization",

@@ -58,6 +58,7 @@ from actorrl.atari import (
     register_ale,
 )
 from actorrl.classpath import resolve_callable
+from actorrl.spaces import observation_preprocessor
 from transport.codec import register_type
 
 ALL_AGENTS = "__all__"
@@ -355,6 +356,8 @@ class VectorEnv(_EnvSet):
         self.observation_space = self.envs[0].observation_space
         self.action_space = self.envs[0].action_space
         self._discrete_actions = isinstance(self.action_space, gym.spaces.Discrete)
+        # Dict/Tuple/... observations become flat float32 vectors (actorrl.spaces)
+        self._preprocess = observation_preprocessor(self.observation_space)
         self._seeds = _env_seeds(seed, worker_index, self.num_envs)
         self._episode_rewards = [0.0] * self.num_envs
         self._episode_lengths = [0] * self.num_envs
@@ -368,10 +371,13 @@ class VectorEnv(_EnvSet):
             self._seeds[i] = None
             if seed is not None:
                 env.action_space.seed(seed)
-            obs.append(env.reset(seed=seed)[0])
+            obs.append(self._prep(env.reset(seed=seed)[0]))
             self._episode_rewards[i] = 0.0
             self._episode_lengths[i] = 0
         return np.stack(obs)
+
+    def _prep(self, obs: Any) -> Any:
+        return obs if self._preprocess is None else self._preprocess(obs)
 
     def step(self, actions: np.ndarray | Sequence[Any]) -> VectorStep:
         """Step env ``i`` with ``actions[i]``; reset the envs whose episode ended."""
@@ -381,6 +387,7 @@ class VectorEnv(_EnvSet):
         obs = None
         for i, env in enumerate(self.envs):
             o, r, term, trunc, info = env.step(acts[i])
+            o = self._prep(o)
             infos.append(info)
             next_obs.append(o)
             rewards.append(r)
@@ -396,7 +403,7 @@ class VectorEnv(_EnvSet):
                     self.metrics.record(self._episode_rewards[i], self._episode_lengths[i])
                     self._episode_rewards[i] = 0.0
                     self._episode_lengths[i] = 0
-                o = env.reset()[0]
+                o = self._prep(env.reset()[0])
             if obs is not None:
                 obs.append(o)
         next_obs_arr = np.stack(next_obs)
@@ -456,6 +463,8 @@ class MultiAgentVectorEnv(_EnvSet):
         self.possible_agents = list(self.envs[0].possible_agents)
         self.observation_spaces = dict(self.envs[0].observation_spaces)
         self.action_spaces = dict(self.envs[0].action_spaces)
+        self._preprocessors = {agent: prep for agent, space in self.observation_spaces.items()
+                               if (prep := observation_preprocessor(space)) is not None}
         self._seeds = _env_seeds(seed, worker_index, self.num_envs)
         self._episode_rewards = [0.0] * self.num_envs
         self._episode_lengths = [0] * self.num_envs
@@ -469,7 +478,7 @@ class MultiAgentVectorEnv(_EnvSet):
         for i, env in enumerate(self.envs):
             seed = self._seeds[i]
             self._seeds[i] = None
-            out.append(dict(env.reset(seed=seed)[0]))
+            out.append(self._prep(env.reset(seed=seed)[0]))
             self._episode_rewards[i] = 0.0
             self._episode_lengths[i] = 0
             self._agent_rewards[i] = {}
@@ -488,7 +497,8 @@ class MultiAgentVectorEnv(_EnvSet):
             agent_rewards = self._agent_rewards[i]
             for agent_id, reward in rewards.items():
                 agent_rewards[agent_id] = agent_rewards.get(agent_id, 0.0) + float(reward)
-            step = MultiAgentStep(dict(obs), dict(rewards), dict(terms), dict(truncs), None)
+            step = MultiAgentStep(self._prep(obs), dict(rewards), dict(terms), dict(truncs),
+                                  None)
             if step.episode_done:
                 by_policy = [(pid, reward) for agent_id, reward in agent_rewards.items()
                              if (pid := self.policy_of(i, agent_id)) is not None]
@@ -497,9 +507,16 @@ class MultiAgentVectorEnv(_EnvSet):
                 self._episode_rewards[i] = 0.0
                 self._episode_lengths[i] = 0
                 self._agent_rewards[i] = {}
-                step.reset_obs = dict(env.reset()[0])
+                step.reset_obs = self._prep(env.reset()[0])
             out.append(step)
         return out
+
+    def _prep(self, obs: Mapping[str, Any]) -> dict[str, Any]:
+        """Agents' observations, flattened where their space needs it."""
+        if not self._preprocessors:
+            return dict(obs)
+        return {agent: (self._preprocessors[agent](o) if agent in self._preprocessors else o)
+                for agent, o in obs.items()}
 
 
 def make_vector_env(spec: EnvSpec, env_config: Mapping[str, Any] | None = None, *,

@@ -45,12 +45,18 @@ class Evaluator:
             for i in range(count)))
         return cls(driver.runtime, list(workers), duration=duration, unit=unit)
 
-    async def evaluate(self, weights: ObjectRef) -> dict[str, Any]:
-        """Load ``weights`` and sample until the duration is reached; RLlib's episode
-        stats of the evaluation (``episode_reward_mean``... ``episodes_this_iter``,
-        ``timesteps_this_iter``, ``custom_metrics``)."""
+    async def evaluate(self, weights: ObjectRef, filters: dict[str, Any] | None = None
+                       ) -> dict[str, Any]:
+        """Load ``weights`` (and the driver's observation-filter statistics ``filters``,
+        replacing what the evaluation workers gathered themselves) and sample until the
+        duration is reached; RLlib's episode stats of the evaluation
+        (``episode_reward_mean``... ``episodes_this_iter``, ``timesteps_this_iter``,
+        ``custom_metrics``)."""
         get = self.runtime.get_async
         await get([w.set_weights.remote(weights) for w in self.workers], timeout_s=120)
+        if filters is not None:
+            await get([w.get_filters.remote(True) for w in self.workers], timeout_s=60)
+            await get([w.sync_filters.remote(filters) for w in self.workers], timeout_s=60)
         # Episodes that ended before these weights arrived are not this evaluation's.
         await get([w.get_metrics.remote() for w in self.workers], timeout_s=60)
         await get([w.pop_custom_metrics.remote() for w in self.workers], timeout_s=60)

@@ -62,6 +62,7 @@ from actorrl.envs import (
     VectorEnv,
     make_vector_env,
 )
+from actorrl.filters import MeanStdFilter, filter_vector_env
 from actorrl.policy.base import TorchPolicy
 from actorrl.policy.config import PolicyConfig
 
@@ -95,6 +96,7 @@ class RolloutWorker:
         self.env = make_vector_env(
             env, rollout.env_config, num_envs=rollout.num_envs_per_worker,
             worker_index=worker_index, num_workers=num_workers, seed=seed)
+        self.env, self.obs_filter = filter_vector_env(rollout.observation_filter, self.env)
         multiagent = rollout.multiagent
         self.policy_map: dict[str, TorchPolicy] = {}
         rng = np.random.default_rng(None if seed is None else int(seed) + worker_index)
@@ -212,6 +214,28 @@ class RolloutWorker:
         """``custom_metrics`` of the episodes ended since the last call (callbacks)."""
         tracker = self.episode_tracker
         return tracker.pop_custom_metrics() if tracker is not None else []
+
+    # ---- observation filters (actorrl.filters) -----------------------------------------
+    def get_filters(self, flush_after: bool = False) -> dict[str, dict[str, Any]]:
+        """``{policy_id: delta}``: the observation statistics gathered since the last
+        flush (cleared when ``flush_after``); empty without a MeanStdFilter."""
+        obs_filter = self.obs_filter
+        if not isinstance(obs_filter, MeanStdFilter):
+            return {}
+        delta = obs_filter.flush_delta() if flush_after else obs_filter.buffer.to_state()
+        return {DEFAULT_POLICY_ID: delta}
+
+    def sync_filters(self, new_filters: Mapping[str, dict[str, Any] | None]) -> None:
+        """Take the driver's merged statistics (``{policy_id: state}``), keeping what
+        this worker saw since its last flush."""
+        state = new_filters.get(DEFAULT_POLICY_ID)
+        if isinstance(self.obs_filter, MeanStdFilter) and state is not None:
+            self.obs_filter.sync(state)
+
+    def filter_state(self) -> dict[str, Any] | None:
+        """The filter's total statistics (None without a MeanStdFilter)."""
+        obs_filter = self.obs_filter
+        return obs_filter.get_state() if isinstance(obs_filter, MeanStdFilter) else None
 
     # ---- learning ----------------------------------------------------------------------
     def compute_gradients(self, batch: SampleBatch | MultiAgentBatch) -> tuple[Any, dict]:

@@ -99,6 +99,18 @@ class RolloutWorkerActor:
         """Callbacks' ``custom_metrics`` of the episodes ended since the last call."""
         return self.worker.pop_custom_metrics()
 
+    def get_filters(self, flush_after: bool = False) -> dict[str, Any]:
+        """Observation-filter deltas since the last flush (see RolloutWorker)."""
+        return self.worker.get_filters(flush_after)
+
+    def sync_filters(self, new_filters: Mapping[str, Any]) -> None:
+        """Take the driver's merged observation-filter statistics."""
+        self.worker.sync_filters(new_filters)
+
+    def filter_state(self) -> dict[str, Any] | None:
+        """The observation filter's total statistics (None without one)."""
+        return self.worker.filter_state()
+
     def get_state(self) -> dict[str, Any]:
         """Policy states for checkpoints."""
         return self.worker.get_state()

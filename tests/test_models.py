@@ -159,9 +159,11 @@ def test_conv_filters_that_shrink_to_nothing_are_rejected():
 
 
 def test_unsupported_observation_space_asks_for_custom_model():
-    space = gym.spaces.Dict({"x": BOX4})
-    with pytest.raises(ValueError, match="set model.custom_model"):
+    space = gym.spaces.Dict({"x": BOX4, "t": gym.spaces.Text(3)})
+    with pytest.raises(ValueError, match=r"\['t'\] is Text.*set model.custom_model"):
         build_encoder(space, {})
+    encoder, size = build_encoder(gym.spaces.Dict({"x": BOX4}), {"fcnet_hiddens": [8]})
+    assert size == 8 and encoder(torch.zeros(2, 4)).shape == (2, 8)  # Dict: flattened
 
 
 def test_unknown_model_option_is_rejected_with_suggestion():

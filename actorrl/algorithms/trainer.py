@@ -14,10 +14,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from actorrl.batch import DEFAULT_POLICY_ID
 from actorrl.callbacks import CustomMetricsWindow, DefaultCallbacks, make_callbacks
 from actorrl.config import AlgorithmConfig
 from actorrl.envs import EpisodeMetrics, EpisodeWindow
 from actorrl.evaluation import Evaluator
+from actorrl.filters import MEAN_STD_FILTER, FilterManager
 from actorrl.learner.config import LearnerConfig
 from actorrl.runtime import ActorDiedError, ActorHandle, DriverLike, Runtime
 
@@ -96,6 +98,9 @@ class Trainer:
         self._with_callbacks = type(self.callbacks) is not DefaultCallbacks
         self.custom_metrics = CustomMetricsWindow(config.metrics_smoothing_episodes)
         self.evaluator: Evaluator | None = None
+        self.filter_manager: FilterManager | None = (
+            FilterManager() if config.rollout.observation_filter == MEAN_STD_FILTER else None)
+        """The master observation filter (``observation_filter: MeanStdFilter``)."""
 
     @classmethod
     async def create(cls, spec: AlgorithmSpec, config: AlgorithmConfig, driver: DriverLike
@@ -193,6 +198,7 @@ class Trainer:
         self.workers = [new if w == dead else w for w in self.workers]
         if self.learner is not None:
             await self.broadcast_learner_weights([new])
+        await self._send_filters([new])
         log.warning("replaced rollout worker %r with %r", dead, new)
         return new
 
@@ -213,6 +219,7 @@ class Trainer:
                 break
         episodes = await self._collect_metrics()
         custom = await self._collect_custom_metrics()
+        await self.sync_filters()
         time_this_iter = time.perf_counter() - start
         self.iteration += 1
         self.time_total_s += time_this_iter
@@ -238,7 +245,49 @@ class Trainer:
         """Evaluate the learner's current weights on the evaluation workers (see
         :mod:`actorrl.evaluation`); the result's ``evaluation`` section."""
         assert self.evaluator is not None and self.learner is not None
-        return await self.evaluator.evaluate(self.learner.get_weights.remote())
+        return await self.evaluator.evaluate(self.learner.get_weights.remote(),
+                                             self._filters_payload())
+
+    # ---- observation filters ------------------------------------------------------------
+    async def sync_filters(self) -> None:
+        """RLlib's ``FilterManager.synchronize``: merge every worker's observation-filter
+        delta (flushing it) into the master filter, then send the master statistics to
+        every worker. Nothing without a MeanStdFilter."""
+        if self.filter_manager is None:
+            return
+        assert self.pipeline is not None
+        workers = list(self.pipeline.workers)
+        results = await asyncio.gather(
+            *(self.runtime.get_async(w.get_filters.remote(True), timeout_s=60)
+              for w in workers), return_exceptions=True)
+        deltas = []
+        for worker, result in zip(workers, results):
+            if isinstance(result, ActorDiedError):
+                log.warning("could not collect observation filters from %r: %s", worker,
+                            result)
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                deltas.append(result)
+        self.filter_manager.apply_deltas(deltas, DEFAULT_POLICY_ID)
+        await self._send_filters(workers)
+
+    def _filters_payload(self) -> dict[str, Any] | None:
+        state = None if self.filter_manager is None else self.filter_manager.state
+        return None if state is None else {DEFAULT_POLICY_ID: state}
+
+    async def _send_filters(self, workers: list[ActorHandle]) -> None:
+        payload = self._filters_payload()
+        if payload is None:
+            return
+        results = await asyncio.gather(
+            *(self.runtime.get_async(w.sync_filters.remote(payload), timeout_s=60)
+              for w in workers), return_exceptions=True)
+        for worker, result in zip(workers, results):
+            if isinstance(result, ActorDiedError):
+                log.warning("could not sync observation filters to %r: %s", worker, result)
+            elif isinstance(result, BaseException):
+                raise result
 
     def _send_global_timestep(self) -> None:
         """Tell the learner the global env-step count (``timesteps_total``, restored
@@ -307,6 +356,7 @@ class Trainer:
             "time_total_s": self.time_total_s,
             "timesteps_total": counters["timesteps_total"],
             "num_steps_trained": counters["num_steps_trained"],
+            "filters": self._filters_payload() or {},
         }
 
     async def set_state(self, state: dict[str, Any]) -> None:
@@ -321,6 +371,9 @@ class Trainer:
                                      timeout_s=120)
         if self.learner is not None:
             await self.broadcast_learner_weights()
+        if self.filter_manager is not None:
+            self.filter_manager.restore((state.get("filters") or {}).get(DEFAULT_POLICY_ID))
+            await self._send_filters(list(self.workers))
         self._set_counters(iteration=int(state["iteration"]),
                            time_total_s=float(state["time_total_s"]),
                            timesteps_total=int(state["timesteps_total"]),

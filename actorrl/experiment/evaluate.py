@@ -10,12 +10,14 @@ given, so evaluations repeat exactly.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
 from actorrl.algorithms import get_algorithm
+from actorrl.batch import DEFAULT_POLICY_ID
 from actorrl.checkpoints import CheckpointError, read_checkpoint
 from actorrl.experiment.errors import UsageError, error_summary
 
@@ -86,7 +88,8 @@ def evaluate_checkpoint(path: str | os.PathLike[str], episodes: int, *,
     envs = _make_envs(env_id, env_config, min(episodes, MAX_PARALLEL_ENVS))
     try:
         policy = _load_policy(spec.policy, env_id, env_config, config, state)
-        returns, lengths = _rollout(policy, envs, episodes, seed)
+        observe = observation_fn(envs[0].observation_space, config, state)
+        returns, lengths = _rollout(policy, envs, episodes, seed, observe)
     finally:
         for e in envs:
             e.close()
@@ -123,7 +126,6 @@ def _make_envs(env_id: str, env_config: dict[str, Any], count: int) -> list[Any]
 
 def _load_policy(policy_class: str, env_id: str, env_config: dict[str, Any],
                  config: dict[str, Any], state: dict[str, Any]) -> Any:
-    from actorrl.batch import DEFAULT_POLICY_ID
     from actorrl.rollout import RolloutWorker
 
     worker_config = {**config, "env_config": env_config, "num_envs_per_worker": 1,
@@ -143,8 +145,31 @@ def _load_policy(policy_class: str, env_id: str, env_config: dict[str, Any],
     return worker.get_policy(DEFAULT_POLICY_ID)
 
 
-def _rollout(policy: Any, envs: list[Any], episodes: int, seed: int | None
-             ) -> tuple[list[float], list[int]]:
+def observation_fn(space: Any, config: dict[str, Any], state: dict[str, Any]
+                   ) -> Callable[[list[Any]], np.ndarray]:
+    """What turns envs' raw observations into the policy's batch, as on the training
+    workers: structured observations flattened (actorrl.spaces), then the checkpoint's
+    observation filter applied without updating it (RLlib's ``update=False``)."""
+    from actorrl.filters import MeanStdFilter, filter_shape, make_filter
+    from actorrl.spaces import observation_preprocessor
+
+    prep = observation_preprocessor(space)
+    name = (config.get("rollout") or {}).get("observation_filter",
+                                             config.get("observation_filter", "NoFilter"))
+    obs_filter = make_filter(name, filter_shape(space)) if name != "NoFilter" else None
+    saved = (state.get("filters") or {}).get(DEFAULT_POLICY_ID)
+    if isinstance(obs_filter, MeanStdFilter) and saved is not None:
+        obs_filter.set_state(saved)
+
+    def observe(raw: list[Any]) -> np.ndarray:
+        batch = np.stack([prep(o) for o in raw] if prep is not None else raw)
+        return obs_filter(batch, update=False) if obs_filter is not None else batch
+
+    return observe
+
+
+def _rollout(policy: Any, envs: list[Any], episodes: int, seed: int | None,
+             observe: Callable[[list[Any]], np.ndarray]) -> tuple[list[float], list[int]]:
     """Run ``episodes`` episodes on ``envs`` in lockstep; returns (returns, lengths)."""
     n = len(envs)
     obs: list[Any] = [None] * n
@@ -166,7 +191,7 @@ def _rollout(policy: Any, envs: list[Any], episodes: int, seed: int | None
     action_space = envs[0].action_space
     while any(active):
         rows = [i for i in range(n) if active[i]]
-        actions, _ = policy.compute_actions(np.stack([obs[i] for i in rows]), explore=False)
+        actions, _ = policy.compute_actions(observe([obs[i] for i in rows]), explore=False)
         for i, action in zip(rows, actions):
             obs[i], reward, terminated, truncated, _ = envs[i].step(
                 _env_action(action_space, action))
@@ -193,6 +218,9 @@ class LoadedPolicy:
     env: str
     env_config: dict[str, Any]
     config: dict[str, Any]
+    observe: Callable[[list[Any]], np.ndarray] | None = None
+    """Raw env observations -> the policy's input batch (flattening structured spaces,
+    the checkpoint's observation filter); see :func:`observation_fn`."""
 
 
 def load_checkpoint_policy(path: str | os.PathLike[str], *, env: str | None = None
@@ -212,5 +240,6 @@ def load_checkpoint_policy(path: str | os.PathLike[str], *, env: str | None = No
     env_id = env or str(config.get("env"))
     env_config = dict(config.get("env_config") or {})
     policy = _load_policy(spec.policy, env_id, env_config, config, state)
+    observe = observation_fn(policy.observation_space, config, state)
     return LoadedPolicy(policy, str(folder), state.get("timesteps_total"), spec.name, env_id,
-                        env_config, config)
+                        env_config, config, observe)

@@ -119,8 +119,62 @@ class DiagGaussian(ActionDistribution):
         return 0.5 * (var_ratio + mean_term - 1.0 - var_ratio.log()).sum(-1)
 
 
+class MultiCategorical(ActionDistribution):
+    """Independent categoricals over ``MultiDiscrete(nvec)`` actions (RLlib's
+    MultiCategorical): inputs are the components' logits side by side [B, sum(nvec)];
+    actions are [B, len(nvec)]. Log-probabilities, entropies and KLs sum over components.
+
+    Built per space by :meth:`for_space` (the split sizes are part of the class)."""
+
+    nvec: tuple[int, ...] = ()
+
+    def __init__(self, inputs: torch.Tensor) -> None:
+        super().__init__(inputs)
+        self.cats = [Categorical(part) for part in torch.split(inputs, list(self.nvec), -1)]
+
+    @classmethod
+    def for_space(cls, action_space: gym.spaces.MultiDiscrete) -> type[MultiCategorical]:
+        """The subclass for ``action_space`` (a 1-D ``MultiDiscrete`` starting at 0)."""
+        nvec = tuple(int(n) for n in action_space.nvec)
+        return type(f"MultiCategorical{list(nvec)}", (cls,), {"nvec": nvec})
+
+    @staticmethod
+    def required_outputs(action_space: gym.Space) -> int:
+        """``sum(nvec)`` logits."""
+        return int(sum(int(n) for n in action_space.nvec))
+
+    def sample(self) -> torch.Tensor:
+        """One sampled index per component: [B, len(nvec)] int64."""
+        return torch.stack([cat.sample() for cat in self.cats], dim=-1)
+
+    def deterministic_sample(self) -> torch.Tensor:
+        """Each component's argmax: [B, len(nvec)]."""
+        return torch.stack([cat.deterministic_sample() for cat in self.cats], dim=-1)
+
+    def logp(self, actions: torch.Tensor) -> torch.Tensor:
+        """Sum of the components' log-probabilities [B]."""
+        actions = actions.reshape(actions.shape[0], len(self.cats))
+        return torch.stack([cat.logp(actions[:, i]) for i, cat in enumerate(self.cats)],
+                           dim=-1).sum(-1)
+
+    def entropy(self) -> torch.Tensor:
+        """Sum of the components' entropies [B]."""
+        return torch.stack([cat.entropy() for cat in self.cats], dim=-1).sum(-1)
+
+    def kl(self, other: ActionDistribution) -> torch.Tensor:
+        """Sum of the components' KLs [B]."""
+        assert isinstance(other, MultiCategorical)
+        return torch.stack([a.kl(b) for a, b in zip(self.cats, other.cats)], dim=-1).sum(-1)
+
+
 def dist_class_for(action_space: gym.Space) -> type[ActionDistribution]:
-    """Categorical for ``Discrete``, DiagGaussian for a 1-D ``Box``; ``ValueError`` else."""
+    """Categorical for ``Discrete``, MultiCategorical for a 1-D ``MultiDiscrete``,
+    DiagGaussian for a 1-D ``Box``; ``ValueError`` else."""
+    if isinstance(action_space, gym.spaces.MultiDiscrete):
+        if action_space.nvec.ndim != 1 or (action_space.start != 0).any():
+            raise ValueError(f"MultiDiscrete action spaces must be 1-D and start at 0, got "
+                             f"{action_space!r}")
+        return MultiCategorical.for_space(action_space)
     if isinstance(action_space, gym.spaces.Discrete):
         if int(action_space.start) != 0:
             raise ValueError(f"Discrete action spaces must start at 0, got {action_space!r}")
@@ -128,4 +182,4 @@ def dist_class_for(action_space: gym.Space) -> type[ActionDistribution]:
     if isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
         return DiagGaussian
     raise ValueError(f"no action distribution for action space {action_space!r}; "
-                     f"supported: Discrete, 1-D Box")
+                     f"supported: Discrete, MultiDiscrete, 1-D Box")

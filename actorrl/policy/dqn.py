@@ -216,7 +216,10 @@ class DQNPolicy(TorchPolicy):
                  config: DQNPolicyConfig | Mapping[str, Any],
                  device: str | torch.device = "cpu") -> None:
         if not isinstance(action_space, gym.spaces.Discrete):
-            raise ValueError(f"DQNPolicy needs a Discrete action space, got {action_space}")
+            raise ValueError(
+                f"action space {action_space} is not supported by DQN/Ape-X: Q-learning needs "
+                f"a Discrete action space (one Q-value per action); for "
+                f"{type(action_space).__name__} actions use IMPALA, A2C or A3C")
         super().__init__(observation_space, action_space, config, device)
         self.target_model = copy.deepcopy(self.model)
         self.target_model.requires_grad_(False)

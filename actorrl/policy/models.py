@@ -37,6 +37,7 @@ from torch import nn
 
 from actorrl.classpath import resolve_callable
 from actorrl.policy.model_config import resolve_model_config
+from actorrl.spaces import needs_flattening
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {
     "tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "swish": nn.SiLU, "linear": nn.Identity,
@@ -260,7 +261,8 @@ def build_encoder(obs_space: gym.Space, model_config: Mapping[str, Any] | None
 
     Rank-3 ``Box`` (an image, HWC or CHW): :func:`build_conv_encoder`. Other ``Box``
     shapes: flattened, then an MLP with ``fcnet_hiddens``. ``Discrete``: one-hot, then the
-    MLP. Other spaces raise ``ValueError`` (use a custom model).
+    MLP. ``Dict``, ``Tuple`` and other structured spaces (flattened by the worker):
+    :class:`~actorrl.policy.complex_encoder.ComplexEncoder`.
     """
     cfg = resolve_model_config(model_config)
     if isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 3:
@@ -270,6 +272,10 @@ def build_encoder(obs_space: gym.Space, model_config: Mapping[str, Any] | None
         pre, in_dim = Flatten(), int(math.prod(obs_space.shape))
     elif isinstance(obs_space, gym.spaces.Discrete):
         pre, in_dim = OneHot(int(obs_space.n)), int(obs_space.n)
+    elif needs_flattening(obs_space):  # Dict, Tuple...: flat vectors (actorrl.spaces)
+        from actorrl.policy.complex_encoder import build_complex_encoder
+
+        return build_complex_encoder(obs_space, cfg)
     else:
         raise ValueError(f"no default model for observation space {obs_space!r}; set "
                          f"model.custom_model")
