@@ -39,7 +39,11 @@ def test_rllib_lstm_keys_and_defaults():
     policy = ImpalaPolicy(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), cfg)
     assert policy.is_recurrent and policy.max_seq_len == 20
     assert isinstance(policy.model, LSTMActorCriticModel)
-    assert [s.shape for s in policy.get_initial_state()] == [(256,), (256,)]
+    # h and c of the policy's LSTM, then of the value branch's (vf_share_layers false)
+    assert [s.shape for s in policy.get_initial_state()] == [(256,)] * 4
+    shared = ImpalaPolicy(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2),
+                          {"model": {"use_lstm": True, "vf_share_layers": True}})
+    assert len(shared.get_initial_state()) == 2
 
 
 @pytest.mark.parametrize("value", [0, -3, 2.5])
@@ -277,3 +281,50 @@ def test_lstm_impala_update_on_towers_equals_the_one_device_update(num_towers):
     for replica in towers.replicas[1:]:
         for a, b in zip(_params(towered.model), _params(replica)):
             np.testing.assert_array_equal(a, b)
+
+
+# ---- learning a partially observed task ---------------------------------------------------
+LEARNING_MODEL = {"fcnet_hiddens": [64], "lstm_cell_size": 64, "max_seq_len": 20}
+LEARNING_CONFIGS = {
+    "impala": (ImpalaPolicy, {"num_envs_per_worker": 8, "rollout_fragment_length": 20,
+                              "lr": 1e-3, "opt_type": "adam", "entropy_coeff": 0.01}),
+    "a2c": (ActorCriticPolicy, {"num_envs_per_worker": 8, "rollout_fragment_length": 16,
+                                "lr": 3e-3, "grad_clip": 0.5, "entropy_coeff": 0.01,
+                                "lambda": 0.95}),
+}
+
+
+def _train_stateless(algo: str, use_lstm: bool, budget: int, sgd_iters: int) -> tuple[int, float]:
+    """Sample and learn (``sgd_iters`` updates per batch) until the last 20 episodes average
+    150 or ``budget`` env steps pass: ``(env steps, mean return of the last 20)``."""
+    policy_cls, config = LEARNING_CONFIGS[algo]
+    torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # small models: extra threads only fight over 2 loaded cores
+    worker = RolloutWorker(STATELESS_CARTPOLE_ID, policy_cls, {
+        **config, "seed": 0, "model": {**LEARNING_MODEL, "use_lstm": use_lstm}})
+    steps, returns = 0, []
+    while steps < budget:
+        batch = worker.sample()
+        steps += batch.count
+        for _ in range(sgd_iters):
+            worker.learn_on_batch(batch)
+        returns += worker.get_metrics().episode_rewards
+        if len(returns) >= 20 and np.mean(returns[-20:]) >= 150.0:
+            break
+    worker.stop()
+    torch.set_num_threads(threads)
+    return steps, float(np.mean(returns[-20:]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo,sgd_iters", [("impala", 2), ("a2c", 1)])
+def test_lstm_learns_stateless_cartpole_where_feed_forward_cannot(algo, sgd_iters):
+    """With the velocities hidden, the LSTM policy reaches a mean return of 150 within the
+    budget (IMPALA 25k, A2C 23k env steps here, seed 0); the same settings without the
+    LSTM stay far below in the same budget."""
+    budget = 80_000
+    steps, lstm_return = _train_stateless(algo, True, budget, sgd_iters)
+    assert lstm_return >= 150.0, f"{algo} LSTM: {lstm_return:.1f} after {steps} env steps"
+    _, ff_return = _train_stateless(algo, False, steps, sgd_iters)
+    assert ff_return < 75.0, f"{algo} feed-forward reached {ff_return:.1f} in {steps} steps"

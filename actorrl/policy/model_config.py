@@ -35,7 +35,7 @@ MODEL_DEFAULTS: dict[str, Any] = {
     "custom_model_config": {},
     # Recurrent policies (actor-critic: IMPALA, A2C, A3C). Wrap the encoder built above
     # (MLP or conv stack) in an LSTM whose output feeds the policy and value heads (the
-    # value branch always shares the LSTM; vf_share_layers does not apply). With
+    # value branch has its own encoder and LSTM unless vf_share_layers). With
     # custom_model set, that class must itself implement the recurrent interface
     # (actorrl.policy.models.RecurrentModel).
     "use_lstm": False,

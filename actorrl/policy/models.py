@@ -363,7 +363,10 @@ class LSTMActorCriticModel(RecurrentModel):
     """The catalog's recurrent actor-critic (``use_lstm``): encoder (MLP or conv stack, as
     :func:`build_encoder` builds for the observations), LSTM of ``lstm_cell_size`` over
     the features (with the previous action and reward when ``lstm_use_prev_action`` /
-    ``lstm_use_prev_reward``), then policy and value heads on the LSTM output."""
+    ``lstm_use_prev_reward``), then policy and value heads on the LSTM output. Unless
+    ``vf_share_layers``, the value head has its own encoder and LSTM (and state): sharing
+    the LSTM, the value loss swamped the policy's gradient and StatelessCartPole did not
+    learn here (RLlib always shares)."""
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, num_outputs: int,
                  model_config: Mapping[str, Any] | None) -> None:
@@ -381,12 +384,19 @@ class LSTMActorCriticModel(RecurrentModel):
         self.cell_size = int(cfg["lstm_cell_size"])
         self.lstm = nn.LSTM(in_dim, self.cell_size, batch_first=True)
         self.policy_head = normc_init_(nn.Linear(self.cell_size, num_outputs), 0.01)
+        self.value_encoder: nn.Module | None = None
+        self.value_lstm: nn.LSTM | None = None
+        if not cfg["vf_share_layers"]:
+            self.value_encoder, _ = build_encoder(obs_space, cfg)
+            self.value_lstm = nn.LSTM(in_dim, self.cell_size, batch_first=True)
         self.value_head = normc_init_(nn.Linear(self.cell_size, 1), 1.0)
 
     def get_initial_state(self) -> list[torch.Tensor]:
-        """Zero hidden and cell states, ``[lstm_cell_size]`` each."""
+        """Zero hidden and cell states, ``[lstm_cell_size]`` each (the value branch's own
+        two after them unless ``vf_share_layers``)."""
         weight = self.value_head.weight
-        return [weight.new_zeros(self.cell_size), weight.new_zeros(self.cell_size)]
+        count = 2 if self.value_lstm is None else 4
+        return [weight.new_zeros(self.cell_size) for _ in range(count)]
 
     def _prev_action_features(self, prev_actions: torch.Tensor) -> torch.Tensor:
         if isinstance(self.action_space, gym.spaces.Discrete):
@@ -397,9 +407,22 @@ class LSTMActorCriticModel(RecurrentModel):
                     seq_lens: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         """See :class:`RecurrentModel`."""
+        lengths = seq_lens.detach().cpu()
+        out, state_out = self._branch(self.encoder, self.lstm, inputs, state[0:2], lengths)
+        outputs = self.policy_head(out)
+        if self.value_lstm is not None:
+            assert self.value_encoder is not None
+            out, value_state = self._branch(self.value_encoder, self.value_lstm, inputs,
+                                            state[2:4], lengths)
+            state_out += value_state
+        return outputs, self.value_head(out).squeeze(-1), state_out
+
+    def _branch(self, encoder: nn.Module, lstm: nn.LSTM, inputs: Mapping[str, torch.Tensor],
+                state: Sequence[torch.Tensor], lengths: torch.Tensor
+                ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         obs = inputs["obs"]
         batch, horizon = obs.shape[:2]
-        features = self.encoder(obs.reshape(batch * horizon, *obs.shape[2:]))
+        features = encoder(obs.reshape(batch * horizon, *obs.shape[2:]))
         parts = [features.reshape(batch, horizon, -1)]
         if self.use_prev_action:
             parts.append(self._prev_action_features(inputs["prev_actions"]))
@@ -407,17 +430,16 @@ class LSTMActorCriticModel(RecurrentModel):
             parts.append(inputs["prev_rewards"].float().reshape(batch, horizon, 1))
         x = torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
         h0, c0 = state[0].unsqueeze(0).contiguous(), state[1].unsqueeze(0).contiguous()
-        lengths = seq_lens.detach().cpu()
         if horizon == 1 or bool((lengths == horizon).all()):
-            out, (h, c) = self.lstm(x, (h0, c0))
+            out, (h, c) = lstm(x, (h0, c0))
         else:
             # Packed: the state out is the state after each sequence's last real step.
             packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True,
                                                        enforce_sorted=False)
-            packed_out, (h, c) = self.lstm(packed, (h0, c0))
+            packed_out, (h, c) = lstm(packed, (h0, c0))
             out, _ = nn.utils.rnn.pad_packed_sequence(packed_out, batch_first=True,
                                                       total_length=horizon)
-        return self.policy_head(out), self.value_head(out).squeeze(-1), [h[0], c[0]]
+        return out, [h[0], c[0]]
 
 
 def make_model(obs_space: gym.Space, action_space: gym.Space, num_outputs: int,
