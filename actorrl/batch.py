@@ -5,6 +5,18 @@ zero-copy frames. Frame-stacked image columns (``obs``/``new_obs`` of uint8 fram
 see :mod:`actorrl.frames`) cross as a :class:`~actorrl.frames.FramePack`, each distinct
 frame once, and arrive rebuilt bit for bit; the receiving batch keeps the pack as
 ``frame_pack`` so a replay shard can store the frames once without packing them again.
+
+Sequences (recurrent policies, RLlib's layout)
+    A batch of a recurrent policy holds its rows unpadded, cut into sequences: the
+    ``seq_lens`` column gives each sequence's length (they sum to ``count``) and the
+    ``state_in_0``, ``state_in_1``... columns each sequence's start state, one row per
+    sequence. Sequences are contiguous and never span two episodes (see
+    :func:`chop_into_sequences`). Concatenation keeps them; :meth:`SampleBatch.slice` cuts
+    only at sequence boundaries; :meth:`SampleBatch.slice_sequences`,
+    :meth:`SampleBatch.take_sequences` and :meth:`SampleBatch.split_sequences` work in
+    whole sequences. Padding happens only where a loss lays sequences out in time
+    (:mod:`actorrl.policy.recurrent`). Before chopping (a trajectory on its way to
+    postprocessing) ``state_in_*`` columns are ordinary per-row columns.
 """
 
 from __future__ import annotations
@@ -44,18 +56,101 @@ class SampleBatch(dict):
     VALUE_TARGETS = "value_targets"
     WEIGHTS = "weights"
     BATCH_INDEXES = "batch_indexes"
+    SEQ_LENS = "seq_lens"
+    STATE_IN = "state_in_"
+    """Prefix of the start-state columns (``state_in_0``, ``state_in_1``...)."""
+    STATE_OUT = "state_out_"
+    """Prefix of a recurrent policy's state outputs among ``compute_actions``' extras
+    (carried to the next step by the sampler, not stored)."""
+    PREV_ACTIONS = "prev_actions"
+    PREV_REWARDS = "prev_rewards"
 
     def __init__(self, columns: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__()
         data = dict(columns or {}, **kwargs)
         for key, value in data.items():
             self[key] = value if isinstance(value, np.ndarray) else np.asarray(value)
-        lengths = {len(v) for v in self.values() if v.ndim > 0}
+        sequenced = self.SEQ_LENS in self
+        lengths = {len(v) for k, v in self.items()
+                   if v.ndim > 0 and not (sequenced and is_sequence_column(k))}
         if len(lengths) > 1:
             sizes = {k: len(v) for k, v in self.items()}
             raise ValueError(f"SampleBatch columns have different lengths: {sizes}")
         self.count = lengths.pop() if lengths else 0
+        if sequenced:
+            self._check_sequences()
         self._frame_pack: tuple[FramePack, tuple[np.ndarray, ...]] | None = None
+
+    def _check_sequences(self) -> None:
+        seq_lens = dict.__getitem__(self, self.SEQ_LENS)
+        if seq_lens.ndim != 1 or (seq_lens.size and seq_lens.dtype.kind not in "iu"):
+            raise ValueError(f"seq_lens must be a 1-d integer array, got {seq_lens.dtype}"
+                             f"{list(seq_lens.shape)}")
+        if seq_lens.size and int(seq_lens.min()) < 1:
+            raise ValueError("every sequence in seq_lens must be at least 1 step long")
+        if int(seq_lens.sum()) != self.count:
+            raise ValueError(f"seq_lens sum to {int(seq_lens.sum())} but the batch has "
+                             f"{self.count} rows")
+        for key, value in self.items():
+            if key.startswith(self.STATE_IN) and len(value) != len(seq_lens):
+                raise ValueError(f"{key} has {len(value)} rows for {len(seq_lens)} sequences")
+
+    # ---- sequences ----------------------------------------------------------------------
+    @property
+    def is_sequenced(self) -> bool:
+        """Whether the rows are cut into sequences (a ``seq_lens`` column is present)."""
+        return self.SEQ_LENS in self
+
+    @property
+    def num_sequences(self) -> int:
+        """Number of sequences (0 for a batch that is not sequenced)."""
+        return len(dict.__getitem__(self, self.SEQ_LENS)) if self.is_sequenced else 0
+
+    def sequence_starts(self) -> np.ndarray:
+        """Row offset of every sequence, plus ``count`` at the end (``[S + 1]``)."""
+        seq_lens = dict.__getitem__(self, self.SEQ_LENS)
+        return np.concatenate([[0], np.cumsum(seq_lens, dtype=np.int64)])
+
+    def state_columns(self) -> list[str]:
+        """The ``state_in_*`` columns in index order."""
+        names = [k for k in self if k.startswith(self.STATE_IN)]
+        return sorted(names, key=lambda k: int(k[len(self.STATE_IN):]))
+
+    def slice_sequences(self, first: int, last: int) -> SampleBatch:
+        """Sequences ``first:last`` (their rows and start states) as a new batch sharing
+        memory with this one."""
+        starts = self.sequence_starts()
+        lo, hi = int(starts[first]), int(starts[last])
+        return SampleBatch({k: (v[first:last] if is_sequence_column(k) else v[lo:hi])
+                            for k, v in self.items()})
+
+    def take_sequences(self, indices: np.ndarray) -> SampleBatch:
+        """The sequences at ``indices``, whole, in that order (a gather; copies)."""
+        starts = self.sequence_starts()
+        indices = np.asarray(indices, dtype=np.int64)
+        seq_lens = dict.__getitem__(self, self.SEQ_LENS)[indices]
+        rows = (np.repeat(starts[indices] - np.cumsum(seq_lens) + seq_lens, seq_lens)
+                + np.arange(int(seq_lens.sum())))
+        return SampleBatch({k: (v[indices] if is_sequence_column(k) else v[rows])
+                            for k, v in self.items()})
+
+    def split_sequences(self, num_parts: int) -> list[SampleBatch]:
+        """``num_parts`` consecutive pieces of whole sequences, as equal in rows as the
+        sequence boundaries allow; ValueError with fewer sequences than pieces."""
+        if self.num_sequences < num_parts:
+            raise ValueError(f"{self.num_sequences} sequences cannot be split into "
+                             f"{num_parts} parts; give every part at least one sequence "
+                             "(a larger train_batch_size, or fewer towers)")
+        starts = self.sequence_starts()
+        cuts = [0]
+        for part in range(1, num_parts):
+            target = self.count * part / num_parts
+            index = int(np.abs(starts - target).argmin())
+            # keep at least one sequence per part on each side
+            index = min(max(index, cuts[-1] + 1), self.num_sequences - (num_parts - part))
+            cuts.append(index)
+        cuts.append(self.num_sequences)
+        return [self.slice_sequences(a, b) for a, b in zip(cuts[:-1], cuts[1:])]
 
     @property
     def frame_pack(self) -> FramePack | None:
@@ -149,16 +244,32 @@ class SampleBatch(dict):
         return SampleBatch({k: np.array(v, copy=True) for k, v in self.items()})
 
     def rows(self) -> Iterator[dict[str, Any]]:
-        """Iterate over rows as ``{column: value}`` dicts (slow; for tests and debugging)."""
+        """Iterate over rows as ``{column: value}`` dicts (slow; for tests and debugging);
+        a sequenced batch's sequence columns are left out."""
+        sequenced = self.is_sequenced
+        columns = {k: v for k, v in self.items() if not (sequenced and is_sequence_column(k))}
         for i in range(self.count):
-            yield {k: v[i] for k, v in self.items()}
+            yield {k: v[i] for k, v in columns.items()}
 
     def slice(self, start: int, end: int) -> SampleBatch:
-        """Rows ``start:end`` as a new batch sharing memory with this one."""
+        """Rows ``start:end`` as a new batch sharing memory with this one. A sequenced
+        batch is cut only at sequence boundaries (ValueError otherwise)."""
+        if self.is_sequenced:
+            starts = self.sequence_starts()
+            first, last = np.searchsorted(starts, [start, end])
+            if (first >= len(starts) or last >= len(starts) or starts[first] != start
+                    or starts[last] != end):
+                raise ValueError(f"rows {start}:{end} cut a sequence; slice a sequenced "
+                                 "batch at sequence boundaries (slice_sequences)")
+            return self.slice_sequences(int(first), int(last))
         return SampleBatch({k: v[start:end] for k, v in self.items()})
 
     def take(self, indices: np.ndarray) -> SampleBatch:
-        """Rows at ``indices`` (a gather; copies)."""
+        """Rows at ``indices`` (a gather; copies). A sequenced batch refuses: rows taken
+        apart lose their sequences (use :meth:`take_sequences`)."""
+        if self.is_sequenced:
+            raise ValueError("take() would break the sequences of a sequenced batch; use "
+                             "take_sequences()")
         return SampleBatch({k: v[indices] for k, v in self.items()})
 
     def __getitem__(self, key: Any) -> Any:
@@ -167,8 +278,10 @@ class SampleBatch(dict):
         return super().__getitem__(key)
 
     def shuffle(self, rng: np.random.Generator | None = None) -> SampleBatch:
-        """Return the rows in a random order."""
+        """Return the rows (a sequenced batch: the whole sequences) in a random order."""
         rng = rng or np.random.default_rng()
+        if self.is_sequenced:
+            return self.take_sequences(rng.permutation(self.num_sequences))
         return self.take(rng.permutation(self.count))
 
     def split_by_episode(self) -> list[SampleBatch]:
@@ -181,7 +294,18 @@ class SampleBatch(dict):
         return [self.slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
     def timeslices(self, size: int) -> list[SampleBatch]:
-        """Split into consecutive slices of at most ``size`` rows."""
+        """Split into consecutive slices of at most ``size`` rows (a sequenced batch: of
+        whole sequences, at most ``size`` rows unless one sequence is longer)."""
+        if self.is_sequenced:
+            pieces, first, rows = [], 0, 0
+            for index, length in enumerate(dict.__getitem__(self, self.SEQ_LENS).tolist()):
+                if rows and rows + length > size:
+                    pieces.append(self.slice_sequences(first, index))
+                    first, rows = index, 0
+                rows += length
+            if rows:
+                pieces.append(self.slice_sequences(first, self.num_sequences))
+            return pieces
         return [self.slice(i, min(i + size, self.count)) for i in range(0, self.count, size)]
 
     def size_bytes(self) -> int:
@@ -191,6 +315,28 @@ class SampleBatch(dict):
     def __repr__(self) -> str:
         cols = ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in self.items())
         return f"SampleBatch({self.count}: {cols})"
+
+
+def is_sequence_column(name: str) -> bool:
+    """Whether column ``name`` has one row per sequence in a sequenced batch (``seq_lens``,
+    ``state_in_*``)."""
+    return name == SampleBatch.SEQ_LENS or name.startswith(SampleBatch.STATE_IN)
+
+
+def chop_into_sequences(trajectory: SampleBatch, max_seq_len: int) -> SampleBatch:
+    """One trajectory fragment (one env's consecutive steps of one episode, with a per-row
+    ``state_in_*`` column for every state tensor) as a sequenced batch: sequences of
+    ``max_seq_len`` steps from its start (the last one shorter), each keeping the state
+    input of its first step."""
+    if trajectory.is_sequenced:
+        raise ValueError("the trajectory is already cut into sequences")
+    count = trajectory.count
+    starts = np.arange(0, count, max_seq_len)
+    seq_lens = np.minimum(max_seq_len, count - starts).astype(np.int32)
+    columns = {k: (v[starts] if k.startswith(SampleBatch.STATE_IN) else v)
+               for k, v in trajectory.items()}
+    columns[SampleBatch.SEQ_LENS] = seq_lens
+    return SampleBatch(columns)
 
 
 class MultiAgentBatch:

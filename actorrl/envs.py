@@ -5,7 +5,9 @@ Env specs
     A factory is called with an :class:`EnvContext` (the ``env_config`` dict plus
     ``worker_index``, ``vector_index``, ``num_workers``); a gymnasium id gets ``env_config``
     as keyword arguments of ``gymnasium.make``. gymnasium's own ``"module:EnvId"`` form also
-    works (the module is imported, then the id made).
+    works (the module is imported, then the id made). actorrl ships
+    ``actorrl/StatelessCartPole-v1`` (:mod:`actorrl.partial_envs`), a partially observed
+    CartPole for recurrent policies.
 
 Vectorization
     :class:`VectorEnv` holds ``num_envs`` single-agent envs and steps them one after the
@@ -58,8 +60,11 @@ from actorrl.atari import (
     register_ale,
 )
 from actorrl.classpath import resolve_callable
+from actorrl.partial_envs import register_partial_envs
 from actorrl.spaces import observation_preprocessor
 from transport.codec import register_type
+
+register_partial_envs()
 
 ALL_AGENTS = "__all__"
 SEED_STRIDE_PER_WORKER = 1000

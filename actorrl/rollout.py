@@ -12,7 +12,10 @@ Sampling
     ``rollout_fragment_length`` steps per ``sample()``; the batch is grouped by env (env 0's
     rows first), in time order within each env. ``"complete_episodes"``: whole episodes
     only, at least ``rollout_fragment_length * num_envs_per_worker`` env steps; unfinished
-    episodes carry over to the next ``sample()``.
+    episodes carry over to the next ``sample()``. A recurrent policy's state (and previous
+    action and reward, when its model reads them) is carried per env slot across steps and
+    ``sample()`` calls and reset at episode start; its fragments are cut into sequences of
+    at most ``max_seq_len`` steps (see :mod:`actorrl.policy.base`).
 
 Gradients (RLlib's convention)
     ``compute_gradients(SampleBatch)`` returns the default policy's gradients (a list of
@@ -44,7 +47,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from actorrl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
+from actorrl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch, chop_into_sequences
 from actorrl.callbacks import DefaultCallbacks, EpisodeTracker, make_callbacks
 from actorrl.classpath import resolve_callable
 from actorrl.config import (
@@ -335,11 +338,15 @@ class _Trajectory:
         self.num_rows += 1
 
     def flush(self, policy: TorchPolicy) -> SampleBatch:
-        """The rows as a postprocessed batch; the trajectory is emptied."""
+        """The rows as a postprocessed batch (a recurrent policy's cut into sequences);
+        the trajectory is emptied."""
         batch = SampleBatch({key: np.asarray(values) for key, values in self.columns.items()})
         self.columns = {}
         self.num_rows = 0
-        return policy.postprocess_trajectory(batch)
+        batch = policy.postprocess_trajectory(batch)
+        if policy.is_recurrent:
+            batch = chop_into_sequences(batch, policy.max_seq_len)
+        return batch
 
 
 def _env_actions(action_space: gym.Space, actions: np.ndarray, clip: bool) -> Any:
@@ -388,6 +395,8 @@ class _SingleAgentSampler(_Sampler):
         self.episode_steps = np.zeros(n, dtype=np.int64)
         self.agent_index = np.zeros(n, dtype=np.int64)
         self.episode_tracker: EpisodeTracker | None = None
+        self.recurrent = _RecurrentSlots(policy, env.action_space, n) \
+            if policy.is_recurrent else None
 
     def sample(self) -> SampleBatch:
         if self.obs is None:
@@ -413,7 +422,13 @@ class _SingleAgentSampler(_Sampler):
         """One step of every env; returns env steps of the episodes that ended."""
         obs = self.obs
         assert obs is not None
-        actions, extras = self.policy.compute_actions(obs, explore=self.explore)
+        recurrent = self.recurrent
+        if recurrent is None:
+            actions, extras = self.policy.compute_actions(obs, explore=self.explore)
+        else:
+            actions, extras = self.policy.compute_actions(obs, explore=self.explore,
+                                                          **recurrent.inputs())
+            extras = recurrent.record(extras)
         step = self.env.step(_env_actions(self.env.action_space, actions, self.clip_actions))
         columns = {
             SampleBatch.OBS: obs,
@@ -431,6 +446,8 @@ class _SingleAgentSampler(_Sampler):
         for i, trajectory in enumerate(self.trajectories):
             trajectory.add({key: column[i] for key, column in columns.items()})
         self.episode_steps = self.episode_steps + 1
+        if recurrent is not None:
+            recurrent.advance(actions, step.rewards, step.dones)
         for i in np.flatnonzero(step.dones).tolist():
             pieces[i].append(self.trajectories[i].flush(self.policy))
             finished_steps += int(self.episode_steps[i])
@@ -441,6 +458,56 @@ class _SingleAgentSampler(_Sampler):
                                       self.eps_ids)
         self.obs = step.obs
         return finished_steps
+
+
+class _RecurrentSlots:
+    """A recurrent policy's per-env inputs in a worker: each env slot's state (and previous
+    action and reward, when the model reads them), carried across steps and ``sample()``
+    calls and reset to the initial state when the slot's episode ends."""
+
+    def __init__(self, policy: TorchPolicy, action_space: gym.Space, num_envs: int) -> None:
+        self.initial = policy.get_initial_state()
+        self.state = [np.repeat(s[None], num_envs, axis=0) for s in self.initial]
+        self.use_prev_actions = policy.recurrent_inputs.prev_actions
+        self.use_prev_rewards = policy.recurrent_inputs.prev_rewards
+        action_dtype = np.int64 if isinstance(action_space, gym.spaces.Discrete) \
+            else np.float32
+        self.prev_actions = np.zeros((num_envs, *action_space.shape), dtype=action_dtype)
+        self.prev_rewards = np.zeros(num_envs, dtype=np.float32)
+        self._next_state: list[np.ndarray] = self.state
+
+    def inputs(self) -> dict[str, Any]:
+        """The keyword arguments of ``compute_actions`` for this step."""
+        return {"state": self.state,
+                "prev_actions": self.prev_actions if self.use_prev_actions else None,
+                "prev_rewards": self.prev_rewards if self.use_prev_rewards else None}
+
+    def record(self, extras: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The columns to store for this step: ``extras`` with the policy's state outputs
+        swapped for this step's state inputs (and the previous action/reward when read)."""
+        columns = {k: v for k, v in extras.items() if not k.startswith(SampleBatch.STATE_OUT)}
+        self._next_state = [extras[f"{SampleBatch.STATE_OUT}{k}"]
+                            for k in range(len(self.state))]
+        for k, state in enumerate(self.state):
+            columns[f"{SampleBatch.STATE_IN}{k}"] = state
+        if self.use_prev_actions:
+            columns[SampleBatch.PREV_ACTIONS] = self.prev_actions
+        if self.use_prev_rewards:
+            columns[SampleBatch.PREV_REWARDS] = self.prev_rewards
+        return columns
+
+    def advance(self, actions: np.ndarray, rewards: np.ndarray, dones: np.ndarray) -> None:
+        """Move to the next step: the state outputs become the inputs; slots whose episode
+        ended start again from the initial state."""
+        # New arrays every step: the stored rows of this step keep viewing the old ones.
+        self.state = [np.array(s, copy=True) for s in self._next_state]
+        self.prev_actions = np.array(actions, dtype=self.prev_actions.dtype, copy=True)
+        self.prev_rewards = np.array(rewards, dtype=np.float32, copy=True)
+        for i in np.flatnonzero(dones).tolist():
+            for state, start in zip(self.state, self.initial):
+                state[i] = start
+            self.prev_actions[i] = 0
+            self.prev_rewards[i] = 0.0
 
 
 @dataclass
@@ -460,6 +527,10 @@ class _MultiAgentSampler(_Sampler):
     def __init__(self, env: MultiAgentVectorEnv, policies: Mapping[str, TorchPolicy],
                  mapping_fn: Callable[[str], str], options: _SamplingOptions) -> None:
         super().__init__(options)
+        recurrent = sorted(pid for pid, p in policies.items() if p.is_recurrent)
+        if recurrent:
+            raise ValueError(f"recurrent policies ({', '.join(recurrent)}: model option "
+                             "'use_lstm') are not supported in multi-agent envs yet")
         self.env = env
         self.policies = policies
         self.mapping_fn = mapping_fn

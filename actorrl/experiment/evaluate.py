@@ -170,8 +170,14 @@ def observation_fn(space: Any, config: dict[str, Any], state: dict[str, Any]
 
 def _rollout(policy: Any, envs: list[Any], episodes: int, seed: int | None,
              observe: Callable[[list[Any]], np.ndarray]) -> tuple[list[float], list[int]]:
-    """Run ``episodes`` episodes on ``envs`` in lockstep; returns (returns, lengths)."""
+    """Run ``episodes`` episodes on ``envs`` in lockstep; returns (returns, lengths). A
+    recurrent policy's state (and previous action and reward) is carried per env and
+    reset at each episode's start."""
     n = len(envs)
+    initial = policy.get_initial_state() if getattr(policy, "is_recurrent", False) else None
+    state: list[list[np.ndarray]] = [[] for _ in range(n)]
+    prev_action: list[Any] = [None] * n
+    prev_reward = [0.0] * n
     obs: list[Any] = [None] * n
     episode_return = [0.0] * n
     episode_len = [0] * n
@@ -184,18 +190,36 @@ def _rollout(policy: Any, envs: list[Any], episodes: int, seed: int | None,
         nonlocal started
         obs[i] = envs[i].reset(seed=None if seed is None else seed + started)[0]
         episode_return[i], episode_len[i], active[i] = 0.0, 0, True
+        if initial is not None:
+            state[i] = [np.array(s, copy=True) for s in initial]
+            prev_action[i] = np.zeros(action_space.shape,
+                                      np.int64 if action_space.shape == () else np.float32)
+            prev_reward[i] = 0.0
         started += 1
+
+    action_space = envs[0].action_space
 
     for i in range(n):
         start(i)
-    action_space = envs[0].action_space
     while any(active):
         rows = [i for i in range(n) if active[i]]
-        actions, _ = policy.compute_actions(observe([obs[i] for i in rows]), explore=False)
+        batch_obs = observe([obs[i] for i in rows])
+        if initial is None:
+            actions, _ = policy.compute_actions(batch_obs, explore=False)
+        else:
+            actions, extras = policy.compute_actions(
+                batch_obs, explore=False,
+                state=[np.stack([state[i][k] for i in rows]) for k in range(len(initial))],
+                prev_actions=np.stack([prev_action[i] for i in rows]),
+                prev_rewards=np.array([prev_reward[i] for i in rows], np.float32))
+            for j, i in enumerate(rows):
+                state[i] = [extras[f"state_out_{k}"][j] for k in range(len(initial))]
+                prev_action[i] = actions[j]
         for i, action in zip(rows, actions):
             obs[i], reward, terminated, truncated, _ = envs[i].step(
                 _env_action(action_space, action))
             episode_return[i] += float(reward)
+            prev_reward[i] = float(reward)
             episode_len[i] += 1
             if terminated or truncated:
                 returns.append(episode_return[i])

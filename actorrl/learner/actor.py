@@ -212,7 +212,10 @@ class LearnerActor:
     def _join(self, batches: list[Any]) -> Any:
         batch = SampleBatch.concat_samples(batches)
         unit = self.config.num_towers * self.config.tower_rows_multiple
-        if self.config.multi_tower and isinstance(batch, SampleBatch) and batch.count % unit:
+        # Sequenced batches (recurrent policies) need no trim: towers split them at
+        # sequence boundaries and weight their gradients by rows.
+        if self.config.multi_tower and isinstance(batch, SampleBatch) \
+                and not batch.is_sequenced and batch.count % unit:
             # Towers need equal shards of whole sequences: drop the ragged tail.
             batch = batch.slice(0, batch.count - batch.count % unit)
         return batch

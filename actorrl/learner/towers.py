@@ -10,6 +10,11 @@ parameters back to the replicas, so all towers stay identical.
 Because each tower's loss is a mean over its shard and the shards are equal in size, the
 averaged gradient equals the full-batch gradient: N towers give the same update as one.
 
+A sequenced batch (a recurrent policy's, see :mod:`actorrl.batch`) is split only at
+sequence boundaries, each tower getting whole sequences with their start states, into
+shards as equal as the boundaries allow; the towers' gradients are then averaged weighted
+by their shards' row counts, which again equals the full-batch gradient of a mean loss.
+
 Towers on distinct CUDA devices run in parallel threads; CPU towers (``_fake_gpus``) share
 the same cores, so they run one after the other rather than fight over them.
 """
@@ -69,6 +74,7 @@ class TowerSet:
         self._params = [list(r.parameters()) for r in self.replicas]
         self._buffers = [list(r.buffers()) for r in self.replicas]
         self.stacks: list[list[dict[str, torch.Tensor]] | None] = [None] * num_stacks
+        self.stack_weights: list[list[float]] = [[]] * num_stacks
         self.stack_counts = [0] * num_stacks
         self.stack_batches: list[SampleBatch | None] = [None] * num_stacks
         parallel = len({d for d in devices}) > 1
@@ -83,13 +89,16 @@ class TowerSet:
     def load(self, batch: SampleBatch, stack: int) -> int:
         """Split ``batch`` across the towers into stack ``stack``; returns rows loaded."""
         n = self.num_towers
-        if batch.count < n or batch.count % n:
-            raise ValueError(f"a batch of {batch.count} rows cannot be split evenly across "
-                             f"{n} towers; make train_batch_size a multiple of {n}")
-        shard = batch.count // n
+        if batch.is_sequenced:
+            parts = batch.split_sequences(n)
+        else:
+            if batch.count < n or batch.count % n:
+                raise ValueError(f"a batch of {batch.count} rows cannot be split evenly "
+                                 f"across {n} towers; make train_batch_size a multiple of {n}")
+            shard = batch.count // n
+            parts = [batch.slice(i * shard, (i + 1) * shard) for i in range(n)]
         tensors = []
-        for i, device in enumerate(self.devices):
-            part = batch.slice(i * shard, (i + 1) * shard)
+        for part, device in zip(parts, self.devices):
             if device.type == "cuda":
                 cols = self.policy.batch_to_tensors(part, torch.device("cpu"))
                 tensors.append({k: v.pin_memory().to(device, non_blocking=True)
@@ -97,6 +106,7 @@ class TowerSet:
             else:
                 tensors.append(self.policy.batch_to_tensors(part, device))
         self.stacks[stack] = tensors
+        self.stack_weights[stack] = [part.count / batch.count for part in parts]
         self.stack_counts[stack] = batch.count
         self.stack_batches[stack] = batch
         return batch.count
@@ -126,7 +136,7 @@ class TowerSet:
                 outs = list(self._pool.map(self._tower_loss, range(self.num_towers), tensors))
             else:
                 outs = [self._tower_loss(i, t) for i, t in enumerate(tensors)]
-            self._average_gradients_into_tower0()
+            self._average_gradients_into_tower0(self.stack_weights[stack])
             self.policy._clip_and_step()
             self._sync_replicas()
         keys = list(outs[0].stats)
@@ -138,7 +148,9 @@ class TowerSet:
             info[key] = np.concatenate([o.per_sample[key].detach().cpu().numpy() for o in outs])
         return info
 
-    def _average_gradients_into_tower0(self) -> None:
+    def _average_gradients_into_tower0(self, weights: list[float]) -> None:
+        """Tower 0's gradients become ``sum_i weights[i] * grad_i`` (the weights are the
+        shards' shares of the batch's rows)."""
         if self.num_towers == 1:
             return
         main = self._params[0]
@@ -147,11 +159,11 @@ class TowerSet:
                 param.grad = torch.zeros_like(param)
         grads = [p.grad for p in main]
         with torch.no_grad():
-            for replica in self._params[1:]:
+            torch._foreach_mul_(grads, weights[0])
+            for replica, weight in zip(self._params[1:], weights[1:]):
                 others = [(p.grad if p.grad is not None else torch.zeros_like(p)).to(
                     g.device, non_blocking=True) for p, g in zip(replica, grads)]
-                torch._foreach_add_(grads, others)
-            torch._foreach_mul_(grads, 1.0 / self.num_towers)
+                torch._foreach_add_(grads, others, alpha=weight)
 
     def _sync_replicas(self) -> None:
         if self.num_towers == 1:

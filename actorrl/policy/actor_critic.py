@@ -3,6 +3,8 @@
 Per trajectory fragment (on the rollout worker) :func:`compute_advantages` adds
 ``advantages`` and ``value_targets``, bootstrapping from V(``new_obs[-1]``) when the
 fragment was cut or truncated by a time limit and from 0 when the episode terminated.
+A recurrent policy bootstraps from the value in the state after the fragment's last step,
+and its loss unrolls the model over the batch's sequences (:mod:`actorrl.policy.recurrent`).
 The loss, averaged over the batch, is::
 
     -logp(a) * advantage + vf_loss_coeff * 0.5 * (V(s) - value_target)^2
@@ -27,6 +29,7 @@ from actorrl.policy.action_dist import dist_class_for
 from actorrl.policy.base import LossOutput, TorchPolicy
 from actorrl.policy.config import ActorCriticPolicyConfig
 from actorrl.policy.models import make_model
+from actorrl.policy.recurrent import SequenceLayout, trajectory_bootstrap_value
 
 # Tuned for single-process A2C on CartPole-v1 (one RolloutWorker, one update per sampled
 # batch of 8 x 16 env steps); worker and policy keys together. On the 2-core dev machine a
@@ -117,17 +120,28 @@ class ActorCriticPolicy(TorchPolicy):
                           self.config.model)
 
     @torch.no_grad()
-    def compute_actions(self, obs: np.ndarray, explore: bool = True
+    def compute_actions(self, obs: np.ndarray, explore: bool = True, *,
+                        state: list[np.ndarray] | None = None,
+                        prev_actions: np.ndarray | None = None,
+                        prev_rewards: np.ndarray | None = None
                         ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """Sampled (``explore``) or most likely actions, with logp, value and dist inputs."""
+        """Sampled (``explore``) or most likely actions, with logp, value and dist inputs
+        (and a recurrent policy's ``state_out_*``: see :mod:`actorrl.policy.base`)."""
         self._eval_mode()
-        dist_inputs, values = self.model(torch.as_tensor(obs, device=self.device))
+        obs_t = torch.as_tensor(obs, device=self.device)
+        state_out: dict[str, np.ndarray] = {}
+        if self.is_recurrent:
+            dist_inputs, values, state_out = self.recurrent_step(obs_t, state, prev_actions,
+                                                                 prev_rewards)
+        else:
+            dist_inputs, values = self.model(obs_t)
         dist = self.dist_class(dist_inputs)
         actions = dist.sample() if explore else dist.deterministic_sample()
         extras = {
             SampleBatch.ACTION_LOGP: dist.logp(actions).float().cpu().numpy(),
             SampleBatch.VF_PREDS: values.float().cpu().numpy(),
             SampleBatch.ACTION_DIST_INPUTS: dist_inputs.float().cpu().numpy(),
+            **state_out,
         }
         return actions.cpu().numpy(), extras
 
@@ -147,7 +161,11 @@ class ActorCriticPolicy(TorchPolicy):
         use_critic = self.config.use_critic
         last_value = 0.0
         if not terminated and use_critic:
-            last_value = float(self.compute_values(batch[SampleBatch.NEXT_OBS][-1:])[0])
+            if self.is_recurrent:
+                self._eval_mode()
+                last_value = trajectory_bootstrap_value(self.model, batch)
+            else:
+                last_value = float(self.compute_values(batch[SampleBatch.NEXT_OBS][-1:])[0])
         advantages, targets = compute_advantages(
             batch[SampleBatch.REWARDS],
             batch[SampleBatch.VF_PREDS] if use_critic else None,
@@ -162,8 +180,13 @@ class ActorCriticPolicy(TorchPolicy):
         return batch
 
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput:
-        """Mean policy-gradient loss plus value loss minus entropy bonus."""
-        dist_inputs, values = model(batch[SampleBatch.OBS])
+        """Mean policy-gradient loss plus value loss minus entropy bonus (a sequenced
+        batch: the model unrolled over its sequences; padding is never part of a mean)."""
+        if SampleBatch.SEQ_LENS in batch:
+            dist_inputs, values, _ = SequenceLayout(batch[SampleBatch.SEQ_LENS]).unroll(
+                model, batch)
+        else:
+            dist_inputs, values = model(batch[SampleBatch.OBS])
         dist = self.dist_class(dist_inputs)
         logp = dist.logp(batch[SampleBatch.ACTIONS])
         advantages = batch[SampleBatch.ADVANTAGES].float()

@@ -6,6 +6,18 @@ and a batch of tensors. Everything else (gradients as numpy, applying them, weig
 out, optimizer state for checkpoints) lives here, so the learner can run the same loss on
 several model replicas (towers) without knowing the algorithm.
 
+Recurrent policies
+    A policy whose model implements the recurrent interface
+    (:class:`actorrl.policy.models.RecurrentModel`) is recurrent (:attr:`TorchPolicy.is_recurrent`).
+    Its ``compute_actions`` takes the state of every env it acts for (``state``: one array
+    per state tensor, ``[B, ...]``) and, where the model config asks for them, the previous
+    actions and rewards; its extras then hold the state after the step as ``state_out_0``,
+    ``state_out_1``... Samplers carry those to the next step, record the state input of
+    every row as ``state_in_*`` for postprocessing, then cut each fragment into sequences of
+    at most ``max_seq_len`` steps that keep only their start states
+    (:func:`actorrl.batch.chop_into_sequences`). Losses unroll the model over those
+    sequences (:mod:`actorrl.policy.recurrent`).
+
 Policies import neither asyncio nor transport: plain code, plain tests.
 """
 
@@ -22,6 +34,8 @@ import torch
 from actorrl.batch import SampleBatch
 from actorrl.config import load_component
 from actorrl.policy.config import PolicyConfig
+from actorrl.policy.model_config import missing_recurrent_methods, resolve_model_config
+from actorrl.policy.recurrent import RecurrentInputs, initial_state, step_model
 from actorrl.schedules import PiecewiseSchedule
 
 
@@ -70,6 +84,13 @@ class TorchPolicy:
         self.entropy_coeff: float = float(getattr(self.config, "entropy_coeff", 0.0))
         """The entropy weight now (``entropy_coeff`` or its schedule); losses read it."""
         self._apply_schedules()
+        self.is_recurrent = not missing_recurrent_methods(self.model)
+        """Whether the model is recurrent (see the module docstring)."""
+        model_config = resolve_model_config(getattr(self.config, "model", None))
+        self.max_seq_len = int(model_config["max_seq_len"])
+        """Longest sequence of a recurrent policy's train batches (``model.max_seq_len``)."""
+        self.recurrent_inputs = RecurrentInputs.from_model_config(model_config)
+        """Whether a recurrent model reads the previous actions / rewards."""
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
@@ -132,6 +153,34 @@ class TorchPolicy:
         """Called after every applied update (e.g. target network sync)."""
 
     # ---- provided -----------------------------------------------------------------
+    def get_initial_state(self) -> list[np.ndarray]:
+        """A recurrent policy's state at an episode's start (one env's: an array per state
+        tensor, no batch dimension); ``[]`` for a feed-forward policy."""
+        return initial_state(self.model) if self.is_recurrent else []
+
+    def recurrent_step(self, obs: torch.Tensor, state: Any, prev_actions: Any,
+                       prev_rewards: Any
+                       ) -> tuple[torch.Tensor, torch.Tensor, dict[str, np.ndarray]]:
+        """One step of the recurrent model for a batch of envs (``state`` etc. as given to
+        ``compute_actions``): ``(outputs, values, {state_out_k: array})``."""
+        if state is None:
+            raise ValueError("a recurrent policy acts with a state: pass state= (start "
+                             "from get_initial_state())")
+        inputs = self.recurrent_inputs
+        if inputs.prev_actions and prev_actions is None:
+            raise ValueError("model option 'lstm_use_prev_action' is set: pass prev_actions=")
+        if inputs.prev_rewards and prev_rewards is None:
+            raise ValueError("model option 'lstm_use_prev_reward' is set: pass prev_rewards=")
+        state_t = [torch.as_tensor(np.asarray(s), device=self.device) for s in state]
+        outputs, values, state_out = step_model(
+            self.model, obs, state_t,
+            torch.as_tensor(np.asarray(prev_actions), device=self.device)
+            if inputs.prev_actions else None,
+            torch.as_tensor(np.asarray(prev_rewards, dtype=np.float32), device=self.device)
+            if inputs.prev_rewards else None)
+        return outputs, values, {f"{SampleBatch.STATE_OUT}{i}": s.detach().cpu().numpy()
+                                 for i, s in enumerate(state_out)}
+
     def batch_to_tensors(self, batch: SampleBatch,
                          device: torch.device | None = None) -> dict[str, torch.Tensor]:
         """Columns as tensors on ``device`` (default: the policy's), zero-copy on CPU."""

@@ -20,7 +20,7 @@ def check_model(model: dict[str, Any]) -> list[tuple[str, str]]:
     (``actorrl.policy.models.resolve_model_config``) does not know, with suggestions."""
     import difflib
 
-    from actorrl.policy.model_config import resolve_model_config
+    from actorrl.policy.model_config import model_value_problems, resolve_model_config
 
     known = list(resolve_model_config({}))
     problems = []
@@ -31,11 +31,32 @@ def check_model(model: dict[str, Any]) -> list[tuple[str, str]]:
             problems.append((str(key), f"unknown model option{hint} (supported: "
                                        f"{', '.join(sorted(known))})"))
     if not problems:
-        try:
-            resolve_model_config(model)
-        except ValueError as exc:
-            problems.append(("", str(exc)))
+        resolved = {**resolve_model_config({}), **model}
+        problems.extend(model_value_problems(resolved))
+        problems.extend(_custom_model_problems(resolved))
     return problems
+
+
+def _custom_model_problems(model: dict[str, Any]) -> list[tuple[str, str]]:
+    """``use_lstm`` with a custom model that lacks the recurrent interface. The class is
+    looked at only when its module imports here (a job checked where the user's code is
+    not installed is checked again when the policy builds its model)."""
+    if not model["use_lstm"] or model["custom_model"] is None:
+        return []
+    from actorrl.classpath import resolve_callable
+
+    try:
+        cls = resolve_callable(model["custom_model"], "model.custom_model")
+    except ValueError:
+        return []
+    from actorrl.policy.model_config import missing_recurrent_methods
+
+    missing = missing_recurrent_methods(cls)
+    if not missing:
+        return []
+    return [("use_lstm", f"custom_model {model['custom_model']!r} is not recurrent (it has "
+                         f"no {', '.join(missing)}); implement actorrl.policy.models."
+                         "RecurrentModel's interface or set use_lstm to false")]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,8 +164,11 @@ class DQNPolicyConfig(PolicyConfig):
         super().__post_init__()
 
     def validate(self) -> list[str]:
-        """Ranges of every numeric setting."""
+        """Ranges of every numeric setting; no recurrent Q-network (``model.use_lstm``)."""
         problems = super().validate()
+        if self.model.get("use_lstm"):
+            problems.append("model.use_lstm: DQN / Ape-X has no recurrent Q-network yet; "
+                            "set use_lstm to false (recurrent policies: IMPALA, A2C, A3C)")
         checks = [
             ("n_step", self.n_step >= 1, ">= 1"),
             ("huber_threshold", self.huber_threshold > 0, "> 0"),

@@ -38,6 +38,7 @@ from actorrl.policy.action_dist import dist_class_for
 from actorrl.policy.base import LossOutput, TorchPolicy
 from actorrl.policy.config import ImpalaPolicyConfig
 from actorrl.policy.models import make_model
+from actorrl.policy.recurrent import SequenceLayout
 from actorrl.policy.vtrace import vtrace_from_importance_weights
 
 # Single-process IMPALA on CartPole-v1, worker and policy keys together. With an actor two
@@ -125,16 +126,25 @@ class ImpalaPolicy(TorchPolicy):
                                        momentum=cfg.momentum, eps=cfg.epsilon)
         return torch.optim.Adam(model.parameters(), lr=cfg.lr)
 
-    def compute_actions(self, obs: np.ndarray, explore: bool = True
+    def compute_actions(self, obs: np.ndarray, explore: bool = True, *,
+                        state: list[np.ndarray] | None = None,
+                        prev_actions: np.ndarray | None = None,
+                        prev_rewards: np.ndarray | None = None
                         ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Sampled actions (the mode when ``explore`` is false), with ``action_logp`` and
-        ``action_dist_inputs``."""
+        ``action_dist_inputs`` (and a recurrent policy's ``state_out_*``: see
+        :mod:`actorrl.policy.base`)."""
         obs_t = torch.as_tensor(np.asarray(obs), device=self.device)
+        state_out: dict[str, np.ndarray] = {}
         with torch.no_grad():
-            # Acting needs no value: models that can (the default one) skip their critic.
-            policy_outputs = getattr(self.model, "policy_outputs", None)
-            dist_inputs = (policy_outputs(obs_t) if policy_outputs is not None
-                           else self.model(obs_t)[0])
+            if self.is_recurrent:
+                dist_inputs, _, state_out = self.recurrent_step(obs_t, state, prev_actions,
+                                                                prev_rewards)
+            else:
+                # Acting needs no value: models that can (the default one) skip their critic.
+                policy_outputs = getattr(self.model, "policy_outputs", None)
+                dist_inputs = (policy_outputs(obs_t) if policy_outputs is not None
+                               else self.model(obs_t)[0])
             dist = self.dist_class(dist_inputs)
             actions = dist.sample() if explore else dist.deterministic_sample()
             logp = dist.logp(actions)
@@ -142,10 +152,13 @@ class ImpalaPolicy(TorchPolicy):
         return actions.cpu().numpy(), {
             SampleBatch.ACTION_LOGP: logp.cpu().numpy().astype(np.float32),
             SampleBatch.ACTION_DIST_INPUTS: dist_inputs.cpu().numpy().astype(np.float32),
+            **state_out,
         }
 
     def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput:
         """The V-trace actor-critic loss on ``batch`` (layout: see the module docstring)."""
+        if SampleBatch.SEQ_LENS in batch:
+            return self._recurrent_loss(model, batch)
         cfg = self.config
         count = batch[SampleBatch.OBS].shape[0]
         horizon = cfg.rollout_fragment_length
@@ -189,7 +202,63 @@ class ImpalaPolicy(TorchPolicy):
             )
             vs = from_time_major(vtrace.vs, count)
             pg_advantages = from_time_major(vtrace.pg_advantages, count)
+        return self._loss_output(model, target_logp, entropy, values, vs, pg_advantages,
+                                 log_rhos)
 
+    def _recurrent_loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput:
+        """V-trace over a sequenced batch: the model unrolls every sequence from its start
+        state (one step further for the bootstrap value); each sequence is one V-trace
+        trace, cut where an episode ends inside it."""
+        cfg = self.config
+        layout = SequenceLayout(batch[SampleBatch.SEQ_LENS])
+        dist_inputs, values, bootstrap = layout.unroll(model, batch, bootstrap=True)
+        assert bootstrap is not None
+        dist = self.dist_class(dist_inputs)
+        actions = batch[SampleBatch.ACTIONS]
+        target_logp = dist.logp(actions)
+        entropy = dist.entropy()
+        with torch.no_grad():
+            if SampleBatch.ACTION_LOGP in batch:
+                behaviour_logp = batch[SampleBatch.ACTION_LOGP].float()
+            else:
+                behaviour_logp = self.dist_class(
+                    batch[SampleBatch.ACTION_DIST_INPUTS].float()).logp(actions)
+            terminated = batch[SampleBatch.TERMINATEDS].bool()
+            ends = trajectory_ends(terminated, batch.get(SampleBatch.TRUNCATEDS),
+                                   batch.get(SampleBatch.EPS_ID), batch.get(SampleBatch.T))
+            seq_ends = torch.zeros_like(ends)
+            seq_ends[layout.last_rows] = True
+            # Inside a sequence a trajectory ends only at a terminal row (sequences are cut
+            # from one episode's fragment); its last row bootstraps from the unrolled value.
+            next_values = torch.zeros_like(values)
+            next_values[layout.last_rows] = bootstrap.detach()
+            next_values = torch.where(terminated, torch.zeros_like(next_values), next_values)
+            ends |= seq_ends
+            rewards = batch[SampleBatch.REWARDS].float()
+            rewards = torch.where(ends, rewards + cfg.gamma * next_values, rewards)
+            discounts = torch.where(ends, torch.zeros_like(rewards),
+                                    torch.full_like(rewards, cfg.gamma))
+            log_rhos = target_logp.detach() - behaviour_logp
+            if not cfg.vtrace:
+                log_rhos = torch.zeros_like(log_rhos)
+            vtrace = vtrace_from_importance_weights(
+                log_rhos=layout.time_major(log_rhos),
+                discounts=layout.time_major(discounts),
+                rewards=layout.time_major(rewards),
+                values=layout.time_major(values.detach()),
+                bootstrap_value=values.new_zeros(layout.num_seqs),
+                clip_rho_threshold=cfg.vtrace_clip_rho_threshold,
+                clip_pg_rho_threshold=cfg.vtrace_clip_pg_rho_threshold,
+            )
+            vs = layout.from_time_major(vtrace.vs)
+            pg_advantages = layout.from_time_major(vtrace.pg_advantages)
+        return self._loss_output(model, target_logp, entropy, values, vs, pg_advantages,
+                                 log_rhos)
+
+    def _loss_output(self, model: nn.Module, target_logp: torch.Tensor,
+                     entropy: torch.Tensor, values: torch.Tensor, vs: torch.Tensor,
+                     pg_advantages: torch.Tensor, log_rhos: torch.Tensor) -> LossOutput:
+        cfg = self.config
         pi_loss = -(target_logp * pg_advantages).mean()
         vf_loss = 0.5 * (values - vs).pow(2).mean()
         mean_entropy = entropy.mean()

@@ -7,7 +7,8 @@ import difflib
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["MODEL_DEFAULTS", "resolve_model_config"]
+__all__ = ["MODEL_DEFAULTS", "RECURRENT_METHODS", "missing_recurrent_methods",
+           "model_value_problems", "resolve_model_config"]
 
 MODEL_DEFAULTS: dict[str, Any] = {
     # Hidden layer sizes of the MLP for flat observations.
@@ -32,7 +33,24 @@ MODEL_DEFAULTS: dict[str, Any] = {
     "custom_model": None,
     # Free-form options for the custom model (it reads them from model_config).
     "custom_model_config": {},
+    # Recurrent policies (actor-critic: IMPALA, A2C, A3C). Wrap the encoder built above
+    # (MLP or conv stack) in an LSTM whose output feeds the policy and value heads (the
+    # value branch has its own encoder and LSTM unless vf_share_layers). With
+    # custom_model set, that class must itself implement the recurrent interface
+    # (actorrl.policy.models.RecurrentModel).
+    "use_lstm": False,
+    # Longest sequence the loss unrolls the LSTM over; fragments are cut into sequences
+    # of at most this many steps, each starting from its recorded state.
+    "max_seq_len": 20,
+    # Size of the LSTM's hidden and cell states.
+    "lstm_cell_size": 256,
+    # Feed the previous action (one-hot for Discrete) to the LSTM with the features.
+    "lstm_use_prev_action": False,
+    # Feed the previous reward to the LSTM with the features.
+    "lstm_use_prev_reward": False,
 }
+
+_POSITIVE_INT_OPTIONS = ("max_seq_len", "lstm_cell_size")
 
 def resolve_model_config(model_config: Mapping[str, Any] | None) -> dict[str, Any]:
     """``MODEL_DEFAULTS`` overridden by ``model_config``; unknown keys raise ``ValueError``
@@ -46,4 +64,33 @@ def resolve_model_config(model_config: Mapping[str, Any] | None) -> dict[str, An
             problems.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
         raise ValueError(f"unknown model option(s) {', '.join(problems)}; "
                          f"supported: {', '.join(sorted(MODEL_DEFAULTS))}")
-    return {**MODEL_DEFAULTS, **cfg}
+    resolved = {**MODEL_DEFAULTS, **cfg}
+    problems = model_value_problems(resolved)
+    if problems:
+        raise ValueError("; ".join(f"model option {key!r} {message}"
+                                   for key, message in problems))
+    return resolved
+
+
+def model_value_problems(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """``(key, problem)`` for values of a resolved model config that cannot work (the
+    recurrent options' ranges and types)."""
+    problems = []
+    for key in _POSITIVE_INT_OPTIONS:
+        value = cfg[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            problems.append((key, f"must be an integer >= 1, got {value!r}"))
+    for key in ("use_lstm", "lstm_use_prev_action", "lstm_use_prev_reward"):
+        if not isinstance(cfg[key], bool):
+            problems.append((key, f"must be true or false, got {cfg[key]!r}"))
+    return problems
+
+
+RECURRENT_METHODS = ("get_initial_state", "forward_rnn")
+"""What makes a model recurrent (see ``actorrl.policy.models.RecurrentModel``)."""
+
+
+def missing_recurrent_methods(model_cls: Any) -> list[str]:
+    """The methods of :data:`RECURRENT_METHODS` that ``model_cls`` (a class or instance)
+    lacks; empty for a recurrent model."""
+    return [name for name in RECURRENT_METHODS if not callable(getattr(model_cls, name, None))]

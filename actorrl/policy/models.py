@@ -7,6 +7,29 @@ Model interface (policies rely on it; custom models must follow it)
     [B, num_outputs] (action-distribution inputs, or Q-values) and ``value`` [B] (the state
     value; models without a critic may return zeros).
 
+Recurrent models (``model: {use_lstm: true}``, or a custom model implementing it)
+    A :class:`RecurrentModel` carries state from step to step. It is built the same way
+    and provides:
+
+    ``get_initial_state() -> list[Tensor]``
+        The state at an episode's start: a list of tensors, each one env's state (no
+        batch dimension), e.g. ``[h, c]`` of shape ``[cell_size]`` each.
+    ``forward_rnn(inputs, state, seq_lens) -> (outputs, values, state_out)``
+        Runs ``B`` sequences of up to ``T`` steps. ``inputs["obs"]`` is ``[B, T, *obs]``;
+        ``inputs["prev_actions"]`` (``[B, T, *action]``) and ``inputs["prev_rewards"]``
+        (``[B, T]``) are present when the model config's ``lstm_use_prev_action`` /
+        ``lstm_use_prev_reward`` are set (zeros at an episode's first step). ``state``
+        holds each sequence's start state (``[B, ...]`` per tensor), ``seq_lens`` ``[B]``
+        the number of real steps of each sequence (>= 1; later steps are padding, their
+        outputs are ignored). Returns ``outputs`` ``[B, T, num_outputs]``, ``values``
+        ``[B, T]`` and the state after each sequence's last real step.
+
+    Policies act with ``T = 1`` (one step of every env of a worker in one call) and learn
+    by unrolling over the recorded sequences (:mod:`actorrl.policy.recurrent`).
+    :class:`LSTMActorCriticModel` is the catalog's: the encoder actorrl builds for the
+    observation space (MLP or conv stack), then an LSTM over the features (plus the
+    previous action and reward when configured), then policy and value heads.
+
 Building blocks for other models
     :func:`build_mlp` (a plain MLP) and :func:`build_encoder` (observation -> feature vector,
     choosing an MLP for flat observations and a conv net for rank-3 images) are shared
@@ -36,7 +59,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from actorrl.classpath import resolve_callable
-from actorrl.policy.model_config import resolve_model_config
+from actorrl.policy.model_config import missing_recurrent_methods, resolve_model_config
 from actorrl.spaces import needs_flattening
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {
@@ -312,18 +335,145 @@ class ActorCriticModel(nn.Module):
         return outputs, self.value_head(features).squeeze(-1)
 
 
+class RecurrentModel(nn.Module):
+    """Base class (and documentation) of the recurrent model interface; see the module
+    docstring. Subclassing it is optional: a model with both methods is recurrent."""
+
+    def get_initial_state(self) -> list[torch.Tensor]:
+        """One env's state at an episode's start (tensors without a batch dimension)."""
+        raise NotImplementedError
+
+    def forward_rnn(self, inputs: Mapping[str, torch.Tensor], state: Sequence[torch.Tensor],
+                    seq_lens: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """``(outputs [B, T, n], values [B, T], state_out)`` for ``B`` padded sequences."""
+        raise NotImplementedError
+
+
+def is_recurrent(model: nn.Module) -> bool:
+    """Whether ``model`` implements the recurrent interface."""
+    return not missing_recurrent_methods(model)
+
+
+def action_feature_size(action_space: gym.Space) -> int:
+    """Width of the previous-action input: ``n`` (one-hot) for ``Discrete``, the flattened
+    size for ``Box``."""
+    if isinstance(action_space, gym.spaces.Discrete):
+        return int(action_space.n)
+    if isinstance(action_space, gym.spaces.Box):
+        return int(math.prod(action_space.shape))
+    raise ValueError(f"model option 'lstm_use_prev_action' supports Discrete and Box action "
+                     f"spaces, not {action_space!r}")
+
+
+class LSTMActorCriticModel(RecurrentModel):
+    """The catalog's recurrent actor-critic (``use_lstm``): encoder (MLP or conv stack, as
+    :func:`build_encoder` builds for the observations), LSTM of ``lstm_cell_size`` over
+    the features (with the previous action and reward when ``lstm_use_prev_action`` /
+    ``lstm_use_prev_reward``), then policy and value heads on the LSTM output. Unless
+    ``vf_share_layers``, the value head has its own encoder and LSTM (and state): sharing
+    the LSTM, the value loss swamped the policy's gradient and StatelessCartPole did not
+    learn here (RLlib always shares)."""
+
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space, num_outputs: int,
+                 model_config: Mapping[str, Any] | None) -> None:
+        super().__init__()
+        cfg = resolve_model_config(model_config)
+        self.encoder, features = build_encoder(obs_space, cfg)
+        self.action_space = action_space
+        self.use_prev_action = bool(cfg["lstm_use_prev_action"])
+        self.use_prev_reward = bool(cfg["lstm_use_prev_reward"])
+        in_dim = features
+        if self.use_prev_action:
+            in_dim += action_feature_size(action_space)
+        if self.use_prev_reward:
+            in_dim += 1
+        self.cell_size = int(cfg["lstm_cell_size"])
+        self.lstm = nn.LSTM(in_dim, self.cell_size, batch_first=True)
+        self.policy_head = normc_init_(nn.Linear(self.cell_size, num_outputs), 0.01)
+        self.value_encoder: nn.Module | None = None
+        self.value_lstm: nn.LSTM | None = None
+        if not cfg["vf_share_layers"]:
+            self.value_encoder, _ = build_encoder(obs_space, cfg)
+            self.value_lstm = nn.LSTM(in_dim, self.cell_size, batch_first=True)
+        self.value_head = normc_init_(nn.Linear(self.cell_size, 1), 1.0)
+
+    def get_initial_state(self) -> list[torch.Tensor]:
+        """Zero hidden and cell states, ``[lstm_cell_size]`` each (the value branch's own
+        two after them unless ``vf_share_layers``)."""
+        weight = self.value_head.weight
+        count = 2 if self.value_lstm is None else 4
+        return [weight.new_zeros(self.cell_size) for _ in range(count)]
+
+    def _prev_action_features(self, prev_actions: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.action_space, gym.spaces.Discrete):
+            return F.one_hot(prev_actions.long(), int(self.action_space.n)).float()
+        return prev_actions.reshape(*prev_actions.shape[:2], -1).float()
+
+    def forward_rnn(self, inputs: Mapping[str, torch.Tensor], state: Sequence[torch.Tensor],
+                    seq_lens: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """See :class:`RecurrentModel`."""
+        lengths = seq_lens.detach().cpu()
+        out, state_out = self._branch(self.encoder, self.lstm, inputs, state[0:2], lengths)
+        outputs = self.policy_head(out)
+        if self.value_lstm is not None:
+            assert self.value_encoder is not None
+            out, value_state = self._branch(self.value_encoder, self.value_lstm, inputs,
+                                            state[2:4], lengths)
+            state_out += value_state
+        return outputs, self.value_head(out).squeeze(-1), state_out
+
+    def _branch(self, encoder: nn.Module, lstm: nn.LSTM, inputs: Mapping[str, torch.Tensor],
+                state: Sequence[torch.Tensor], lengths: torch.Tensor
+                ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        obs = inputs["obs"]
+        batch, horizon = obs.shape[:2]
+        features = encoder(obs.reshape(batch * horizon, *obs.shape[2:]))
+        parts = [features.reshape(batch, horizon, -1)]
+        if self.use_prev_action:
+            parts.append(self._prev_action_features(inputs["prev_actions"]))
+        if self.use_prev_reward:
+            parts.append(inputs["prev_rewards"].float().reshape(batch, horizon, 1))
+        x = torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
+        h0, c0 = state[0].unsqueeze(0).contiguous(), state[1].unsqueeze(0).contiguous()
+        if horizon == 1 or bool((lengths == horizon).all()):
+            out, (h, c) = lstm(x, (h0, c0))
+        else:
+            # Packed: the state out is the state after each sequence's last real step.
+            packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True,
+                                                       enforce_sorted=False)
+            packed_out, (h, c) = lstm(packed, (h0, c0))
+            out, _ = nn.utils.rnn.pad_packed_sequence(packed_out, batch_first=True,
+                                                      total_length=horizon)
+        return out, [h[0], c[0]]
+
+
 def make_model(obs_space: gym.Space, action_space: gym.Space, num_outputs: int,
                model_config: Mapping[str, Any] | None,
                default_cls: type[nn.Module] = ActorCriticModel) -> nn.Module:
     """The model catalog: ``model_config['custom_model']`` (a class or ``"pkg.module:Class"``)
-    when set, else ``default_cls``; either is called as ``cls(obs_space, action_space,
-    num_outputs, model_config)`` with the resolved config."""
+    when set, else ``default_cls`` (:class:`LSTMActorCriticModel` for the default
+    actor-critic under ``use_lstm``); either is called as ``cls(obs_space, action_space,
+    num_outputs, model_config)`` with the resolved config. Under ``use_lstm`` the model
+    must implement :class:`RecurrentModel`'s interface (ValueError naming the key)."""
     cfg = resolve_model_config(model_config)
     cls = default_cls
     if cfg["custom_model"] is not None:
         cls = resolve_callable(cfg["custom_model"], "model.custom_model")
+    elif cfg["use_lstm"]:
+        if default_cls is not ActorCriticModel:
+            raise ValueError(f"model option 'use_lstm' is supported by the actor-critic "
+                             f"policies (IMPALA, A2C, A3C), not by {default_cls.__name__}")
+        cls = LSTMActorCriticModel
     model = cls(obs_space, action_space, num_outputs, cfg)
     if not isinstance(model, nn.Module):
         raise ValueError(f"model.custom_model {cfg['custom_model']!r} built a "
                          f"{type(model).__name__}, expected a torch.nn.Module")
+    missing = missing_recurrent_methods(model)
+    if cfg["use_lstm"] and missing:
+        raise ValueError(f"model option 'use_lstm' is set but model.custom_model "
+                         f"{cfg['custom_model']!r} is not recurrent (it has no "
+                         f"{', '.join(missing)}); implement RecurrentModel's interface "
+                         "(actorrl.policy.models) or set use_lstm to false")
     return model
