@@ -287,7 +287,9 @@ SMALL = {"env": "Acrobot-v1", "num_workers": 3, "seed": 5, "min_iter_time_s": 0.
          "timesteps_per_iteration": 150, "metrics_smoothing_episodes": 7,
          "num_cpus_per_worker": 0.5, "num_cpus_for_driver": 0.25, "num_gpus": 1,
          "_fake_gpus": True, "rollout_fragment_length": 16, "num_envs_per_worker": 1,
-         "model": {"fcnet_hiddens": [8]}}
+         "model": {"fcnet_hiddens": [8]}, "evaluation_interval": 1,
+         "evaluation_duration": 40, "evaluation_duration_unit": "timesteps",
+         "evaluation_num_workers": 2, "evaluation_config": {"explore": True}}
 TRAINER_CASES: dict[str, dict[str, Any]] = {
     "apex": {**SMALL, "debug": True, "train_batch_size": 32, "max_weight_sync_delay": 33,
              "training_intensity": 2.0, "learning_starts": 64, "learner_queue_size": 5,
@@ -334,6 +336,13 @@ READS: dict[str, Any] = {
         lambda t, d, r: t.pipeline.samples_in_flight == 3,
     "grads_per_step": lambda t, d, r: t.pipeline.grads_per_step == 3,
     "microbatch_size": lambda t, d, r: t.pipeline.microbatch_size == 32,
+    "evaluation_interval": lambda t, d, r: "evaluation" in r,
+    "evaluation_num_workers": lambda t, d, r: len(d.made("evaluation-worker")) == 2,
+    "evaluation_duration": lambda t, d, r: r["evaluation"]["timesteps_this_iter"] >= 40,
+    "evaluation_duration_unit": lambda t, d, r: t.evaluator.unit == "timesteps"
+    and r["evaluation"]["timesteps_this_iter"] >= 40,
+    "evaluation_config": lambda t, d, r: all(
+        c["args"][2]["rollout"]["explore"] is True for c in d.made("evaluation-worker")),
 }
 """Trainer key -> what shows it reached what reads it: the actors the trainer started
 (count, class, CPUs, GPUs), the pipeline it built, or one training iteration's result.

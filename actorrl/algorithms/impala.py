@@ -66,9 +66,11 @@ class ImpalaConfig(AlgorithmConfig):
         return problems
 
     def derived_values(self, section: str) -> dict[str, Any]:
-        """Each tower gets whole V-trace sequences."""
+        """Each tower gets whole V-trace sequences; a learner starved from the start fails
+        after ``learner_queue_timeout`` (the seeds' IMPALA learner, unlike Ape-X's)."""
         if section == "learner":
-            return {"tower_rows_multiple": self.rollout.rollout_fragment_length}
+            return {"tower_rows_multiple": self.rollout.rollout_fragment_length,
+                    "wait_for_first_batch": False}
         return {}
 
 

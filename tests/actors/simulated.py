@@ -170,7 +170,9 @@ class SinkLearner:
     ``learner_queue_size`` batches."""
 
     def __init__(self, env: str, policy: str, worker_config: Mapping[str, Any],
-                 learner_config: Mapping[str, Any], start_thread: bool = True) -> None:
+                 learner_config: Mapping[str, Any], start_thread: bool = True,
+                 sampling: bool = False) -> None:
+        # sampling (the learner's own worker sampling, A2C with num_workers 0): never here
         settings = sim_settings(worker_config)
         self.cost_s = float(settings.get("sim_learner_cost_s", 0.0))
         size = int(float(settings.get("sim_weights_mb", 1.0)) * 2**20) // 4
