@@ -436,8 +436,14 @@ class LSTMActorCriticModel(RecurrentModel):
         if self.use_prev_reward:
             parts.append(inputs["prev_rewards"].float().reshape(batch, horizon, 1))
         x = torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
+        if horizon == 1:
+            # One step (acting in a worker): the cell function, without nn.LSTM's per-call
+            # weight checks (~1.7x faster for small cells; equal to float rounding).
+            h, c = torch.lstm_cell(x[:, 0], (state[0], state[1]), lstm.weight_ih_l0,
+                                   lstm.weight_hh_l0, lstm.bias_ih_l0, lstm.bias_hh_l0)
+            return h.unsqueeze(1), [h, c]
         h0, c0 = state[0].unsqueeze(0).contiguous(), state[1].unsqueeze(0).contiguous()
-        if horizon == 1 or bool((lengths == horizon).all()):
+        if bool((lengths == horizon).all()):
             out, (h, c) = lstm(x, (h0, c0))
         else:
             # Packed: the state out is the state after each sequence's last real step.
