@@ -602,7 +602,9 @@ def test_jobs_follow_reattaches_across_a_coordinator_restart(tmp_path, keys):
         c.client.close()
         c.coordinator.kill()
         c.coordinator.wait(10)
-        _read_until(follower.stdout, "lost the coordinator", 60, seen)
+        # Noticed by the disconnect or, at the latest, when the pending results call times
+        # out (poll 10 s + 15 s); under a loaded machine that took over 60 s once.
+        _read_until(follower.stdout, "lost the coordinator", 150, seen)
         c.coordinator, address = start_coordinator(str(tmp_path), keys, bind=c.address)
         c.pids.add(c.coordinator.pid)
         c.client = Client(c.address, keys_dir=keys)
