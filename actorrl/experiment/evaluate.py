@@ -72,14 +72,7 @@ def evaluate_checkpoint(path: str | os.PathLike[str], episodes: int, *,
         raise UsageError(f"--episodes must be >= 1, got {episodes}")
     if render not in RENDER_MODES:
         raise UsageError(f"--render must be one of {', '.join(RENDER_MODES)}, got {render!r}")
-    try:
-        folder, state = read_checkpoint(path)
-    except CheckpointError as exc:  # the user named it: bad input
-        raise UsageError(str(exc)) from None
-    try:
-        spec = get_algorithm(str(state["algorithm"]))
-    except ValueError as exc:
-        raise UsageError(f"checkpoint {str(folder)!r}: {exc}") from None
+    folder, state, spec = _read_checkpoint(path)
     config = dict(state.get("config") or {})
     env_id = env or str(config.get("env"))
     env_config = dict(config.get("env_config") or {})
@@ -99,6 +92,20 @@ def evaluate_checkpoint(path: str | os.PathLike[str], episodes: int, *,
         episode_reward_mean=float(arr.mean()), episode_reward_std=float(arr.std()),
         episode_reward_min=float(arr.min()), episode_reward_max=float(arr.max()),
         episode_len_mean=float(np.mean(lengths)), episode_rewards=[float(r) for r in returns])
+
+
+def _read_checkpoint(path: str | os.PathLike[str]) -> tuple[Any, dict[str, Any], Any]:
+    """The checkpoint's folder, state and algorithm spec; UsageError when the user named
+    something that is no checkpoint of a known algorithm."""
+    try:
+        folder, state = read_checkpoint(path)
+    except CheckpointError as exc:  # the user named it: bad input
+        raise UsageError(str(exc)) from None
+    try:
+        spec = get_algorithm(str(state["algorithm"]))
+    except ValueError as exc:
+        raise UsageError(f"checkpoint {str(folder)!r}: {exc}") from None
+    return folder, state, spec
 
 
 def _make_envs(env_id: str, env_config: dict[str, Any], count: int) -> list[Any]:
@@ -252,14 +259,7 @@ def load_checkpoint_policy(path: str | os.PathLike[str], *, env: str | None = No
     """Load the single-agent policy of the checkpoint at ``path`` (a checkpoint folder or a
     results folder: its latest checkpoint), greedy (``explore`` off), for analysis scripts
     that roll it out themselves; ``env`` overrides the checkpoint's env id."""
-    try:
-        folder, state = read_checkpoint(path)
-    except CheckpointError as exc:
-        raise UsageError(str(exc)) from None
-    try:
-        spec = get_algorithm(str(state["algorithm"]))
-    except ValueError as exc:
-        raise UsageError(f"checkpoint {str(folder)!r}: {exc}") from None
+    folder, state, spec = _read_checkpoint(path)
     config = dict(state.get("config") or {})
     env_id = env or str(config.get("env"))
     env_config = dict(config.get("env_config") or {})

@@ -169,11 +169,7 @@ class ImpalaPolicy(TorchPolicy):
         entropy = dist.entropy()
 
         with torch.no_grad():
-            if SampleBatch.ACTION_LOGP in batch:
-                behaviour_logp = batch[SampleBatch.ACTION_LOGP].float()
-            else:
-                behaviour_logp = self.dist_class(
-                    batch[SampleBatch.ACTION_DIST_INPUTS].float()).logp(actions)
+            behaviour_logp = self._behaviour_logp(batch, actions)
             terminated = batch[SampleBatch.TERMINATEDS].bool()
             ends = trajectory_ends(terminated, batch.get(SampleBatch.TRUNCATEDS),
                                    batch.get(SampleBatch.EPS_ID), batch.get(SampleBatch.T))
@@ -205,6 +201,14 @@ class ImpalaPolicy(TorchPolicy):
         return self._loss_output(model, target_logp, entropy, values, vs, pg_advantages,
                                  log_rhos)
 
+    def _behaviour_logp(self, batch: dict[str, torch.Tensor], actions: torch.Tensor
+                        ) -> torch.Tensor:
+        """The sampling policy's log-probabilities of ``actions``: recorded, or recomputed
+        from the recorded distribution inputs."""
+        if SampleBatch.ACTION_LOGP in batch:
+            return batch[SampleBatch.ACTION_LOGP].float()
+        return self.dist_class(batch[SampleBatch.ACTION_DIST_INPUTS].float()).logp(actions)
+
     def _recurrent_loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput:
         """V-trace over a sequenced batch: the model unrolls every sequence from its start
         state (one step further for the bootstrap value); each sequence is one V-trace
@@ -218,11 +222,7 @@ class ImpalaPolicy(TorchPolicy):
         target_logp = dist.logp(actions)
         entropy = dist.entropy()
         with torch.no_grad():
-            if SampleBatch.ACTION_LOGP in batch:
-                behaviour_logp = batch[SampleBatch.ACTION_LOGP].float()
-            else:
-                behaviour_logp = self.dist_class(
-                    batch[SampleBatch.ACTION_DIST_INPUTS].float()).logp(actions)
+            behaviour_logp = self._behaviour_logp(batch, actions)
             terminated = batch[SampleBatch.TERMINATEDS].bool()
             ends = trajectory_ends(terminated, batch.get(SampleBatch.TRUNCATEDS),
                                    batch.get(SampleBatch.EPS_ID), batch.get(SampleBatch.T))
