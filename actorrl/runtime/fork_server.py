@@ -11,14 +11,10 @@ parallel op ever runs in it) and never initialises CUDA, so a CUDA learner initi
 after the fork, in its own process. OpenMP/BLAS pools are kept single-threaded here
 (``OMP_NUM_THREADS=1``) and each actor sets torch's thread count from its CPU request.
 
-Protocol, over a ``SOCK_SEQPACKET`` socket pair (one msgpack list per message):
-
-- server -> node ``["ready", pid, preloaded_modules, import_seconds]`` once imports finish;
-- node -> server ``["fork", request_id, argv, environ, log_path]``;
-- server -> node ``["forked", request_id, pid]`` with a pidfd of the child attached
-  (``SCM_RIGHTS``), or ``["failed", request_id, message]``;
-- server -> node ``["exited", pid, returncode]`` when a child exits (the server reaps it;
-  ``returncode`` as :attr:`subprocess.Popen.returncode`: negative for a signal).
+The messages it exchanges with the node are in :mod:`actorrl.runtime.fork_protocol`: a
+:class:`~actorrl.runtime.fork_protocol.Ready` once imports finish, then per
+:class:`~actorrl.runtime.fork_protocol.ForkRequest` a ``Forked`` (with the child's pidfd)
+or a ``ForkFailed``, and an ``Exited`` when a child is reaped.
 
 The server exits when the node closes its end or when the node's lifeline pipe reports
 EOF (the node died). Its children are started with ``PR_SET_PDEATHSIG=SIGKILL``, so they
@@ -39,9 +35,20 @@ import sys
 import time
 import traceback
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import NoReturn
 
-import msgpack
+from actorrl.runtime.fork_protocol import (
+    MAX_MESSAGE_BYTES,
+    Exited,
+    Forked,
+    ForkFailed,
+    ForkRequest,
+    Message,
+    ProtocolError,
+    Ready,
+    decode,
+    encode,
+)
 
 PRELOAD_MODULES: tuple[str, ...] = (
     "numpy",
@@ -60,9 +67,6 @@ PRELOAD_MODULES: tuple[str, ...] = (
 )
 """What the server imports before its first fork (each best-effort: one that fails to
 import is skipped, and the actor that needs it imports it itself)."""
-
-MAX_MESSAGE_BYTES = 1 << 20
-"""The largest control message (a fork request carries the actor's whole environment)."""
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
@@ -166,9 +170,9 @@ class ForkServer:
         self.children: dict[int, int] = {}
         """pidfd -> pid of each child not yet reaped."""
 
-    def send(self, message: list[Any], fds: Sequence[int] = ()) -> None:
+    def send(self, message: Message, fds: Sequence[int] = ()) -> None:
         """One message to the node (with descriptors attached, if any)."""
-        data = msgpack.packb(message)
+        data = encode(message)
         if fds:
             socket.send_fds(self.control, [data], list(fds))
         else:
@@ -184,19 +188,24 @@ class ForkServer:
                     data = self.control.recv(MAX_MESSAGE_BYTES)
                     if not data:
                         return
-                    self.handle(msgpack.unpackb(data))
+                    try:
+                        request = decode(data)
+                    except ProtocolError as exc:
+                        print(f"fork server: {exc}", file=sys.stderr, flush=True)
+                        continue
+                    if isinstance(request, ForkRequest):
+                        self.handle(request)
+                    else:
+                        print(f"fork server: ignoring {request!r:.100}", file=sys.stderr,
+                              flush=True)
                 elif key.data == "lifeline":
                     if not os.read(self.lifeline_fd, 1):
                         return
                 else:
                     self.reap(key.fd)
 
-    def handle(self, message: list[Any]) -> None:
+    def handle(self, request: ForkRequest) -> None:
         """Answer one fork request."""
-        kind, request_id, argv, environ, log_path = message
-        if kind != "fork":
-            self.send(["failed", request_id, f"unknown request {kind!r}"])
-            return
         sys.stdout.flush()
         sys.stderr.flush()
         close_fds = [self.control.fileno(), self.selector.fileno(), *self.children]
@@ -204,14 +213,15 @@ class ForkServer:
         try:
             pid = os.fork()
         except OSError as exc:
-            self.send(["failed", request_id, f"fork failed: {exc}"])
+            self.send(ForkFailed(request.request_id, f"fork failed: {exc}"))
             return
         if pid == 0:
-            become_actor(server_pid, close_fds, list(argv), dict(environ), log_path)
+            become_actor(server_pid, close_fds, list(request.argv), dict(request.environ),
+                         request.log_path)
         pidfd = os.pidfd_open(pid)
         self.children[pidfd] = pid
         self.selector.register(pidfd, selectors.EVENT_READ, "child")
-        self.send(["forked", request_id, pid], [pidfd])
+        self.send(Forked(request.request_id, pid), [pidfd])
 
     def reap(self, pidfd: int) -> None:
         """A child exited: collect its status and tell the node."""
@@ -219,7 +229,7 @@ class ForkServer:
         self.selector.unregister(pidfd)
         os.close(pidfd)
         _, status = os.waitpid(pid, 0)
-        self.send(["exited", pid, os.waitstatus_to_exitcode(status)])
+        self.send(Exited(pid, os.waitstatus_to_exitcode(status)))
 
 
 def main() -> None:
@@ -235,7 +245,7 @@ def main() -> None:
     seconds = round(time.monotonic() - started, 3)
     print(f"fork server {os.getpid()}: preloaded {len(loaded)} modules in {seconds:.2f} s",
           file=sys.stderr, flush=True)
-    server.send(["ready", os.getpid(), loaded, seconds])
+    server.send(Ready(os.getpid(), loaded, seconds))
     try:
         server.serve()
     except (BrokenPipeError, ConnectionResetError):

@@ -17,19 +17,26 @@ import os
 import signal
 import socket
 from collections.abc import Callable
-from typing import Any
-
-import msgpack
 
 from actorrl.runtime.errors import ActorCreationError
+from actorrl.runtime.fork_protocol import (
+    MAX_MESSAGE_BYTES,
+    Exited,
+    Forked,
+    ForkFailed,
+    ForkRequest,
+    Message,
+    ProtocolError,
+    Ready,
+    decode,
+    encode,
+)
 from actorrl.runtime.process import ActorProcess, ChildProcess, Lifeline, exit_description
 
 log = logging.getLogger(__name__)
 
 START_METHODS = ("fork", "spawn")
 """How a node starts actor processes: forked from its fork server, or spawned fresh."""
-
-_MAX_MESSAGE_BYTES = 1 << 16
 
 
 def fork_supported() -> bool:
@@ -115,9 +122,10 @@ class ForkedProcess(ActorProcess):
         self._pidfd = -1
 
 
-class ForkServer:
-    """Starts the fork server process and turns fork requests into :class:`ForkedProcess`
-    objects. Requests sent while the server is still importing wait in its socket."""
+class ForkServerClient:
+    """A node's end of its fork server: starts the server process and turns fork requests
+    into :class:`ForkedProcess` objects. Requests sent while the server is still importing
+    wait in its socket."""
 
     def __init__(self, lifeline: Lifeline, log_path: str, env: dict[str, str]) -> None:
         self._loop = asyncio.get_running_loop()
@@ -161,8 +169,13 @@ class ForkServer:
             process._not_forked("the fork server is not running")
             return process
         request_id = next(self._request_ids)
+        try:
+            data = encode(ForkRequest(request_id, argv, env, log_path))
+        except ProtocolError as exc:
+            process._not_forked(str(exc))
+            return process
         self._pending[request_id] = process
-        self._outbox.append(msgpack.packb(["fork", request_id, argv, env, log_path]))
+        self._outbox.append(data)
         if len(self._outbox) == 1:
             self._flush()
         return process
@@ -185,7 +198,7 @@ class ForkServer:
     def _readable(self) -> None:
         while True:
             try:
-                data, fds, _, _ = socket.recv_fds(self._socket, _MAX_MESSAGE_BYTES, 1)
+                data, fds, _, _ = socket.recv_fds(self._socket, MAX_MESSAGE_BYTES, 1)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
@@ -195,29 +208,33 @@ class ForkServer:
             if not data:
                 self._channel_closed()
                 return
-            self._dispatch(msgpack.unpackb(data), fds)
+            try:
+                message = decode(data)
+            except ProtocolError as exc:
+                log.warning("fork server sent %s", exc)
+                message = None
+            self._dispatch(message, fds)
 
-    def _dispatch(self, message: list[Any], fds: list[int]) -> None:
-        kind = message[0]
-        if kind == "ready":
-            _, pid, loaded, seconds = message
-            log.debug("fork server %d ready in %.2f s (preloaded %s)", pid, seconds, loaded)
+    def _dispatch(self, message: Message | None, fds: list[int]) -> None:
+        kept = 0
+        if isinstance(message, Ready):
+            log.debug("fork server %d ready in %.2f s (preloaded %s)", message.pid,
+                      message.import_seconds, message.preloaded)
             if not self.ready.done():
-                self.ready.set_result(float(seconds))
-        elif kind == "forked":
-            _, request_id, pid = message
-            child = self._pending.pop(request_id)
-            self._children[pid] = child
-            child._forked_as(pid, fds[0])
-        elif kind == "exited":
-            _, pid, returncode = message
-            child = self._children.pop(pid, None)
-            if child is not None:
-                child._reported_exit(returncode)
-        elif kind == "failed":
-            _, request_id, text = message
-            self._pending.pop(request_id)._not_forked(f"fork server: {text}")
-        for fd in fds if kind != "forked" else fds[1:]:
+                self.ready.set_result(float(message.import_seconds))
+        elif isinstance(message, Forked):
+            child = self._pending.pop(message.request_id)
+            self._children[message.pid] = child
+            child._forked_as(message.pid, fds[0])
+            kept = 1
+        elif isinstance(message, Exited):
+            exited = self._children.pop(message.pid, None)
+            if exited is not None:
+                exited._reported_exit(message.returncode)
+        elif isinstance(message, ForkFailed):
+            self._pending.pop(message.request_id)._not_forked(
+                f"fork server: {message.reason}")
+        for fd in fds[kept:]:
             os.close(fd)
 
     def _channel_closed(self) -> None:
@@ -228,9 +245,8 @@ class ForkServer:
         self._loop.remove_writer(self._socket)
         self._socket.close()
         self._outbox.clear()
-        error = ActorCreationError(
-            f"the fork server stopped; its log ({self.process.log_path}) ends with:\n"
-            f"{self.process.log_tail()}")
+        error = ActorCreationError("the fork server stopped", log_path=self.process.log_path,
+                                   log_tail=self.process.log_tail())
         for process in self._pending.values():
             process._not_forked(str(error))
         self._pending.clear()

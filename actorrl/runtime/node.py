@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from actorrl.runtime.actor import ActorHandle, ActorSpec
 from actorrl.runtime.core import Runtime
 from actorrl.runtime.errors import ActorCreationError
-from actorrl.runtime.forking import ForkServer, resolve_start_method
+from actorrl.runtime.forking import ForkServerClient, resolve_start_method
 from actorrl.runtime.process import ActorProcess, ChildProcess, Lifeline, exit_description
 from transport.rpc import Request
 from transport.timeouts import wait_for
@@ -75,19 +75,19 @@ class LocalNode:
         runtime.serve("__actor_hello__", self._on_hello)
         runtime.serve("__actor_ready__", self._on_ready)
         self.start_method = resolve_start_method(start_method)
-        self._fork_server: ForkServer | None = None
+        self._fork_server: ForkServerClient | None = None
         if self.start_method == "fork":
             self._fork_server = self._start_fork_server()
 
     @property
-    def fork_server(self) -> ForkServer | None:
+    def fork_server(self) -> ForkServerClient | None:
         """The server that forks this node's actor processes (``fork`` start method; None
         with ``spawn``); replaced by a fresh one when it died."""
         return self._fork_server
 
-    def _start_fork_server(self) -> ForkServer:
+    def _start_fork_server(self) -> ForkServerClient:
         log_path = os.path.join(self.session_dir, "logs", "fork-server.log")
-        return ForkServer(self.lifeline, log_path, {**os.environ, **self.child_env})
+        return ForkServerClient(self.lifeline, log_path, {**os.environ, **self.child_env})
 
     def _new_process(self, actor_id: str, argv: list[str], env: dict[str, str],
                      log_path: str) -> ActorProcess:
@@ -144,8 +144,8 @@ class LocalNode:
             process.kill()
             if isinstance(exc, TimeoutError):
                 raise ActorCreationError(
-                    f"actor {spec.class_path} did not start within {timeout_s:g} s; its log "
-                    f"({log_path}) ends with:\n{process.log_tail()}") from None
+                    f"actor {spec.class_path} did not start within {timeout_s:g} s",
+                    log_path=log_path, log_tail=process.log_tail()) from None
             raise
         self.runtime.forget_dead(endpoint)
         return ActorHandle(actor_id, endpoint, spec.class_path, spec.name, spec, self.runtime)
@@ -177,8 +177,8 @@ class LocalNode:
         reason = f"actor process {process.pid} {exit_description(process.returncode)}"
         if not running.ready.done():
             running.ready.set_exception(ActorCreationError(
-                f"actor {running.spec.class_path} {reason} while starting; its log "
-                f"({process.log_path}) ends with:\n{process.log_tail()}"))
+                f"actor {running.spec.class_path} {reason} while starting",
+                log_path=process.log_path, log_tail=process.log_tail()))
             return
         if running.endpoint:
             self.runtime.mark_dead(running.endpoint, reason)
