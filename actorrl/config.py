@@ -32,7 +32,7 @@ import os
 import types
 import typing
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
@@ -49,7 +49,21 @@ ALGORITHM = "algorithm"
 
 @register_error  # a coordinator's ConfigError reaches a client as ConfigError
 class ConfigError(ValueError):
-    """A config has unknown keys or invalid values; the message lists them all."""
+    """A config has unknown keys or invalid values; the message lists them all.
+
+    ``ConfigError("invalid X:", problems=[...])`` keeps each problem in ``problems`` and
+    writes them below the first line, one ``  - problem`` line each; a plain
+    ``ConfigError(message)`` has no list. (Raised on the caller's side of a call, a remote
+    one has the whole text as its message and an empty list.)
+    """
+
+    problems: tuple[str, ...] = ()
+
+    def __init__(self, message: str, *, problems: Sequence[str] | None = None) -> None:
+        if problems is not None:
+            message += "\n  - " + "\n  - ".join(problems)
+        super().__init__(message)
+        self.problems = tuple(problems or ())
 
 
 def derived(default: Any, source: str) -> Any:
@@ -78,7 +92,7 @@ class ConfigSection:
     def __post_init__(self) -> None:
         problems = self.validate()
         if problems:
-            raise ConfigError(f"invalid {type(self).__name__}:\n  - " + "\n  - ".join(problems))
+            raise ConfigError(f"invalid {type(self).__name__}:", problems=problems)
 
     def validate(self) -> list[str]:
         """Every problem with the values (empty when valid); subclasses extend it."""
@@ -109,7 +123,7 @@ class ConfigSection:
         problems: list[str] = []
         out = _load_section(cls, values, path, base, problems, _Spelling(), strict=False)
         if problems or out is None:
-            raise ConfigError(f"invalid {cls.__name__}:\n  - " + "\n  - ".join(problems))
+            raise ConfigError(f"invalid {cls.__name__}:", problems=problems)
         return out
 
     def replace(self: S, **changes: Any) -> S:
@@ -216,9 +230,8 @@ def _load_section(cls: type[S], values: Any, path: str, base: S | None, problems
         return cls(**clean)
     except ConfigError as exc:
         prefix = spelling.show(path.rstrip(".")) if path else ""
-        lines = str(exc).splitlines()[1:] or [str(exc)]
-        problems.extend(f"{prefix}: {line.strip(' -')}" if prefix else line.strip(" -")
-                        for line in lines)
+        problems.extend(f"{prefix}: {problem}" if prefix else problem
+                        for problem in exc.problems or [str(exc)])
     except (TypeError, ValueError) as exc:
         problems.append(f"{spelling.show(path.rstrip('.')) or cls.__name__}: {exc}")
     return None
@@ -528,7 +541,7 @@ def load_component(cls: type[S], values: Mapping[str, Any] | S, *, section: str)
         loaded = _load_section(cls, given, f"{section}.", None, problems, spelling,
                                strict=False)
     if problems or loaded is None:
-        raise ConfigError(f"invalid {cls.__name__}:\n  - " + "\n  - ".join(problems))
+        raise ConfigError(f"invalid {cls.__name__}:", problems=problems)
     return loaded
 
 
@@ -544,10 +557,10 @@ def load_worker_config(values: Mapping[str, Any] | WorkerConfig,
         try:
             parts[name] = load_component(cls, values, section=name)
         except ConfigError as exc:
-            problems.extend(line.strip(" -") for line in str(exc).splitlines()[1:])
+            problems.extend(exc.problems or [str(exc)])
     if problems:
         unique = list(dict.fromkeys(problems))
-        raise ConfigError("invalid worker config:\n  - " + "\n  - ".join(unique))
+        raise ConfigError("invalid worker config:", problems=unique)
     return WorkerConfig(rollout=parts["rollout"], policy=parts["policy"])  # type: ignore[arg-type]
 
 
@@ -666,8 +679,8 @@ class AlgorithmConfig(ConfigSection):
             try:
                 self.evaluation_worker_config()
             except ConfigError as exc:
-                lines = str(exc).splitlines()[1:] or [str(exc)]
-                problems.extend(f"evaluation_config: {line.strip(' -')}" for line in lines)
+                problems.extend(f"evaluation_config: {problem}"
+                                for problem in exc.problems or [str(exc)])
         return problems
 
     def evaluation_worker_config(self) -> WorkerConfig:
@@ -679,10 +692,10 @@ class AlgorithmConfig(ConfigSection):
                                                                       "callbacks"}
         unknown = sorted(set(overrides) - allowed)
         if unknown:
-            raise ConfigError("invalid evaluation_config:\n  - " + "\n  - ".join(
+            raise ConfigError("invalid evaluation_config:", problems=[
                 f"key {k!r} cannot be overridden for evaluation (rollout and policy keys, "
                 f"env_config and callbacks can){_suggest(k, sorted(allowed))}"
-                for k in unknown))
+                for k in unknown])
         base = self.to_dict()
         return type(self).load_evaluation(base, overrides)
 
@@ -764,7 +777,7 @@ def load_config(cls: type[C], values: Mapping[str, Any]) -> C:
         else:
             clean[key] = coerced
     if problems:
-        raise ConfigError(f"invalid {cls.__name__}:\n  - " + "\n  - ".join(problems))
+        raise ConfigError(f"invalid {cls.__name__}:", problems=problems)
     return cls(**clean)
 
 

@@ -193,8 +193,10 @@ def test_error_summary_is_one_line() -> None:
     assert error_summary(remote) == "ValueError: bad value"
     creation = ActorCreationError(f"constructing a.b:C failed: {remote}")
     assert error_summary(creation) == "constructing a.b:C failed: ValueError: bad value"
-    died = ActorCreationError("actor a.b:C exited with code 1 while starting; its log "
-                              "(/x/y.log) ends with:\nTraceback ...")
+    died = ActorCreationError("actor a.b:C exited with code 1 while starting",
+                              log_path="/x/y.log", log_tail="Traceback ...")
+    assert str(died) == ("actor a.b:C exited with code 1 while starting; its log "
+                         "(/x/y.log) ends with:\nTraceback ...")
     assert error_summary(died) == "actor a.b:C exited with code 1 while starting"
     assert error_summary(OSError("no space")) == "OSError: no space"
     assert error_summary(KeyError()) == "KeyError"

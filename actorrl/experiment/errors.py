@@ -8,9 +8,6 @@ traceback go to the run's log file.
 
 from __future__ import annotations
 
-REMOTE_TRACEBACK_MARK = "\n\nRemote traceback:"
-LOG_TAIL_MARK = "; its log ("
-
 
 class UsageError(ValueError):
     """Bad input on the command line or in a file it names; reported as one line, exit 2."""
@@ -18,17 +15,18 @@ class UsageError(ValueError):
 
 def error_summary(exc: BaseException) -> str:
     """One line naming the problem: the exception's type (unless it is generic) and the
-    first line of its message, without remote tracebacks or log tails."""
-    from transport.errors import RemoteError  # lazily: this module loads before numpy
+    first line of its message (a remote error's traceback and an actor start's log tail
+    are never part of that: they follow its first line, or are fields of their own)."""
+    # lazily: this module loads before numpy
+    from actorrl.runtime.errors import ActorCreationError
+    from transport.errors import RemoteError
 
     if isinstance(exc, RemoteError):
         text = f"{exc.type_name}: {exc.message}"
     else:
-        text = str(exc)
+        text = exc.reason if isinstance(exc, ActorCreationError) else str(exc)
         if not text:
             return type(exc).__name__
-        text = text.split(REMOTE_TRACEBACK_MARK, 1)[0]
-        text = text.split(LOG_TAIL_MARK, 1)[0]
         if not type(exc).__module__.startswith("actorrl"):
             text = f"{type(exc).__name__}: {text}"
     first = next((line.strip() for line in text.splitlines() if line.strip()), text)

@@ -33,7 +33,24 @@ class ObjectLostError(ActorDiedError):
 
 @register_error
 class ActorCreationError(RuntimeError):
-    """An actor process could not be started or its constructor raised."""
+    """An actor process could not be started or its constructor raised.
+
+    ``reason`` says what failed, in one line or a few; when the failed process left a log,
+    ``log_path`` names it and the message goes on with the log's tail (``log_tail``), so
+    a summary can show the reason alone. (Raised on the caller's side of a call, a remote
+    one is a :class:`RemoteError` whose ``message`` is the whole text.)
+    """
+
+    reason: str = ""
+    log_path: str | None = None
+
+    def __init__(self, reason: str, *, log_path: str | None = None,
+                 log_tail: str = "") -> None:
+        message = reason if log_path is None else \
+            f"{reason}; its log ({log_path}) ends with:\n{log_tail}"
+        super().__init__(message)
+        self.reason = reason
+        self.log_path = log_path
 
 
 @register_error
