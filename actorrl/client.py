@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 from actorrl.cluster import TERMINAL_STATES, JobError
 from actorrl.config import ConfigError
 from actorrl.runtime.actor import ActorHandle, ActorSpec
-from actorrl.runtime.coordinator import Coordinator, spec_to_wire
+from actorrl.runtime.coordinator import Coordinator
 from actorrl.runtime.core import Runtime
 from actorrl.runtime.errors import ActorCreationError
 from actorrl.runtime.network import Network
@@ -45,6 +45,7 @@ from actorrl.runtime.node import LocalNode
 from actorrl.runtime.node_agent import coordinator_endpoint, route_host
 from actorrl.runtime.refs import ObjectRef
 from actorrl.runtime.sessions import make_session_dir
+from actorrl.runtime.spec_wire import spec_to_wire
 from transport.errors import RemoteError
 from transport.sockets import is_loopback_address, new_event_loop
 

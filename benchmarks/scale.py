@@ -68,7 +68,8 @@ sys.path.insert(0, str(REPO))
 import tests.actors.simulated  # noqa: E402,F401  (its wire types)
 from actorrl.algorithms import Trainer, get_algorithm  # noqa: E402
 from actorrl.config import load_config  # noqa: E402
-from actorrl.runtime.coordinator import ClusterDriver, Coordinator  # noqa: E402
+from actorrl.runtime.cluster_driver import ClusterDriver  # noqa: E402
+from actorrl.runtime.coordinator import Coordinator  # noqa: E402
 from actorrl.runtime.core import Runtime  # noqa: E402
 from actorrl.runtime.network import Network  # noqa: E402
 from transport.sockets import new_event_loop  # noqa: E402

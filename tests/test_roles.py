@@ -24,7 +24,8 @@ from actorrl.cli_cluster import CommandError, key_names
 from actorrl.cluster import JobError
 from actorrl.cluster.jobs import Job, JobManager, JobOptions, Submission
 from actorrl.runtime.actor import ActorSpec
-from actorrl.runtime.coordinator import ActorRecord, Coordinator
+from actorrl.runtime.cluster_records import ActorRecord
+from actorrl.runtime.coordinator import Coordinator
 from actorrl.runtime.core import Runtime
 from actorrl.runtime.network import Network
 from actorrl.runtime.node_agent import NodeAgent

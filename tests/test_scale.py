@@ -30,7 +30,8 @@ import yaml
 import tests.actors.simulated  # noqa: F401  (its wire types, for replies decoded here)
 from actorrl.algorithms import Trainer, get_algorithm
 from actorrl.config import load_config
-from actorrl.runtime.coordinator import ClusterDriver, Coordinator
+from actorrl.runtime.cluster_driver import ClusterDriver
+from actorrl.runtime.coordinator import Coordinator
 from actorrl.runtime.core import Runtime
 from actorrl.runtime.network import Network
 from actorrl.runtime.sessions import remove_stale_session_dirs

@@ -19,7 +19,8 @@ import pytest
 import actorrl.runtime as rt
 from actorrl.pipelines.apex import AsyncReplayOptimizer
 from actorrl.runtime import ActorDiedError, Driver, DriverLike, ObjectLostError, Runtime
-from actorrl.runtime.coordinator import ClusterDriver, Coordinator
+from actorrl.runtime.cluster_driver import ClusterDriver
+from actorrl.runtime.coordinator import Coordinator
 from tests.actors.failing import SampleFailure
 from tests.helpers.procs import descendants
 

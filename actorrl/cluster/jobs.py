@@ -52,17 +52,17 @@ from actorrl.algorithms.run_loop import CheckpointPolicy, run_trainer
 from actorrl.checkpoints import list_checkpoints, read_checkpoint, write_checkpoint
 from actorrl.cluster import RUNNING_STATES, TERMINAL_STATES, JobError
 from actorrl.config import ConfigError, load_config
-from actorrl.runtime.coordinator import (
+from actorrl.runtime.callers import (
     CLIENT_ROLES,
-    ActorRecord,
     Caller,
-    ClusterDriver,
-    Coordinator,
     current_caller,
     serve_async,
     serve_guarded,
     trusted_context,
 )
+from actorrl.runtime.cluster_driver import ClusterDriver
+from actorrl.runtime.cluster_records import ActorRecord
+from actorrl.runtime.coordinator import Coordinator
 from actorrl.runtime.errors import GetTimeoutError
 from actorrl.stop import StopCriteria
 from actorrl.storage import atomic_write_json, jsonable
@@ -108,7 +108,7 @@ class JobOptions:
                    for k, v in self.placement.items()):
             problems.append("job.placement must map actor-name patterns to node names")
         if problems:
-            raise ConfigError("invalid job options:\n  - " + "\n  - ".join(problems))
+            raise ConfigError("invalid job options:", problems=problems)
 
 
 @dataclass(frozen=True)

@@ -31,13 +31,9 @@ from typing import Any
 from urllib.parse import urlparse
 
 from actorrl.cluster.jobs import JobManager
-from actorrl.runtime.coordinator import (
-    DEFAULT_HEARTBEAT_S,
-    DEFAULT_HEARTBEAT_TIMEOUT_S,
-    DEFAULT_SESSION_TIMEOUT_S,
-    Coordinator,
-)
+from actorrl.runtime.coordinator import DEFAULT_SESSION_TIMEOUT_S, Coordinator
 from actorrl.runtime.core import Runtime, remove_ipc_fallback
+from actorrl.runtime.membership import DEFAULT_HEARTBEAT_S, DEFAULT_HEARTBEAT_TIMEOUT_S
 from actorrl.runtime.network import Network
 from actorrl.runtime.node_agent import NodeAgent
 from transport.auth import Security, check_bind

@@ -8,25 +8,22 @@ Who talks to whom::
     anyone holding a handle or ref --__call__ / __fetch__-->                  the actor itself
 
 Placement: an actor asks for ``num_cpus``/``num_gpus``; the coordinator keeps a ledger of
-what every live actor asked for per node and picks, among nodes with room, the one with
-the most free CPUs (CPU-only actors avoid nodes with free GPUs when they can). A request
-may name a node (hard), prefer one (soft: used when it has room) or ask to sit next to
-another actor (``colocate_with``: replay shards next to the learner). When nothing fits it
-waits, up to the request's deadline, for a node to join or an actor to exit.
+what every live actor asked for per node and places it (:mod:`actorrl.runtime.placement`).
+When nothing fits it waits, up to the request's deadline, for a node to join or an actor
+to exit.
 
-Failure: a node reports the deaths of its actors; a node that misses heartbeats for
-``heartbeat_timeout_s`` (or whose control connection drops and does not answer a ping) is
-lost, and all its actors are declared dead. Declared deaths fail pending calls at once
-(:meth:`Runtime.mark_dead`); owners (jobs) then recreate what they need through
-:class:`ClusterDriver`.
+Failure: a node reports the deaths of its actors; a node that misses heartbeats is lost
+(:mod:`actorrl.runtime.membership`), and all its actors are declared dead. Declared
+deaths fail pending calls at once (:meth:`Runtime.mark_dead`); owners (jobs) then recreate
+what they need through :class:`~actorrl.runtime.cluster_driver.ClusterDriver`.
 
-Roles (keys carry one, see :mod:`transport.auth`): ``coord.register_node`` /
-``heartbeat`` / ``actor_died`` / ``leave`` take node keys (and the coordinator's own);
-the client methods take client and admin keys; a client key sees and stops only the actors
-of sessions it opened (and of jobs it submitted), an admin key all of them;
-``coord.shutdown`` takes an admin key (a client key too while no admin key is on the
-allow-list). Connections without CURVE (ipc, keyless loopback) are trusted, as before.
-Handlers read who called through :func:`current_caller`.
+Roles (keys carry one, see :mod:`transport.auth` and :mod:`actorrl.runtime.callers`):
+``coord.register_node`` / ``heartbeat`` / ``actor_died`` / ``leave`` take node keys (and
+the coordinator's own); the client methods take client and admin keys; a client key sees
+and stops only the actors of sessions it opened (and of jobs it submitted), an admin key
+all of them; ``coord.shutdown`` takes an admin key (a client key too while no admin key is
+on the allow-list). Connections without CURVE (ipc, keyless loopback) are trusted.
+Handlers read who called through :func:`~actorrl.runtime.callers.current_caller`.
 
 Nothing here knows about reinforcement learning; jobs are served by a layer above.
 """
@@ -34,338 +31,48 @@ Nothing here knows about reinforcement learning; jobs are served by a layer abov
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import fnmatch
-import itertools
 import logging
 import time
-from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any
 
 from actorrl.runtime.actor import ActorHandle, ActorSpec
-from actorrl.runtime.core import Runtime
-from actorrl.runtime.driver import ObjectOps
-from actorrl.runtime.errors import ActorCreationError
-from actorrl.runtime.node import DEFAULT_START_TIMEOUT_S, LocalNode
-from transport.auth import (
-    ROLE_ADMIN,
-    ROLE_CLIENT,
-    ROLE_COORDINATOR,
-    ROLE_NODE,
-    check_role,
+from actorrl.runtime.callers import (
+    CLIENT_ROLES,
+    NODE_ROLES,
+    Caller,
+    current_caller,
+    serve_async,
+    serve_guarded,
 )
-from transport.errors import PeerLostError, RemoteError
-from transport.rpc import Request, RpcClient
+from actorrl.runtime.cluster_records import ActorRecord, NodeState
+from actorrl.runtime.core import Runtime
+from actorrl.runtime.errors import ActorCreationError
+from actorrl.runtime.membership import (
+    DEFAULT_HEARTBEAT_S,
+    DEFAULT_HEARTBEAT_TIMEOUT_S,
+    LEFT,
+    Membership,
+)
+from actorrl.runtime.node import DEFAULT_START_TIMEOUT_S, LocalNode
+from actorrl.runtime.node_connections import NodeConnection
+from actorrl.runtime.placement import choose_node, find_node, no_room_message
+from actorrl.runtime.spec_wire import spec_from_wire
+from transport.errors import PeerLostError
+from transport.rpc import Request
 from transport.timeouts import wait_for
 
 log = logging.getLogger(__name__)
 
-DEFAULT_HEARTBEAT_S = 0.5
-DEFAULT_HEARTBEAT_TIMEOUT_S = 3.0
 DEFAULT_SESSION_TIMEOUT_S = 20.0
-_EPS = 1e-9
-
-
-# ---------------------------------------------------------------------------- callers
-NODE_ROLES = (ROLE_NODE, ROLE_COORDINATOR)
-"""Who may call the node side of ``coord.*`` (register, heartbeat, report deaths, leave)."""
-CLIENT_ROLES = (ROLE_CLIENT, ROLE_ADMIN, ROLE_COORDINATOR)
-"""Who may call ``job.*`` and the client side of ``coord.*``."""
-ADMIN_ROLES = (ROLE_ADMIN, ROLE_COORDINATOR)
-"""Who may act on every session and job (and shut the coordinator down)."""
-COORDINATOR_ROLES = (ROLE_COORDINATOR,)
-"""Who may call ``node.*`` on a node agent: only the coordinator."""
-
-
-@dataclass(frozen=True)
-class Caller:
-    """Who made the request being served: the role and z85 public key of its CURVE key,
-    both None for a connection without CURVE (trusted: this host's own processes) and for
-    calls made in-process."""
-
-    role: str | None = None
-    key: str | None = None
-
-    @property
-    def is_admin(self) -> bool:
-        """Whether this caller may act on every session and job."""
-        return self.role is None or self.role in ADMIN_ROLES
-
-    def owns(self, owner_key: str | None) -> bool:
-        """Whether this caller may see and stop what was created with key ``owner_key``
-        (None: created by a trusted caller, which only admins may touch)."""
-        return self.is_admin or (self.role == ROLE_CLIENT and self.key is not None
-                                 and owner_key == self.key)
-
-
-TRUSTED = Caller()
-"""The caller outside of any request (in-process calls, a job's own work)."""
-_caller: contextvars.ContextVar[Caller | None] = contextvars.ContextVar("actorrl_caller",
-                                                                        default=None)
-
-
-def current_caller() -> Caller:
-    """The caller of the request being served (:data:`TRUSTED` outside of one)."""
-    return _caller.get() or TRUSTED
-
-
-def trusted_context() -> contextvars.Context:
-    """A copy of the current context with no caller: for tasks that outlive the request
-    that started them (a job's run), so they act for nobody in particular."""
-    ctx = contextvars.copy_context()
-    ctx.run(_caller.set, None)
-    return ctx
-
-
-def serve_guarded(runtime: Runtime, method: str, handler: Callable[[Request], None],
-                  roles: Iterable[str] | None = None) -> None:
-    """Serve ``method`` with ``handler(request)``, refused (a PermissionError reply naming
-    the roles allowed) to a key whose role is not in ``roles`` (None: any role), and run
-    with :func:`current_caller` giving the request's caller."""
-    allowed = tuple(roles) if roles is not None else None
-
-    def guarded(request: Request) -> None:
-        if allowed is not None:
-            check_role(request.role, allowed, method)
-        token = _caller.set(Caller(request.role, request.key))
-        try:
-            handler(request)
-        finally:
-            _caller.reset(token)
-
-    runtime.serve(method, guarded)
-
-
-# ---------------------------------------------------------------------------- wire helpers
-def spec_to_wire(spec: ActorSpec) -> list[Any]:
-    """An ActorSpec as codec-serializable fields."""
-    return [spec.class_path, list(spec.args), dict(spec.kwargs), spec.num_cpus, spec.num_gpus,
-            spec.name, dict(spec.env)]
-
-
-def spec_from_wire(fields: Sequence[Any]) -> ActorSpec:
-    """Rebuild an ActorSpec, checking field types (bad input gets a clear error)."""
-    if not isinstance(fields, (list, tuple)) or len(fields) != 7:
-        raise ValueError("an actor spec is [class_path, args, kwargs, num_cpus, num_gpus, "
-                         "name, env]")
-    class_path, args, kwargs, num_cpus, num_gpus, name, env = fields
-    if not isinstance(class_path, str) or ":" not in class_path and "." not in class_path:
-        raise ValueError(f"class path must look like 'pkg.module:Class', got {class_path!r}")
-    if not isinstance(args, (list, tuple)) or not isinstance(kwargs, dict):
-        raise ValueError("actor args must be a list and kwargs a mapping")
-    for value, what in ((num_cpus, "num_cpus"), (num_gpus, "num_gpus")):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise ValueError(f"{what} must be a number >= 0, got {value!r}")
-    if not isinstance(name, str) or not isinstance(env, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-        raise ValueError("actor name must be a string and env a mapping of strings")
-    return ActorSpec(class_path, tuple(args), dict(kwargs), float(num_cpus), float(num_gpus),
-                     name, dict(env))
-
-
-def serve_async(runtime: Runtime, method: str, fn: Callable[..., Awaitable[Any]],
-                roles: Iterable[str] | None = None) -> None:
-    """Serve ``method`` with coroutine function ``fn(*args, **kwargs)``; its return value is
-    the reply, its exception the error reply. Wrong arguments fail at once. ``roles``: the
-    key roles allowed to call it (None: any; see :func:`serve_guarded`); ``fn`` sees the
-    caller through :func:`current_caller`."""
-    tasks: set[asyncio.Task] = set()
-
-    def handler(request: Request) -> None:
-        task = runtime.loop.create_task(fn(*request.args, **request.kwargs))
-        tasks.add(task)
-
-        def done(t: asyncio.Task) -> None:
-            tasks.discard(t)
-            if t.cancelled():
-                request.fail(RuntimeError(f"{method} was cancelled (shutting down)"))
-            elif t.exception() is not None:
-                request.fail(t.exception())
-            else:
-                request.reply(t.result())
-
-        task.add_done_callback(done)
-
-    serve_guarded(runtime, method, handler, roles)
-
-
-# ---------------------------------------------------------------------------- nodes
-LEFT = "it left"
-"""The reason recorded for a node that left (``coord.leave``), as opposed to one lost."""
+"""A client session that has not pinged for this long is ended (its actors stopped)."""
 MAX_REASON_CHARS = 2_000
 """A reported death reason is kept at most this long (a peer chooses its size)."""
 MAX_EARLY_DEATHS = 1_000
 """Deaths of actors whose start was not answered yet, kept until it is."""
 
-class NodeConnection(Protocol):
-    """How the coordinator starts and stops actors on one node."""
 
-    async def start_actor(self, spec: ActorSpec, timeout_s: float) -> tuple[str, str, int]:
-        """Start an actor; returns ``(actor_id, endpoint, pid)``."""
-        ...
-
-    async def stop_actor(self, actor_id: str, timeout_s: float) -> None:
-        """Ask an actor to exit, SIGKILL after ``timeout_s``."""
-        ...
-
-    async def kill_actor(self, actor_id: str) -> None:
-        """SIGKILL an actor (it is reported dead, like a crash)."""
-        ...
-
-    async def release(self, exit_node: bool) -> None:
-        """Stop every actor of the node (and make the agent exit when ``exit_node``)."""
-        ...
-
-    async def actor_log(self, actor_id: str, max_bytes: int) -> str:
-        """The end of an actor process's output (stdout + stderr)."""
-        ...
-
-    def close(self) -> None:
-        """Drop the connection."""
-        ...
-
-
-class RemoteNode:
-    """A node agent in another process, reached over its control connection."""
-
-    def __init__(self, client: RpcClient) -> None:
-        self.client = client
-
-    async def start_actor(self, spec: ActorSpec, timeout_s: float) -> tuple[str, str, int]:
-        try:
-            actor_id, endpoint, pid = await self.client.call(
-                "node.start_actor", [spec_to_wire(spec), timeout_s], timeout_s=timeout_s + 5)
-        except ActorCreationError as exc:  # the node refused: its message says why
-            if isinstance(exc, RemoteError):  # (the node's own traceback is noise)
-                raise ActorCreationError(exc.message) from None
-            raise
-        return actor_id, endpoint, pid
-
-    async def stop_actor(self, actor_id: str, timeout_s: float) -> None:
-        await self.client.call("node.stop_actor", [actor_id, timeout_s],
-                               timeout_s=timeout_s * 2 + 5)
-
-    async def kill_actor(self, actor_id: str) -> None:
-        await self.client.call("node.kill_actor", [actor_id], timeout_s=10)
-
-    async def release(self, exit_node: bool) -> None:
-        await self.client.call("node.release", [exit_node], timeout_s=30)
-
-    async def actor_log(self, actor_id: str, max_bytes: int) -> str:
-        return await self.client.call("node.actor_log", [actor_id, max_bytes], timeout_s=10)
-
-    def close(self) -> None:
-        self.client.close()
-
-
-class InProcessNode:
-    """A :class:`LocalNode` in the coordinator's own process (``Client.local()``)."""
-
-    def __init__(self, local: LocalNode) -> None:
-        self.local = local
-
-    async def start_actor(self, spec: ActorSpec, timeout_s: float) -> tuple[str, str, int]:
-        handle = await self.local.start_actor(spec, timeout_s)
-        process = self.local.process_of(handle)
-        return handle.actor_id, handle.endpoint, process.pid if process else 0
-
-    async def stop_actor(self, actor_id: str, timeout_s: float) -> None:
-        await self.local.stop_actor(ActorHandle(actor_id, ""), timeout_s)
-
-    async def kill_actor(self, actor_id: str) -> None:
-        self.local.kill_actor(ActorHandle(actor_id, ""))
-
-    async def release(self, exit_node: bool) -> None:
-        await asyncio.gather(*(self.local.stop_actor(ActorHandle(a, ""))
-                               for a in list(self.local.actors)))
-
-    async def actor_log(self, actor_id: str, max_bytes: int) -> str:
-        process = self.local.process_of(ActorHandle(actor_id, ""))
-        return process.log_tail(max_bytes) if process is not None else ""
-
-    def close(self) -> None:
-        pass
-
-
-@dataclass
-class NodeState:
-    """One member node and its resource ledger."""
-
-    node_id: str
-    name: str
-    endpoint: str
-    host: str
-    num_cpus: float
-    num_gpus: float
-    conn: NodeConnection
-    seq: int
-    used_cpus: float = 0.0
-    used_gpus: float = 0.0
-    alive: bool = True
-    last_heartbeat: float = field(default_factory=time.monotonic)
-    joined_at: float = field(default_factory=time.time)
-    actor_ids: set[str] = field(default_factory=set)
-    probing: bool = False
-    starting: int = 0
-    """Actor starts asked of this node and not answered yet."""
-
-    @property
-    def free_cpus(self) -> float:
-        """CPUs not asked for by live actors."""
-        return self.num_cpus - self.used_cpus
-
-    @property
-    def free_gpus(self) -> float:
-        """GPUs not asked for by live actors."""
-        return self.num_gpus - self.used_gpus
-
-    def fits(self, spec: ActorSpec) -> bool:
-        """Whether ``spec``'s request fits in what is free."""
-        return (spec.num_cpus <= self.free_cpus + _EPS
-                and spec.num_gpus <= self.free_gpus + _EPS)
-
-    def describe(self) -> dict[str, Any]:
-        """A summary for ``nodes()`` / status."""
-        return {"node_id": self.node_id, "name": self.name, "host": self.host,
-                "endpoint": self.endpoint, "num_cpus": self.num_cpus,
-                "num_gpus": self.num_gpus, "used_cpus": self.used_cpus,
-                "used_gpus": self.used_gpus, "num_actors": len(self.actor_ids),
-                "alive": self.alive, "joined_at": self.joined_at}
-
-
-@dataclass
-class ActorRecord:
-    """The coordinator's record of one actor."""
-
-    actor_id: str
-    spec: ActorSpec
-    node_id: str
-    owner: str
-    endpoint: str
-    pid: int
-    state: str = "alive"
-    """``alive``, ``stopping``, ``dead`` (crashed or its node was lost) or ``stopped``."""
-    reason: str = ""
-
-    def handle(self, runtime: Runtime) -> ActorHandle:
-        """A handle that can restart the actor (carries its spec), calling it through
-        ``runtime``."""
-        return ActorHandle(self.actor_id, self.endpoint, self.spec.class_path, self.spec.name,
-                           self.spec, runtime)
-
-    def describe(self, node_name: str) -> dict[str, Any]:
-        """A summary for ``actors()``."""
-        return {"actor_id": self.actor_id, "name": self.spec.name,
-                "class_path": self.spec.class_path, "node_id": self.node_id,
-                "node": node_name, "owner": self.owner, "endpoint": self.endpoint,
-                "pid": self.pid, "state": self.state, "reason": self.reason,
-                "num_cpus": self.spec.num_cpus, "num_gpus": self.spec.num_gpus}
-
-
-# ---------------------------------------------------------------------------- coordinator
 class Coordinator:
     """Membership, placement and actor lifecycles for a cluster, served on ``runtime``.
 
@@ -385,18 +92,20 @@ class Coordinator:
         self.owner_keys: dict[str, str | None] = {}
         """Owner (``client:SESSION``, ``job:ID``) -> the public key that created it (None:
         a trusted caller); a client key may act only on owners created with it."""
-        self.nodes: dict[str, NodeState] = {}
+        self.membership = Membership(runtime, heartbeat_s, heartbeat_timeout_s,
+                                     actor_lost=self.actor_died, changed=self._notify,
+                                     spawn=self._spawn)
+        self.nodes: dict[str, NodeState] = self.membership.nodes
+        """The live member nodes by id (:attr:`Membership.nodes`)."""
+        self.lost_nodes = self.membership.lost_nodes
+        self.on_node_lost = self.membership.on_node_lost
         self.actors: dict[str, ActorRecord] = {}
-        self.lost_nodes: deque[dict[str, Any]] = deque(maxlen=100)
         self.on_actor_died: list[Callable[[ActorRecord], None]] = []
-        self.on_node_lost: list[Callable[[NodeState, str], None]] = []
         self.shutdown_requested = asyncio.Event()
         self.shutdown_with_nodes = False
-        self._seq = itertools.count()
         self._changed = asyncio.Event()
         self._early_deaths: dict[str, str] = {}
         self._monitor: asyncio.Task | None = None
-        self._closing = False
         self._tasks: set[asyncio.Task] = set()
         self.extra_status: list[Callable[[], dict[str, Any]]] = []
 
@@ -439,7 +148,7 @@ class Coordinator:
 
     async def shutdown(self, release_nodes: bool = True, exit_nodes: bool = False) -> None:
         """Stop monitoring; stop every actor; release (or shut down) every node."""
-        self._closing = True
+        self.membership.closing = True
         if self._monitor is not None:
             self._monitor.cancel()
         tasks = [t for t in (self._monitor, *self._tasks) if t is not None]
@@ -475,95 +184,40 @@ class Coordinator:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    # ---- membership ---------------------------------------------------------------------
+    # ---- membership (see Membership) ---------------------------------------------------
     def add_node(self, node_id: str, name: str, endpoint: str, host: str, num_cpus: float,
                  num_gpus: float, conn: NodeConnection) -> NodeState:
         """Add a member (idempotent per ``node_id``); names are made unique."""
-        existing = self.nodes.get(node_id)
-        if existing is not None:
-            existing.last_heartbeat = time.monotonic()
-            return existing
-        taken = {n.name for n in self.nodes.values()}
-        unique, i = name, 2
-        while unique in taken:
-            unique, i = f"{name}-{i}", i + 1
-        node = NodeState(node_id, unique, endpoint, host, float(num_cpus), float(num_gpus),
-                         conn, next(self._seq))
-        self.nodes[node_id] = node
-        log.info("node %s joined: %g cpus, %g gpus at %s", unique, num_cpus, num_gpus, host)
-        self._notify()
-        return node
+        return self.membership.add_node(node_id, name, endpoint, host, num_cpus, num_gpus,
+                                        conn)
 
     def add_local_node(self, local: LocalNode, name: str = "local") -> NodeState:
         """Make an in-process :class:`LocalNode` a member (no heartbeats needed)."""
-        node = self.add_node(f"local-{id(local):x}", name, self.runtime.address, "localhost",
-                             local.num_cpus, local.num_gpus, InProcessNode(local))
-        local.on_death.append(lambda actor_id, reason: self.actor_died(actor_id, reason))
-        return node
+        return self.membership.add_local_node(local, name)
 
     def node_lost(self, node: NodeState, reason: str) -> None:
         """Declare ``node`` lost: every actor on it is dead."""
-        if not node.alive or self._closing:
-            return
-        node.alive = False
-        self.nodes.pop(node.node_id, None)
-        if reason == LEFT:
-            log.info("node %s left the cluster", node.name)
-        else:
-            log.warning("node %s lost: %s", node.name, reason)
-        self.lost_nodes.append({**node.describe(), "reason": reason, "lost_at": time.time()})
-        for actor_id in list(node.actor_ids):
-            self.actor_died(actor_id, f"its node {node.name} was lost ({reason})")
-        node.conn.close()
-        for callback in list(self.on_node_lost):
-            callback(node, reason)
-        self._notify()
-
-    def _suspect(self, node: NodeState, why: str) -> None:
-        """The control connection dropped or a call failed: ping once, lose it if silent."""
-        if not node.alive or node.probing or self._closing or isinstance(node.conn,
-                                                                         InProcessNode):
-            return
-        node.probing = True
-
-        async def probe() -> None:
-            client = self.runtime.connect(node.endpoint, connect_timeout_s=1.5)
-            try:
-                await client.call("__ping__", timeout_s=1.5)
-            except Exception as exc:
-                self.node_lost(node, f"{why}; ping failed: {exc}")
-            finally:
-                client.close()
-                node.probing = False
-
-        self._spawn(probe())
+        self.membership.node_lost(node, reason)
 
     async def _watch_heartbeats(self) -> None:
+        """Lose silent nodes and end silent client sessions, every ``heartbeat_s``."""
         last = time.monotonic()
         while True:
             await asyncio.sleep(self.heartbeat_s)
             now = time.monotonic()
             stall = now - last - self.heartbeat_s
             last = now
-            if stall > self.heartbeat_s:
-                # This loop was held up (a saturated machine: 256 actor processes starting
-                # on 2 cores held it ~3 s): the heartbeats that came meanwhile wait unread
-                # in the socket, and every node would be declared lost at once. The time
-                # the coordinator could not listen is not the nodes' silence.
-                for node in self.nodes.values():
-                    node.last_heartbeat += stall
-            for node in list(self.nodes.values()):
-                if isinstance(node.conn, InProcessNode):
-                    continue
-                if now - node.last_heartbeat > self.heartbeat_timeout_s:
-                    self.node_lost(node, f"no heartbeat for {now - node.last_heartbeat:.1f} s")
-            for session, last in list(self.sessions.items()):
-                if now - last > self.session_timeout_s:
-                    # The client went away without closing: its actors go too.
-                    del self.sessions[session]
-                    log.warning("client session %s silent for %.0f s; stopping its actors",
-                                session[:8], now - last)
-                    self._spawn(self._end_session(session))
+            self.membership.check_heartbeats(now, stall)
+            self._expire_sessions(now)
+
+    def _expire_sessions(self, now: float) -> None:
+        for session, pinged in list(self.sessions.items()):
+            if now - pinged > self.session_timeout_s:
+                # The client went away without closing: its actors go too.
+                del self.sessions[session]
+                log.warning("client session %s silent for %.0f s; stopping its actors",
+                            session[:8], now - pinged)
+                self._spawn(self._end_session(session))
 
     async def _end_session(self, session: str) -> int:
         """Stop a session's actors and forget it (and who owned it)."""
@@ -609,26 +263,18 @@ class Coordinator:
         for value in (num_cpus, num_gpus):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"node resources must be numbers >= 0, got {value!r}")
-        node = self.nodes.get(node_id)
-        if node is None:
-            client = self.runtime.connect(endpoint, connect_timeout_s=10)
-            node = self.add_node(node_id, name, endpoint, host, num_cpus, num_gpus,
-                                 RemoteNode(client))
-            client.on_lost.append(lambda exc, n=node: self._suspect(n, str(exc)))
-        node.last_heartbeat = time.monotonic()
+        node = self.membership.register(node_id, name, endpoint, host, num_cpus, num_gpus)
         return {"name": node.name, "heartbeat_s": self.heartbeat_s,
                 "heartbeat_timeout_s": self.heartbeat_timeout_s}
 
     def _on_heartbeat(self, request: Request) -> None:
-        node = self.nodes.get(request.args[0]) if request.args else None
-        if node is not None:
-            node.last_heartbeat = time.monotonic()
-        request.reply({"known": node is not None})
+        known = bool(request.args) and self.membership.heartbeat(request.args[0])
+        request.reply({"known": known})
 
     async def _rpc_leave(self, node_id: str) -> bool:
         node = self.nodes.get(node_id)
         if node is not None:
-            self.node_lost(node, LEFT)
+            self.membership.node_lost(node, LEFT)
         return True
 
     async def _rpc_wait_nodes(self, count: int, timeout_s: float) -> int:
@@ -661,55 +307,13 @@ class Coordinator:
                 return None
             await self._wait_change(deadline - time.monotonic())
 
-    # ---- placement ----------------------------------------------------------------------
-    def _find_node(self, name_or_id: str) -> NodeState | None:
-        for node in self.nodes.values():
-            if name_or_id in (node.node_id, node.name):
-                return node
-        return None
-
+    # ---- placement (see actorrl.runtime.placement) --------------------------------------
     def choose_node(self, spec: ActorSpec, node: str | None = None, prefer: str | None = None,
                     colocate_with: str | None = None,
                     exclude: set[str] | frozenset[str] = frozenset()) -> NodeState | None:
         """The node for ``spec``, or None when none has room now."""
-        candidates = [n for n in self.nodes.values() if n.alive and n.node_id not in exclude]
-        if node is not None:
-            target = self._find_node(node)
-            return target if target in candidates and target.fits(spec) else None
-        anchor = self.actors.get(colocate_with) if colocate_with else None
-        if anchor is not None and anchor.state == "alive":
-            target = self.nodes.get(anchor.node_id)
-            if target in candidates and target.fits(spec):
-                return target
-        if prefer is not None:
-            target = self._find_node(prefer)
-            if target in candidates and target.fits(spec):
-                return target
-        fitting = [n for n in candidates if n.fits(spec)]
-        if not fitting:
-            return None
-
-        now = time.monotonic()
-
-        def key(n: NodeState) -> tuple:
-            # A node that missed its last heartbeats may be dying (its actors just died
-            # with it): others first, so a replacement does not try it and time out.
-            responsive = isinstance(n.conn, InProcessNode) or \
-                now - n.last_heartbeat <= 2 * self.heartbeat_s
-            keeps_gpus_free = spec.num_gpus > 0 or n.free_gpus <= _EPS
-            return (responsive, keeps_gpus_free, n.free_cpus, -n.seq)
-
-        return max(fitting, key=key)
-
-    def _no_room_message(self, spec: ActorSpec, node: str | None) -> str:
-        what = f"{spec.num_cpus:g} CPUs and {spec.num_gpus:g} GPUs"
-        if not self.nodes:
-            return f"no node has joined the cluster to run {spec.name or spec.class_path}"
-        free = ", ".join(f"{n.name}: {n.free_cpus:g} CPUs/{n.free_gpus:g} GPUs free"
-                         for n in self.nodes.values())
-        where = f"node {node!r}" if node else "no node"
-        return (f"{where} has room for {spec.name or spec.class_path} ({what}); {free}. "
-                "Add a node (`actorrl node join`) or lower the request.")
+        return choose_node(self.nodes, self.actors, spec, self.heartbeat_s, node, prefer,
+                           colocate_with, exclude)
 
     async def create_actor(self, spec: ActorSpec, owner: str, *, node: str | None = None,
                            prefer: str | None = None, colocate_with: str | None = None,
@@ -725,12 +329,12 @@ class Coordinator:
         while True:
             target = self.choose_node(spec, node, prefer, colocate_with, failed_nodes)
             if target is None:
-                if node is not None and self._find_node(node) is None and not any(
+                if node is not None and find_node(self.nodes.values(), node) is None and not any(
                         n.node_id in failed_nodes for n in self.nodes.values()):
                     known = ", ".join(sorted(n.name for n in self.nodes.values())) or "none"
                     raise ActorCreationError(f"no node named {node!r} (nodes: {known})")
                 if loop.time() >= deadline:
-                    raise ActorCreationError(self._no_room_message(spec, node))
+                    raise ActorCreationError(no_room_message(self.nodes.values(), spec, node))
                 if failed_nodes and not [n for n in self.nodes.values()
                                          if n.node_id not in failed_nodes]:
                     failed_nodes.clear()  # the survivors may have recovered by now
@@ -750,7 +354,7 @@ class Coordinator:
                 log.warning("starting %s on node %s failed: %s", spec.name or spec.class_path,
                             target.name, exc)
                 failed_nodes.add(target.node_id)
-                self._suspect(target, f"start_actor failed: {exc}")
+                self.membership.suspect(target, f"start_actor failed: {exc}")
                 continue
             finally:
                 target.starting -= 1
@@ -921,103 +525,3 @@ class Coordinator:
         for extra in self.extra_status:
             out.update(extra())
         return out
-
-
-# ---------------------------------------------------------------------------- driver facade
-class ClusterDriver(ObjectOps):
-    """The :class:`~actorrl.runtime.driver.DriverLike` surface (``create_actor``,
-    ``restart_actor``, ``kill_actor``, ``runtime``, get/wait/put/free) over a cluster, for
-    one owner (a job or a client).
-
-    ``placement`` maps actor-name patterns (fnmatch) to a preferred node name; ``colocate``
-    maps actor-name patterns to the name of another actor of this owner to sit next to.
-    """
-
-    def __init__(self, coordinator: Coordinator, owner: str, *,
-                 placement: dict[str, str] | None = None,
-                 colocate: dict[str, str] | None = None,
-                 start_timeout_s: float = DEFAULT_START_TIMEOUT_S) -> None:
-        self.coordinator = coordinator
-        self.runtime = coordinator.runtime
-        self.owner = owner
-        self.placement = dict(placement or {})
-        self.colocate = dict(colocate or {})
-        self.start_timeout_s = start_timeout_s
-        self._replaced: dict[str, Any] = {}
-
-    def _prefer(self, name: str) -> str | None:
-        for pattern, node in self.placement.items():
-            if fnmatch.fnmatchcase(name, pattern):
-                return node
-        return None
-
-    def _anchor(self, name: str) -> str | None:
-        for pattern, anchor_name in self.colocate.items():
-            if fnmatch.fnmatchcase(name, pattern):
-                for record in self.coordinator.actors.values():
-                    if record.owner == self.owner and record.spec.name == anchor_name and \
-                            record.state == "alive":
-                        return record.actor_id
-        return None
-
-    async def create_actor(self, class_path: str, args: Sequence[Any] = (),
-                           kwargs: dict[str, Any] | None = None, *, num_cpus: float = 1.0,
-                           num_gpus: float = 0.0, name: str = "",
-                           env: dict[str, str] | None = None, timeout_s: float | None = None,
-                           node: str | None = None,
-                           colocate_with: ActorHandle | None = None) -> ActorHandle:
-        """Start an actor somewhere in the cluster (see :meth:`Coordinator.create_actor`)."""
-        spec = ActorSpec(class_path, tuple(args), dict(kwargs or {}), float(num_cpus),
-                         float(num_gpus), name, dict(env or {}))
-        return await self._create(spec, timeout_s, node, colocate_with)
-
-    async def _create(self, spec: ActorSpec, timeout_s: float | None, node: str | None = None,
-                      colocate_with: ActorHandle | None = None) -> ActorHandle:
-        anchor = colocate_with.actor_id if colocate_with is not None else \
-            self._anchor(spec.name)
-        return await self.coordinator.create_actor(
-            spec, self.owner, node=node, prefer=self._prefer(spec.name), colocate_with=anchor,
-            timeout_s=self.start_timeout_s if timeout_s is None else timeout_s)
-
-    async def restart_actor(self, handle: ActorHandle, timeout_s: float | None = None
-                            ) -> ActorHandle:
-        """Start a fresh actor from ``handle``'s spec (stopping the old one if it runs).
-
-        A handle is restarted once: asking again (a caller that saw several of the dead
-        actor's calls fail) raises ActorCreationError naming the replacement, so no second
-        replacement is started.
-        """
-        replacement = self._replaced.get(handle.actor_id)
-        if replacement is not None:
-            raise ActorCreationError(f"{handle!r} was already restarted as {replacement!r}")
-        record = self.coordinator.actors.get(handle.actor_id)
-        spec = handle.spec or (record.spec if record is not None else None)
-        if spec is None:
-            raise ValueError(f"{handle!r} carries no creation spec; only its creator can "
-                             "restart it")
-        pending = asyncio.get_running_loop().create_future()
-        self._replaced[handle.actor_id] = pending  # claimed while the new one starts
-        try:
-            await self.coordinator.kill_actor(handle.actor_id, timeout_s=1.0)
-            new = await self._create(spec, timeout_s)
-        except BaseException:
-            del self._replaced[handle.actor_id]
-            pending.cancel()
-            raise
-        self._replaced[handle.actor_id] = new
-        pending.set_result(new)
-        return new
-
-    async def kill_actor(self, handle: ActorHandle, timeout_s: float = 5.0) -> None:
-        """Stop an actor: exit request, SIGKILL after ``timeout_s``."""
-        await self.coordinator.kill_actor(handle.actor_id, timeout_s)
-
-    @property
-    def local_gpus(self) -> float:
-        """0.0: a cluster has no single node whose GPUs an actor gets without asking (ask
-        with ``num_gpus``; placement finds a node that has them)."""
-        return 0.0
-
-    async def shutdown(self, timeout_s: float = 5.0) -> None:
-        """Stop every actor of this owner."""
-        await self.coordinator.kill_owner(self.owner, timeout_s)

@@ -30,7 +30,7 @@ from actorrl.runtime.sessions import make_session_dir
 @runtime_checkable
 class DriverLike(Protocol):
     """What code that starts and calls actors needs from a driver: :class:`Driver` (one
-    host, or serial) and ``actorrl.runtime.coordinator.ClusterDriver`` (a cluster) both
+    host, or serial) and ``actorrl.runtime.cluster_driver.ClusterDriver`` (a cluster) both
     satisfy it."""
 
     @property

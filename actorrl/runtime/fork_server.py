@@ -37,18 +37,7 @@ import traceback
 from collections.abc import Sequence
 from typing import NoReturn
 
-from actorrl.runtime.fork_protocol import (
-    MAX_MESSAGE_BYTES,
-    Exited,
-    Forked,
-    ForkFailed,
-    ForkRequest,
-    Message,
-    ProtocolError,
-    Ready,
-    decode,
-    encode,
-)
+from actorrl.runtime import fork_protocol as protocol
 
 PRELOAD_MODULES: tuple[str, ...] = (
     "numpy",
@@ -170,9 +159,9 @@ class ForkServer:
         self.children: dict[int, int] = {}
         """pidfd -> pid of each child not yet reaped."""
 
-    def send(self, message: Message, fds: Sequence[int] = ()) -> None:
+    def send(self, message: protocol.Message, fds: Sequence[int] = ()) -> None:
         """One message to the node (with descriptors attached, if any)."""
-        data = encode(message)
+        data = protocol.encode(message)
         if fds:
             socket.send_fds(self.control, [data], list(fds))
         else:
@@ -185,15 +174,15 @@ class ForkServer:
         while True:
             for key, _ in self.selector.select():
                 if key.data == "control":
-                    data = self.control.recv(MAX_MESSAGE_BYTES)
+                    data = self.control.recv(protocol.MAX_MESSAGE_BYTES)
                     if not data:
                         return
                     try:
-                        request = decode(data)
-                    except ProtocolError as exc:
+                        request = protocol.decode(data)
+                    except protocol.ProtocolError as exc:
                         print(f"fork server: {exc}", file=sys.stderr, flush=True)
                         continue
-                    if isinstance(request, ForkRequest):
+                    if isinstance(request, protocol.ForkRequest):
                         self.handle(request)
                     else:
                         print(f"fork server: ignoring {request!r:.100}", file=sys.stderr,
@@ -204,7 +193,7 @@ class ForkServer:
                 else:
                     self.reap(key.fd)
 
-    def handle(self, request: ForkRequest) -> None:
+    def handle(self, request: protocol.ForkRequest) -> None:
         """Answer one fork request."""
         sys.stdout.flush()
         sys.stderr.flush()
@@ -213,7 +202,7 @@ class ForkServer:
         try:
             pid = os.fork()
         except OSError as exc:
-            self.send(ForkFailed(request.request_id, f"fork failed: {exc}"))
+            self.send(protocol.ForkFailed(request.request_id, f"fork failed: {exc}"))
             return
         if pid == 0:
             become_actor(server_pid, close_fds, list(request.argv), dict(request.environ),
@@ -221,7 +210,7 @@ class ForkServer:
         pidfd = os.pidfd_open(pid)
         self.children[pidfd] = pid
         self.selector.register(pidfd, selectors.EVENT_READ, "child")
-        self.send(Forked(request.request_id, pid), [pidfd])
+        self.send(protocol.Forked(request.request_id, pid), [pidfd])
 
     def reap(self, pidfd: int) -> None:
         """A child exited: collect its status and tell the node."""
@@ -229,7 +218,7 @@ class ForkServer:
         self.selector.unregister(pidfd)
         os.close(pidfd)
         _, status = os.waitpid(pid, 0)
-        self.send(Exited(pid, os.waitstatus_to_exitcode(status)))
+        self.send(protocol.Exited(pid, os.waitstatus_to_exitcode(status)))
 
 
 def main() -> None:
@@ -245,7 +234,7 @@ def main() -> None:
     seconds = round(time.monotonic() - started, 3)
     print(f"fork server {os.getpid()}: preloaded {len(loaded)} modules in {seconds:.2f} s",
           file=sys.stderr, flush=True)
-    server.send(Ready(os.getpid(), loaded, seconds))
+    server.send(protocol.Ready(os.getpid(), loaded, seconds))
     try:
         server.serve()
     except (BrokenPipeError, ConnectionResetError):
