@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -495,11 +496,25 @@ def test_killed_worker_and_replay_shard_are_replaced_and_the_job_continues(clust
     assert pids_alive([a["pid"] for a in current], 30) == []
 
 
+@pytest.fixture
+def cluster_to_lose_c(tmp_path: Path, keys: str) -> Iterator[Cluster]:
+    """A cluster of its own (nodes a, b and c) for a test that kills node c: the shared
+    module cluster stays as its docstring says."""
+    c = Cluster(str(tmp_path), keys)
+    try:
+        c.join("127.0.0.2", "a", 3)
+        c.join("127.0.0.3", "b", 2)
+        yield c
+    finally:
+        c.close()
+
+
 @pytest.mark.timeout(300)
-def test_lost_node_actors_are_recreated_on_the_remaining_nodes(cluster):
+def test_lost_node_actors_are_recreated_on_the_remaining_nodes(cluster_to_lose_c):
     """SIGKILL of a node agent: its actors die with it (lifeline), the coordinator loses
     the node within seconds, the workers that ran there are recreated on a and b, and the
     job keeps producing results."""
+    cluster = cluster_to_lose_c
     node_c = cluster.join("127.0.0.4", "c", 2)
     job = cluster.client.submit({**APEX_TINY, "job": {
         "placement": {"learner": "a", "worker-*": "c"}}})
