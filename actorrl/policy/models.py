@@ -182,6 +182,21 @@ CHANNELS_LAST_MIN_ROWS = 64
 (see :meth:`ConvEncoder.forward`)."""
 
 
+class FullExtentConv2d(nn.Conv2d):
+    """A valid-padding convolution whose kernel covers its whole input (a 1x1 output), such
+    as RLlib's last 11x11 layer on 84x84 frames, computed as the matrix product it is. The
+    parameters are the Conv2d's own (same names and shapes: checkpoints load either way).
+    On CPU, torch's convolution re-laid this ~1M-weight kernel out on every call: as a
+    product the layer made a Pong learner step (100 rows, forward and backward) ~3x and a
+    worker's 5-row inference ~1.6x faster here."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, C, kh, kw] -> [B, out_channels, 1, 1]."""
+        out = F.linear(x.reshape(x.shape[0], -1), self.weight.reshape(self.out_channels, -1),
+                       self.bias)
+        return out.reshape(x.shape[0], self.out_channels, 1, 1)
+
+
 class ConvEncoder(nn.Module):
     """Conv net for images (uint8 scaled by 1/255 at the first layer), HWC or CHW: conv
     layers ("same" padding except the last, or all "valid"), then flattened features, then
@@ -209,6 +224,7 @@ class ConvEncoder(nn.Module):
         for index, (out_channels, kernel, stride) in enumerate(filters):
             kh, kw = (kernel, kernel) if isinstance(kernel, int) else (int(k) for k in kernel)
             last = index == len(filters) - 1
+            h_in, w_in = h, w
             padding = (0, 0)
             if same_padding and not last:
                 pad_h, h = tf_same_padding(h, kh, stride)
@@ -225,7 +241,9 @@ class ConvEncoder(nn.Module):
                 if h < 1 or w < 1:
                     raise ValueError(f"conv_filters {list(filters)!r} shrink a "
                                      f"{height}x{width} image to nothing")
-            conv = nn.Conv2d(c, int(out_channels), (kh, kw), stride, padding)
+            full_extent = not (same_padding and not last) and (kh, kw) == (h_in, w_in)
+            conv = (FullExtentConv2d if full_extent else nn.Conv2d)(
+                c, int(out_channels), (kh, kw), stride, padding)
             layers += [relu_orthogonal_init_(conv), act()]
             c = int(out_channels)
         layers.append(nn.Flatten())
