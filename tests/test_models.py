@@ -12,7 +12,6 @@ import torch
 
 from actorrl.policy.action_dist import Categorical, DiagGaussian, dist_class_for
 from actorrl.policy.models import (
-    CHANNELS_LAST_MIN_ROWS,
     NATURE_CONV_FILTERS,
     ActorCriticModel,
     ConvEncoder,
@@ -311,12 +310,12 @@ def test_hwc_and_chw_frames_give_the_same_features():
 
 
 def test_small_and_large_batches_give_the_same_features():
-    """A batch large enough to run in channels-last memory (learner sized) and the same
-    rows in worker-sized batches (plain NCHW memory) give the same features, HWC frames
-    and frames rebuilt from a pack (NCHW memory behind an HWC view) alike."""
+    """A learner-sized batch and the same rows in worker-sized batches give the same
+    features, HWC frames and frames rebuilt from a pack (NCHW memory behind an HWC view)
+    alike."""
     torch.manual_seed(0)
     encoder, _ = build_encoder(gym.spaces.Box(0, 255, (84, 84, 4), np.uint8), {})
-    rows = CHANNELS_LAST_MIN_ROWS + 6
+    rows = 70
     frames = np.random.default_rng(2).integers(0, 256, (rows, 84, 84, 4), dtype=np.uint8)
     packed_view = np.ascontiguousarray(frames.transpose(0, 3, 1, 2)).transpose(0, 2, 3, 1)
     with torch.no_grad():
