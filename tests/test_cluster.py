@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import zmq
 
+from actorrl.checkpoints import read_checkpoint
 from actorrl.client import Client, ClusterConnectionError, Job
 from actorrl.runtime.network import Network
 from tests.helpers.cluster import (
@@ -436,6 +437,28 @@ def test_job_runs_across_two_nodes_and_streams_results(cluster):
     placed = json.loads(log.split("placed: ", 1)[1].split("\n", 1)[0].replace("'", '"'))
     assert placed == {"worker-1": "b", "worker-2": "b", "learner": "a", "replay-0": "a"}
     assert job.actors() == []  # stopped with the job
+
+
+@pytest.mark.timeout(240)
+def test_an_lstm_job_trains_on_the_cluster(cluster):
+    """A recurrent IMPALA job (``use_lstm`` on StatelessCartPole, RLlib's keys) runs on the
+    remote nodes: its workers carry LSTM state, its learner unrolls sequences, and its
+    checkpoint holds the LSTM's weights."""
+    job = cluster.client.submit({
+        "algorithm": "impala", "env": "actorrl/StatelessCartPole-v1", "num_workers": 1,
+        "num_envs_per_worker": 4, "rollout_fragment_length": 20, "train_batch_size": 160,
+        "min_iter_time_s": 0.5, "stop": {"training_iteration": 3},
+        "model": {"fcnet_hiddens": [32], "use_lstm": True, "lstm_cell_size": 32,
+                  "max_seq_len": 10},
+        "job": {"placement": {"learner": "a", "worker-*": "b"}}})
+    results = list(job.results(timeout_s=180))
+    assert [r["training_iteration"] for r in results] == [1, 2, 3]
+    assert results[-1]["num_steps_trained"] > 0
+    status = job.status()
+    assert status["state"] == "finished"
+    _, state = read_checkpoint(status["checkpoint"]["path"])
+    weights = state["policies"]["default_policy"]["weights"]
+    assert any("lstm" in key for key in weights), sorted(weights)
 
 
 @pytest.mark.timeout(300)
