@@ -319,7 +319,7 @@ async def test_every_waiter_of_a_call_still_being_sent_wakes():
     wait on it at the same time must both see it resolve."""
     # Private: the placeholder exists only between a cross-thread submit and its send on
     # the loop, a window no public call can hold open.
-    from actorrl.runtime.core import _PendingFuture
+    from actorrl.runtime.calls import _PendingFuture
 
     pending = _PendingFuture()
     waiters = [asyncio.ensure_future(pending.wait()) for _ in range(3)]
@@ -437,8 +437,9 @@ async def test_puts_of_a_method_are_stored_before_its_reply(tmp_path):
     inside the delivery of the first (the executor's ``after_flush_puts`` test hook)."""
     # Private: _Call is how a served call is handed to the executor; the race needs one
     # made by hand (finished through the public hand_back).
-    from actorrl.runtime.core import STATUS_OK, Runtime, _Call
-    from actorrl.runtime.refs import new_object_id
+    from actorrl.runtime.core import Runtime
+    from actorrl.runtime.hosting import _Call
+    from actorrl.runtime.refs import STATUS_OK, new_object_id
 
     late_put = new_object_id()
     replied = asyncio.Event()
@@ -524,7 +525,7 @@ async def test_frees_of_collected_refs_travel_with_the_next_call(tmp_path):
     FREE_DELAY_S."""
     import gc
 
-    from actorrl.runtime.core import FREE_BATCH, FREE_DELAY_S
+    from actorrl.runtime.frees import FREE_BATCH, FREE_DELAY_S
 
     many = FREE_BATCH // 16
     async with Driver.start(str(tmp_path / "s")) as driver:
