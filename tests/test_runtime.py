@@ -435,10 +435,10 @@ async def test_puts_of_a_method_are_stored_before_its_reply(tmp_path):
     result: its put is stored before its reply leaves (else a fetch would find nothing).
     The second method's finish is handed back exactly as the executor thread would do it,
     inside the delivery of the first (the executor's ``after_flush_puts`` test hook)."""
-    # Private: _Call is how a served call is handed to the executor; the race needs one
+    # HostedCall is how a served call is handed to the executor; the race needs one
     # made by hand (finished through the public hand_back).
     from actorrl.runtime.core import Runtime
-    from actorrl.runtime.hosting import _Call
+    from actorrl.runtime.hosting import HostedCall
     from actorrl.runtime.refs import STATUS_OK, new_object_id
 
     late_put = new_object_id()
@@ -471,12 +471,12 @@ async def test_puts_of_a_method_are_stored_before_its_reply(tmp_path):
                 return
             executor.after_flush_puts = None  # once
             executor.pending_puts.append((late_put, "value"))
-            executor.hand_back(_Call(late, new_object_id(), "make", [], {}), STATUS_OK,
+            executor.hand_back(HostedCall(late, new_object_id(), "make", [], {}), STATUS_OK,
                                [rt.ObjectRef(late_put, runtime.address)])
 
         executor.after_flush_puts = another_method_finishes
         first = Request()
-        executor.submit(_Call(first, new_object_id(), "make", [], {}), runtime.actor.make)
+        executor.submit(HostedCall(first, new_object_id(), "make", [], {}), runtime.actor.make)
         await asyncio.wait_for(replied.wait(), 10)
         await wait_until(lambda: bool(late.replies), 10, "the late method replies")
         assert first.replies and late.put_stored == [True]

@@ -150,7 +150,7 @@ class CallRequest(Protocol):
         ...
 
 
-class _Call:
+class HostedCall:
     """An actor call received by a host, waiting to run in its caller's submission
     order."""
 
@@ -182,7 +182,7 @@ class ActorHost:
         self.loop = runtime.loop
         self._get_one = runtime.calls.get_one
         self._peek = runtime.calls.peek
-        self._calls: dict[Any, deque[_Call]] = {}
+        self._calls: dict[Any, deque[HostedCall]] = {}
         """Calls not started yet, per caller."""
         self._pumping: set[Any] = set()
         self._tasks: set[asyncio.Task] = set()
@@ -193,14 +193,14 @@ class ActorHost:
         have and its ref arguments are resolved."""
         object_id, method, args, kwargs = request.args
         self.store.add_pending(object_id)
-        call = _Call(request, object_id, method, args, kwargs)
-        if any(isinstance(a, ObjectRef) for a in (*args, *kwargs.values())) and \
-                not self._resolve_now(call):
+        call = HostedCall(request, object_id, method, args, kwargs)
+        refs = [a for a in (*args, *kwargs.values()) if isinstance(a, ObjectRef)]
+        if refs and not self._resolve_now(call):
             call.resolution = self.loop.create_task(self._resolve_args(call))
         self._calls.setdefault(request.peer, deque()).append(call)
         self._pump(request.peer)
 
-    def _resolve_now(self, call: _Call) -> bool:
+    def _resolve_now(self, call: HostedCall) -> bool:
         """Replace ``call``'s ref arguments by their values when every one is here now
         with a value (an error or a wait goes the way of :meth:`_resolve_args`)."""
         found: list[tuple[int | str, Any]] = []
@@ -217,7 +217,7 @@ class ActorHost:
                 call.kwargs[key] = value
         return True
 
-    async def _resolve_args(self, call: _Call) -> None:
+    async def _resolve_args(self, call: HostedCall) -> None:
         """Replace ``call``'s ref arguments by their values, within
         :data:`REF_ARGS_TIMEOUT_S` (a missing object or a slow owner fails this call
         only, with an error that says so)."""
@@ -258,7 +258,7 @@ class ActorHost:
         finally:
             self._pumping.discard(caller)
 
-    def _start(self, call: _Call) -> None:
+    def _start(self, call: HostedCall) -> None:
         if call.resolution is not None and call.resolution.exception() is not None:
             self._finish(call, STATUS_ERROR, RemoteError.from_exception(
                 call.resolution.exception()))
@@ -279,15 +279,15 @@ class ActorHost:
         else:
             self._run_sync(call, fn)
 
-    def _run_sync(self, call: _Call, fn: Callable[..., Any]) -> None:
+    def _run_sync(self, call: HostedCall, fn: Callable[..., Any]) -> None:
         """Run the synchronous method ``fn`` for ``call`` and :meth:`_finish` it."""
         raise NotImplementedError
 
-    def _error(self, call: _Call, exc: BaseException) -> RemoteError:
+    def _error(self, call: HostedCall, exc: BaseException) -> RemoteError:
         """The stored form of the error ``exc`` that ``call``'s method raised."""
         return RemoteError.from_exception(exc)
 
-    def _finish_task(self, call: _Call, task: asyncio.Task) -> None:
+    def _finish_task(self, call: HostedCall, task: asyncio.Task) -> None:
         self._tasks.discard(task)
         if task.cancelled():
             self._finish(call, STATUS_ERROR, RemoteError("CancelledError", "call cancelled"))
@@ -296,7 +296,7 @@ class ActorHost:
         else:
             self._finish(call, STATUS_OK, task.result())
 
-    def _finish(self, call: _Call, status: int, value: Any) -> None:
+    def _finish(self, call: HostedCall, status: int, value: Any) -> None:
         self.store.set(call.object_id, status, value)
         inline = status != STATUS_OK or estimate_size(value) <= INLINE_RESULT_BYTES
         call.request.reply([status, inline, value if inline else None])
@@ -334,9 +334,9 @@ class _ActorExecutor:
         self.host = host
         self._loop = host.loop
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._incoming: list[tuple[_Call, Callable[..., Any]]] = []
+        self._incoming: list[tuple[HostedCall, Callable[..., Any]]] = []
         self._handover_scheduled = False
-        self._done: deque[tuple[_Call, int, Any]] = deque()
+        self._done: deque[tuple[HostedCall, int, Any]] = deque()
         self.pending_puts: deque[tuple[bytes, Any]] = deque()
         self._lock = threading.Lock()
         self._wake_scheduled = False
@@ -346,7 +346,7 @@ class _ActorExecutor:
         self._thread = threading.Thread(target=self._run, name="actor-executor", daemon=True)
         self._thread.start()
 
-    def submit(self, call: _Call, fn: Callable[..., Any]) -> None:
+    def submit(self, call: HostedCall, fn: Callable[..., Any]) -> None:
         """Run ``fn`` for ``call`` after the calls submitted before it (on the loop).
 
         The calls started in one loop iteration are handed to the thread together at its
@@ -384,7 +384,7 @@ class _ActorExecutor:
                 except RuntimeError:  # loop closed during shutdown
                     return
 
-    def hand_back(self, call: _Call, status: int, value: Any) -> None:
+    def hand_back(self, call: HostedCall, status: int, value: Any) -> None:
         """Hand a finished call's result to the loop (from any thread): results are
         delivered in batches, each after the puts of its methods are stored. What this
         executor's thread does after each method; tests call it to finish a method at a

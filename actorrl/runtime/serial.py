@@ -53,8 +53,8 @@ from actorrl.runtime.actor import ActorHandle, ActorSpec
 from actorrl.runtime.errors import ActorCreationError, ActorDiedError
 from actorrl.runtime.hosting import (
     ActorHost,
+    HostedCall,
     Hosting,
-    _Call,
     enter_hosting,
     import_class,
     leave_hosting,
@@ -177,7 +177,7 @@ class SerialActor(ActorHost):
         self.on_call(request)
         request.frame = None  # a call that runs later has no caller on its stack
 
-    def _run_sync(self, call: _Call, fn: Callable[..., Any]) -> None:
+    def _run_sync(self, call: HostedCall, fn: Callable[..., Any]) -> None:
         token = enter_hosting(self.hosting)
         try:
             result = fn(*call.args, **call.kwargs)
@@ -190,10 +190,10 @@ class SerialActor(ActorHost):
         finally:
             leave_hosting(token)
 
-    def _error(self, call: _Call, exc: BaseException) -> RemoteError:
+    def _error(self, call: HostedCall, exc: BaseException) -> RemoteError:
         return error_record(exc, call.request.frame)  # type: ignore[attr-defined]
 
-    def _finish(self, call: _Call, status: int, value: Any) -> None:
+    def _finish(self, call: HostedCall, status: int, value: Any) -> None:
         if self.dead is not None:
             return  # the call already failed with ActorDiedError
         if status == STATUS_OK:
