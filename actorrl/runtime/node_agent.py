@@ -41,10 +41,11 @@ from actorrl.runtime.coordinator import (
     serve_guarded,
     spec_from_wire,
 )
-from actorrl.runtime.core import Runtime, remove_ipc_fallback
+from actorrl.runtime.core import Runtime
 from actorrl.runtime.forking import resolve_start_method
 from actorrl.runtime.network import Network
 from actorrl.runtime.node import LocalNode
+from actorrl.runtime.peers import remove_ipc_fallback
 from actorrl.runtime.sessions import make_session_dir
 from transport.auth import load_public_key
 from transport.endpoint import Endpoint
