@@ -44,9 +44,11 @@ def shard_config(config: ReplayConfig | Mapping[str, Any]) -> ReplayConfig:
                     f"got {type(config).__name__}")
 
 
-def _shard_share(total: int, num_shards: int) -> int:
-    """One shard's part of ``total`` (the config guarantees ``num_shards >= 1``)."""
-    return total // num_shards
+def shard_shares(config: ReplayConfig) -> tuple[int, int]:
+    """One shard's ``(learning_starts, buffer_size)``: its part of each (the config
+    guarantees at least one row per shard)."""
+    shards = config.num_replay_buffer_shards
+    return config.learning_starts // shards, config.buffer_size // shards
 
 
 class ReplayActor:
@@ -58,11 +60,8 @@ class ReplayActor:
 
     def __init__(self, config: ReplayConfig | Mapping[str, Any], *,
                  seed: int | None = None) -> None:
-        config = shard_config(config)
-        self.config = config
-        self.replay_starts = _shard_share(config.learning_starts,
-                                          config.num_replay_buffer_shards)
-        self.buffer_size = _shard_share(config.buffer_size, config.num_replay_buffer_shards)
+        self.config = config = shard_config(config)
+        self.replay_starts, self.buffer_size = shard_shares(config)
         self.train_batch_size = config.train_batch_size
         rng = np.random.default_rng(seed)
 
@@ -149,11 +148,8 @@ class BatchReplayActor:
 
     def __init__(self, config: ReplayConfig | Mapping[str, Any], *,
                  seed: int | None = None) -> None:
-        config = shard_config(config)
-        self.config = config
-        self.replay_starts = _shard_share(config.learning_starts,
-                                          config.num_replay_buffer_shards)
-        self.buffer_size = _shard_share(config.buffer_size, config.num_replay_buffer_shards)
+        self.config = config = shard_config(config)
+        self.replay_starts, self.buffer_size = shard_shares(config)
         self.train_batch_size = config.train_batch_size
         self.buffer: collections.deque[MultiAgentBatch] = collections.deque()
         self.num_added = 0
