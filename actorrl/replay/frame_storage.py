@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -192,7 +191,7 @@ class FrameStackStorage:
         written = self._rows.write(self._to_stored(batch))
         if self.frame_store is None:
             return written
-        return replace(written, retired=self._retire_overwritten())
+        return written._replace(retired=self._retire_overwritten())
 
     def _to_stored(self, batch: SampleBatch) -> SampleBatch:
         """``batch`` with its frame-stack columns replaced by frame-id columns."""

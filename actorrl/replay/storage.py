@@ -10,8 +10,7 @@ with rows whose frames it overwrote): the rows that can be sampled are always th
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -20,9 +19,8 @@ from actorrl.batch import SampleBatch
 _NO_SLOTS = np.zeros(0, dtype=np.int64)
 
 
-@dataclass(frozen=True, slots=True)
-class Written:
-    """What one :meth:`Storage.write` did to the slots."""
+class Written(NamedTuple):
+    """What one :meth:`Storage.write` did to the slots (a tuple: cheap to make per add)."""
 
     first_slot: int
     """Slot of the first row written; the others follow it modulo the capacity."""
@@ -33,9 +31,9 @@ class Written:
     segments: tuple[tuple[int, int, int], ...]
     """The written slots as contiguous ``(start, stop, offset)`` pieces (at most two),
     ``offset`` being the first piece row's position among the ``count`` rows."""
-    evicted: np.ndarray = field(default_factory=lambda: _NO_SLOTS)
+    evicted: np.ndarray = _NO_SLOTS
     """Slots whose rows were overwritten, oldest first."""
-    retired: np.ndarray = field(default_factory=lambda: _NO_SLOTS)
+    retired: np.ndarray = _NO_SLOTS
     """Slots retired by this write (still held, never sampled again)."""
 
     def slots(self, capacity: int) -> np.ndarray:
@@ -183,6 +181,8 @@ class RowStorage:
             return _NO_SLOTS
         # Before the ring is full it fills from slot 0, so the first eviction hits slot 0.
         first = self._next_slot if self._size == self._capacity else 0
+        if first + evicted <= self._capacity:
+            return np.arange(first, first + evicted)
         return (first + np.arange(evicted)) % self._capacity
 
     def take(self, slots: np.ndarray, skip: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
