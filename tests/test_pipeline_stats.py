@@ -13,6 +13,7 @@ from actorrl.algorithms.a3c import A3CConfig
 from actorrl.pipelines.a3c import AsyncGradientsOptimizer
 from actorrl.pipelines.apex import SAMPLE_QUEUE_DEPTH, AsyncReplayOptimizer
 from actorrl.pipelines.pieces import RateWindow
+from actorrl.replay.config import ReplayConfig
 from actorrl.runtime import Driver
 from tests.actors.failing import SampleFailure
 from tests.actors.scripted import SlowApplyLearnerActor
@@ -21,7 +22,9 @@ from tests.helpers.configs import DQN, DQN_CONFIG, a3c_actors
 
 async def _apex(driver, workers, training_intensity=None):
     shard = await driver.create_actor("tests.actors.scripted:RecordingReplayActor",
-                                      args=(1, 64, 10_000, 32), num_cpus=0)
+                                      args=(ReplayConfig(learning_starts=64,
+                                                         buffer_size=10_000).to_dict(),),
+                                      num_cpus=0)
     learner = await driver.create_actor(
         "actorrl.learner.actor:LearnerActor",
         args=("CartPole-v1", DQN, DQN_CONFIG, {"train_batch_size": 32,
