@@ -78,7 +78,7 @@ from actorrl.experiment.train import (  # noqa: E402
     read_config_file_sections,
     resolve_config,
 )
-from actorrl.replay.frame_buffer import FramePrioritizedReplayBuffer  # noqa: E402
+from actorrl.replay import FrameStackStorage, PrioritizedSampler, ReplayBuffer  # noqa: E402
 from actorrl.rollout import RolloutWorker  # noqa: E402
 from actorrl.runtime import Driver  # noqa: E402
 from benchmarks.end_to_end import MemorySampler, finite  # noqa: E402
@@ -135,13 +135,13 @@ def measure_ceiling(spec: AlgorithmSpec, config: AlgorithmConfig, probe_s: float
         samples = SampleBatch.concat_samples(batches)
         sample_row_bytes = sum(wire_nbytes(b) for b in batches) / samples.count
         if spec.name == "apex":  # the shard's buffer, fed fragments as they arrive
-            buffer = FramePrioritizedReplayBuffer(samples.count, alpha=0.6, unpack=False,
-                                                  seed=0)
+            buffer = ReplayBuffer(samples.count, sampler=PrioritizedSampler(0.6, 0.4),
+                                  storage=FrameStackStorage(unpack=False), seed=0)
             for fragment in batches:
                 buffer.add_batch(decode(encode(fragment)))
-            train_batch = decode(encode(buffer.sample(config.train_batch_size, beta=0.4)))
+            train_batch = decode(encode(buffer.sample(config.train_batch_size)))
             replay_row_bytes = wire_nbytes(
-                buffer.sample(config.train_batch_size, beta=0.4)) / train_batch.count
+                buffer.sample(config.train_batch_size)) / train_batch.count
         else:
             while samples.count < config.train_batch_size:
                 samples = SampleBatch.concat_samples([samples, sampler.sample()])

@@ -33,7 +33,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from actorrl.batch import SampleBatch  # noqa: E402
-from actorrl.replay import PrioritizedReplayBuffer  # noqa: E402
+from actorrl.replay import PrioritizedSampler, ReplayBuffer  # noqa: E402
 
 CAPACITY = 100_000
 ROWS_PER_ADD = 50
@@ -210,14 +210,14 @@ def interleaved(
     }
 
 
-def fill_ours(batches: list[SampleBatch], propagate_every_add: bool) -> PrioritizedReplayBuffer:
+def fill_ours(batches: list[SampleBatch], propagate_every_add: bool) -> ReplayBuffer:
     """A fresh buffer filled to 100k rows.
 
     The trees propagate writes lazily; the fill ends with a query (``stats()`` reads the
     total and min mass), so the deferred propagation is paid inside any timing of it. With
     ``propagate_every_add`` a query follows every add: the eager cost.
     """
-    buffer = PrioritizedReplayBuffer(CAPACITY, ALPHA, seed=0)
+    buffer = ReplayBuffer(CAPACITY, sampler=PrioritizedSampler(ALPHA, BETA), seed=0)
     i = 0
     while len(buffer) < CAPACITY:
         buffer.add_batch(batches[i % len(batches)])
@@ -316,7 +316,7 @@ def run(quick: bool) -> dict[str, Any]:
 
     ours = fill_ours(batches, propagate_every_add=False)
     ours_round = SampleUpdateRound(
-        lambda: ours.sample(SAMPLE_SIZE, beta=BETA)[SampleBatch.BATCH_INDEXES],
+        lambda: ours.sample(SAMPLE_SIZE)[SampleBatch.BATCH_INDEXES],
         ours.update_priorities,
         priorities,
     )

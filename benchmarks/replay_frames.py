@@ -34,8 +34,7 @@ import numpy as np
 
 from actorrl.batch import SampleBatch
 from actorrl.frames import FramePack, pack_frames
-from actorrl.replay import PrioritizedReplayBuffer
-from actorrl.replay.frame_buffer import FramePrioritizedReplayBuffer
+from actorrl.replay import FrameStackStorage, PrioritizedSampler, ReplayBuffer
 from transport.codec import encode
 
 FRAME = (84, 84)
@@ -145,21 +144,22 @@ def run_atari(quick: bool) -> dict[str, Any]:
     slices, slice_s = (3, 1.0) if quick else (6, 2.0)
     source = FragmentSource(0)
     rss_before = _rss_mb()
-    ours = FramePrioritizedReplayBuffer(capacity, ALPHA, unpack=False, seed=0)
+    ours = ReplayBuffer(capacity, sampler=PrioritizedSampler(ALPHA, BETA),
+                        storage=FrameStackStorage(unpack=False), seed=0)
     fill_s = _fill(ours, source, capacity + 5 * FRAGMENT)
     rss_growth = _rss_mb() - rss_before
     stats = ours.stats()
-    naive = PrioritizedReplayBuffer(naive_capacity, ALPHA, seed=0)
+    naive = ReplayBuffer(naive_capacity, sampler=PrioritizedSampler(ALPHA, BETA), seed=0)
     _fill(naive, source, naive_capacity)
     naive_bytes = naive.stats()["allocated_bytes"] / naive_capacity
     priorities = np.random.default_rng(1).random(SAMPLE) + 1e-3
 
     def ours_round() -> None:
-        batch = ours.sample(SAMPLE, BETA)
+        batch = ours.sample(SAMPLE)
         ours.update_priorities(batch["batch_indexes"], priorities)
 
     def naive_round() -> None:
-        batch = naive.sample(SAMPLE, BETA)
+        batch = naive.sample(SAMPLE)
         naive.update_priorities(batch["batch_indexes"], priorities)
 
     ours_rates, naive_rates = [], []
@@ -167,9 +167,9 @@ def run_atari(quick: bool) -> dict[str, Any]:
         ours_rates.append(_rate(ours_round, slice_s))
         naive_rates.append(_rate(naive_round, slice_s))
     ratios = [a / b for a, b in zip(ours_rates, naive_rates, strict=True)]
-    sample = ours.sample(SAMPLE, BETA)
+    sample = ours.sample(SAMPLE)
     wire = sum(memoryview(f).nbytes for f in encode(sample))
-    naive_wire = sum(memoryview(f).nbytes for f in encode(naive.sample(SAMPLE, BETA)))
+    naive_wire = sum(memoryview(f).nbytes for f in encode(naive.sample(SAMPLE)))
     compressed = _compressed_figures(capacity, slices, slice_s, priorities)
     bytes_per_transition = stats["bytes_per_transition"]
     rss_mb_1m = rss_growth * 1_000_000 / capacity
@@ -214,8 +214,8 @@ def _compressed_figures(capacity: int, slices: int, slice_s: float,
     out: dict[str, Any] = {"frames": "Pong, random play"}
     buffers = {}
     for name, compress in (("plain", False), ("lz4", True)):
-        buffer = FramePrioritizedReplayBuffer(capacity, ALPHA, unpack=False,
-                                              compress=compress, seed=0)
+        buffer = ReplayBuffer(capacity, sampler=PrioritizedSampler(ALPHA, BETA), seed=0,
+                              storage=FrameStackStorage(unpack=False, compress=compress))
         fill_s = _fill(buffer, FragmentSource(1, frames), capacity)
         buffers[name] = buffer
         out[f"{name}_bytes_per_transition"] = round(buffer.stats()["bytes_per_transition"])
@@ -224,7 +224,7 @@ def _compressed_figures(capacity: int, slices: int, slice_s: float,
     for _ in range(slices):
         for name, buffer in buffers.items():
             def one_round(b: Any = buffer) -> None:
-                batch = b.sample(SAMPLE, BETA)
+                batch = b.sample(SAMPLE)
                 b.update_priorities(batch["batch_indexes"], priorities)
             rates[name].append(_rate(one_round, slice_s))
     for name, values in rates.items():

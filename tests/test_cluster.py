@@ -18,11 +18,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import zmq
 
+from actorrl.checkpoints import read_checkpoint
 from actorrl.client import Client, ClusterConnectionError, Job
 from actorrl.runtime.network import Network
 from tests.helpers.cluster import (
@@ -437,6 +439,28 @@ def test_job_runs_across_two_nodes_and_streams_results(cluster):
     assert job.actors() == []  # stopped with the job
 
 
+@pytest.mark.timeout(240)
+def test_an_lstm_job_trains_on_the_cluster(cluster):
+    """A recurrent IMPALA job (``use_lstm`` on StatelessCartPole, RLlib's keys) runs on the
+    remote nodes: its workers carry LSTM state, its learner unrolls sequences, and its
+    checkpoint holds the LSTM's weights."""
+    job = cluster.client.submit({
+        "algorithm": "impala", "env": "actorrl/StatelessCartPole-v1", "num_workers": 1,
+        "num_envs_per_worker": 4, "rollout_fragment_length": 20, "train_batch_size": 160,
+        "min_iter_time_s": 0.5, "stop": {"training_iteration": 3},
+        "model": {"fcnet_hiddens": [32], "use_lstm": True, "lstm_cell_size": 32,
+                  "max_seq_len": 10},
+        "job": {"placement": {"learner": "a", "worker-*": "b"}}})
+    results = list(job.results(timeout_s=180))
+    assert [r["training_iteration"] for r in results] == [1, 2, 3]
+    assert results[-1]["num_steps_trained"] > 0
+    status = job.status()
+    assert status["state"] == "finished"
+    _, state = read_checkpoint(status["checkpoint"]["path"])
+    weights = state["policies"]["default_policy"]["weights"]
+    assert any("lstm" in key for key in weights), sorted(weights)
+
+
 @pytest.mark.timeout(300)
 def test_killed_worker_and_replay_shard_are_replaced_and_the_job_continues(cluster):
     """SIGKILL of a rollout worker: the pipeline replaces it (on a node with room) and
@@ -495,11 +519,25 @@ def test_killed_worker_and_replay_shard_are_replaced_and_the_job_continues(clust
     assert pids_alive([a["pid"] for a in current], 30) == []
 
 
+@pytest.fixture
+def cluster_to_lose_c(tmp_path: Path, keys: str) -> Iterator[Cluster]:
+    """A cluster of its own (nodes a, b and c) for a test that kills node c: the shared
+    module cluster stays as its docstring says."""
+    c = Cluster(str(tmp_path), keys)
+    try:
+        c.join("127.0.0.2", "a", 3)
+        c.join("127.0.0.3", "b", 2)
+        yield c
+    finally:
+        c.close()
+
+
 @pytest.mark.timeout(300)
-def test_lost_node_actors_are_recreated_on_the_remaining_nodes(cluster):
+def test_lost_node_actors_are_recreated_on_the_remaining_nodes(cluster_to_lose_c):
     """SIGKILL of a node agent: its actors die with it (lifeline), the coordinator loses
     the node within seconds, the workers that ran there are recreated on a and b, and the
     job keeps producing results."""
+    cluster = cluster_to_lose_c
     node_c = cluster.join("127.0.0.4", "c", 2)
     job = cluster.client.submit({**APEX_TINY, "job": {
         "placement": {"learner": "a", "worker-*": "c"}}})

@@ -28,7 +28,7 @@ from actorrl.config import (
     load_worker_config,
 )
 from actorrl.learner.config import LearnerConfig
-from actorrl.replay.actor import ReplayActor, replay_config_of
+from actorrl.replay.actor import ReplayActor, shard_config
 from actorrl.rollout import RolloutWorker
 
 COMMON = {
@@ -194,7 +194,7 @@ def test_components_built_from_the_wire_form_keep_every_value(name: str) -> None
     if "learner" in parts:
         assert LearnerConfig.load(parts["learner"].to_dict()) == parts["learner"]
     if "replay" in parts:
-        assert replay_config_of(parts["replay"].to_dict(), (), {}) == parts["replay"]
+        assert shard_config(parts["replay"].to_dict()) == parts["replay"]
         shard = ReplayActor(parts["replay"].to_dict(), seed=0)
         assert shard.config == parts["replay"]
         assert shard.buffer_size == 999 // 3 and shard.replay_starts == 11 // 3

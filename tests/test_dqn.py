@@ -17,7 +17,7 @@ from actorrl.policy.dqn import (
     apex_worker_epsilon,
     huber_loss,
 )
-from actorrl.replay import PrioritizedReplayBuffer
+from actorrl.replay import PrioritizedSampler, ReplayBuffer
 
 torch.set_num_threads(1)
 
@@ -437,7 +437,7 @@ def run_dqn_cartpole(config: dict, seed: int, max_env_steps: int, target: float,
                      window: int = 20) -> tuple[int, list[float]]:
     """Single-process DQN: ``num_envs_per_worker`` gymnasium CartPoles stepped in lockstep,
     fragments of ``rollout_fragment_length`` postprocessed per env and added to a
-    PrioritizedReplayBuffer, ``training_intensity`` rows trained per env step with
+    prioritized ReplayBuffer, ``training_intensity`` rows trained per env step with
     priorities updated from ``td_error``. Stops when the mean return of the last ``window``
     episodes reaches ``target``; returns the env steps used and all episode returns."""
     torch.manual_seed(seed)
@@ -446,8 +446,10 @@ def run_dqn_cartpole(config: dict, seed: int, max_env_steps: int, target: float,
     obs = np.stack([env.reset(seed=seed * 100 + i)[0] for i, env in enumerate(envs)])
     policy = DQNPolicy(envs[0].observation_space, envs[0].action_space,
                        {**config, "seed": seed})
-    buffer = PrioritizedReplayBuffer(config["buffer_size"], config["prioritized_replay_alpha"],
-                                     config["prioritized_replay_eps"], seed=seed)
+    sampler = PrioritizedSampler(config["prioritized_replay_alpha"],
+                                 config["prioritized_replay_beta"],
+                                 config["prioritized_replay_eps"])
+    buffer = ReplayBuffer(config["buffer_size"], sampler=sampler, seed=seed)
     names = ("obs", "new_obs", "actions", "rewards", "terminateds", "truncateds", "eps_id")
     fragments: list[dict[str, list]] = [{k: [] for k in names} for _ in envs]
     episode_ids = list(range(num_envs))
@@ -479,11 +481,10 @@ def run_dqn_cartpole(config: dict, seed: int, max_env_steps: int, target: float,
             updates_due += num_envs * config["training_intensity"] / config["train_batch_size"]
             while updates_due >= 1.0:
                 updates_due -= 1.0
-                sample = buffer.sample(config["train_batch_size"],
-                                       config["prioritized_replay_beta"])
+                sample = buffer.sample(config["train_batch_size"])
                 info = policy.learn_on_batch(sample)
-                buffer.update_priorities_from_td_errors(sample["batch_indexes"],
-                                                        info["td_error"])
+                buffer.update_priorities(sample["batch_indexes"],
+                                         sampler.priorities_of(info["td_error"]))
         if len(returns) >= window and np.mean(returns[-window:]) >= target:
             break
     return env_steps, returns

@@ -137,7 +137,7 @@ def _long_dir(tmp_path) -> str:
 async def test_socket_fallback_folders_are_private_and_removed(tmp_path) -> None:
     """A session directory too long for ipc paths puts its sockets in a per-user folder
     of mode 0700, removed when the session ends (they used to pile up, mode 0755)."""
-    from actorrl.runtime.core import ipc_fallback_dir
+    from actorrl.runtime.peers import ipc_fallback_dir
 
     session = _long_dir(tmp_path)
     async with Driver.start(session) as driver:
@@ -153,7 +153,7 @@ async def test_socket_fallback_folders_are_private_and_removed(tmp_path) -> None
 def test_a_socket_folder_others_can_enter_is_refused(tmp_path) -> None:
     """A fallback folder planted with mode 0777 (or owned by someone else) is refused
     with a message naming it; a stale one whose session is gone is cleaned up."""
-    from actorrl.runtime.core import ipc_fallback_dir, remove_ipc_fallback
+    from actorrl.runtime.peers import ipc_fallback_dir, remove_ipc_fallback
 
     session = _long_dir(tmp_path)
     planted = ipc_fallback_dir(session, create=False)

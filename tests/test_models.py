@@ -12,10 +12,10 @@ import torch
 
 from actorrl.policy.action_dist import Categorical, DiagGaussian, dist_class_for
 from actorrl.policy.models import (
-    CHANNELS_LAST_MIN_ROWS,
     NATURE_CONV_FILTERS,
     ActorCriticModel,
     ConvEncoder,
+    FullExtentConv2d,
     build_encoder,
     build_mlp,
     default_conv_filters,
@@ -310,12 +310,12 @@ def test_hwc_and_chw_frames_give_the_same_features():
 
 
 def test_small_and_large_batches_give_the_same_features():
-    """A batch large enough to run in channels-last memory (learner sized) and the same
-    rows in worker-sized batches (plain NCHW memory) give the same features, HWC frames
-    and frames rebuilt from a pack (NCHW memory behind an HWC view) alike."""
+    """A learner-sized batch and the same rows in worker-sized batches give the same
+    features, HWC frames and frames rebuilt from a pack (NCHW memory behind an HWC view)
+    alike."""
     torch.manual_seed(0)
     encoder, _ = build_encoder(gym.spaces.Box(0, 255, (84, 84, 4), np.uint8), {})
-    rows = CHANNELS_LAST_MIN_ROWS + 6
+    rows = 70
     frames = np.random.default_rng(2).integers(0, 256, (rows, 84, 84, 4), dtype=np.uint8)
     packed_view = np.ascontiguousarray(frames.transpose(0, 3, 1, 2)).transpose(0, 2, 3, 1)
     with torch.no_grad():
@@ -381,3 +381,31 @@ def test_same_padding_matches_explicit_tf_padding():
             x = F.pad(x, (left, right, top, bottom))
         x = torch.relu(F.conv2d(x, conv.weight, conv.bias, conv.stride))
     assert torch.allclose(encoder(frames), x.reshape(3, -1), atol=1e-5)
+
+
+def test_a_kernel_covering_its_whole_input_is_computed_as_a_product():
+    """RLlib's last layer on 84x84 frames (256 filters of 11x11 on an 11x11 input) is a
+    :class:`FullExtentConv2d`: the same parameters (names and shapes, so checkpoints of a
+    plain Conv2d load), the same outputs and the same gradients as ``nn.Conv2d``, in both
+    memory layouts; a kernel smaller than its input stays a convolution."""
+    torch.manual_seed(0)
+    encoder = ConvEncoder((84, 84, 4), default_conv_filters(84, 84), "relu", True)
+    convs = [m for m in encoder.layers if isinstance(m, torch.nn.Conv2d)]
+    assert [type(m) for m in convs] == [torch.nn.Conv2d, torch.nn.Conv2d, FullExtentConv2d]
+    nature = ConvEncoder((84, 84, 4), NATURE_CONV_FILTERS, "relu", True, same_padding=False)
+    assert not any(isinstance(m, FullExtentConv2d) for m in nature.layers)
+    full = convs[-1]
+    plain = torch.nn.Conv2d(32, 256, 11)
+    plain.load_state_dict(full.state_dict())
+    for layout in (torch.contiguous_format, torch.channels_last):
+        x = torch.randn(6, 32, 11, 11).contiguous(memory_format=layout).requires_grad_()
+        y = torch.randn(6, 32, 11, 11).copy_(x.detach()).requires_grad_()
+        out_full, out_plain = full(x), plain(y)
+        assert out_full.shape == out_plain.shape == (6, 256, 1, 1)
+        torch.testing.assert_close(out_full, out_plain, rtol=1e-4, atol=1e-4)
+        out_full.square().sum().backward()
+        out_plain.square().sum().backward()
+        torch.testing.assert_close(x.grad, y.grad, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(full.weight.grad, plain.weight.grad, rtol=1e-3, atol=1e-3)
+        full.zero_grad()
+        plain.zero_grad()

@@ -19,6 +19,7 @@ from actorrl.pipelines.a3c import AsyncGradientsOptimizer
 from actorrl.pipelines.apex import AsyncReplayOptimizer
 from actorrl.pipelines.impala import AsyncSamplesOptimizer
 from actorrl.pipelines.microbatch import MicrobatchOptimizer
+from actorrl.replay.config import ReplayConfig
 from actorrl.rollout import RolloutWorker
 from actorrl.runtime import Driver
 from tests.helpers.configs import AC, DQN, DQN_CONFIG, a3c_actors
@@ -49,7 +50,8 @@ async def _learner(driver, queue_size: int = 16, start_thread: bool = True):
 
 
 async def _shard(driver, cls="tests.actors.scripted:RecordingReplayActor", starts=0, seed=0):
-    return await driver.create_actor(cls, args=(1, starts, 10_000, 32),
+    replay = ReplayConfig(learning_starts=starts, buffer_size=10_000, train_batch_size=32)
+    return await driver.create_actor(cls, args=(replay.to_dict(),),
                                      kwargs={"seed": seed}, num_cpus=0)
 
 

@@ -3,6 +3,7 @@ batches, the unrolled losses, multi-tower updates and the partially observed env
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 
 import gymnasium as gym
@@ -12,6 +13,7 @@ import torch
 from torch import nn
 
 from actorrl.batch import SampleBatch, chop_into_sequences
+from actorrl.checkpoints import read_checkpoint
 from actorrl.config import ConfigError, load_component
 from actorrl.learner.towers import TowerSet
 from actorrl.partial_envs import STATELESS_CARTPOLE_ID
@@ -21,6 +23,7 @@ from actorrl.policy.impala import ImpalaPolicy
 from actorrl.policy.models import LSTMActorCriticModel, make_model
 from actorrl.policy.recurrent import SequenceLayout
 from actorrl.rollout import RolloutWorker
+from tests.helpers.cluster import REPO, read_jsonl, run_cli, run_dirs
 from transport.codec import decode, encode
 
 LSTM_MODEL = {"fcnet_hiddens": [16], "use_lstm": True, "lstm_cell_size": 8, "max_seq_len": 7}
@@ -328,3 +331,42 @@ def test_lstm_learns_stateless_cartpole_where_feed_forward_cannot(algo, sgd_iter
     assert lstm_return >= 150.0, f"{algo} LSTM: {lstm_return:.1f} after {steps} env steps"
     _, ff_return = _train_stateless(algo, False, steps, sgd_iters)
     assert ff_return < 75.0, f"{algo} feed-forward reached {ff_return:.1f} in {steps} steps"
+
+
+# ---- serial mode, --restore and evaluate, through the CLI ---------------------------------
+
+
+@pytest.mark.process
+def test_an_lstm_run_trains_serially_restores_in_processes_and_evaluates(tmp_path):
+    """The StatelessCartPole LSTM example trains in serial mode, is continued with
+    ``--restore`` in process mode (its LSTM weights loaded, its counters going on, its LSTM
+    trained further) and its checkpoint evaluates greedily, state carried per episode."""
+    example = str(REPO / "examples" / "stateless-cartpole-impala-lstm.yaml")
+    small = ["--set", "min_iter_time_s=0.5", "--stop-time", "120"]
+    first = run_cli(["train", "--config", example, "--serial", "--stop-timesteps", "4000",
+                     *small, "--output", str(tmp_path / "first")], cwd=tmp_path,
+                    timeout_s=240)
+    assert first.returncode == 0, first.stderr[-3000:]
+    [run] = run_dirs(tmp_path / "first")
+    _, state = read_checkpoint(run)
+    saved = state["policies"]["default_policy"]["weights"]
+    lstm_keys = [key for key in saved if "lstm" in key]
+    assert lstm_keys, sorted(saved)
+
+    target = state["timesteps_total"] + 2000
+    second = run_cli(["train", "--restore", str(run), "--stop-timesteps", str(target), *small,
+                      "--output", str(tmp_path / "second")], cwd=tmp_path, timeout_s=240)
+    assert second.returncode == 0, second.stderr[-3000:]
+    [resumed] = run_dirs(tmp_path / "second")
+    results = read_jsonl(resumed / "result.jsonl")
+    assert results[0]["training_iteration"] == state["iteration"] + 1
+    assert results[-1]["timesteps_total"] >= target
+    assert json.loads((resumed / "config.json").read_text())["policy"]["model"]["use_lstm"]
+    _, final = read_checkpoint(resumed)
+    trained = final["policies"]["default_policy"]["weights"]
+    assert any(not np.array_equal(trained[key], saved[key]) for key in lstm_keys)
+
+    evaluated = run_cli(["evaluate", str(resumed), "--episodes", "2", "--seed", "1"],
+                        cwd=tmp_path)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert "2 episodes" in evaluated.stdout

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from actorrl.batch import SampleBatch
 from actorrl.replay import (
     MinSegmentTree,
-    PrioritizedReplayBuffer,
+    PrioritizedSampler,
     ReplayBuffer,
     SumSegmentTree,
 )
@@ -442,7 +442,7 @@ def test_evicted_hit_counts_follow_the_rows() -> None:
 
 
 def prioritized(capacity: int, rows: int, alpha: float = 0.6, seed: int = 0):
-    buffer = PrioritizedReplayBuffer(capacity, alpha=alpha, seed=seed)
+    buffer = ReplayBuffer(capacity, sampler=PrioritizedSampler(alpha), seed=seed)
     buffer.add_batch(cartpole_batch(rows))
     return buffer
 
@@ -456,7 +456,7 @@ def test_sampling_frequency_proportional_to_priority_power_alpha() -> None:
     priorities = np.arange(1, 9, dtype=float)
     buffer.update_priorities(np.arange(8), priorities)
     draws = np.concatenate(
-        [buffer.sample(500, beta=0.4)[SampleBatch.BATCH_INDEXES] for _ in range(100)]
+        [buffer.sample(500)[SampleBatch.BATCH_INDEXES] for _ in range(100)]
     )
     observed = np.bincount(draws, minlength=8)
     mass = priorities**alpha
@@ -469,7 +469,7 @@ def test_stratified_sampling_takes_one_row_per_equal_stratum() -> None:
     so every row is drawn exactly once (independent draws would almost surely repeat)."""
     buffer = prioritized(32, 32, seed=9)
     for _ in range(5):
-        slots = buffer.sample(32, beta=0.4)[SampleBatch.BATCH_INDEXES]
+        slots = buffer.sample(32)[SampleBatch.BATCH_INDEXES]
         assert sorted(slots.tolist()) == list(range(32))
 
 
@@ -481,7 +481,8 @@ def test_importance_weights_match_direct_formula() -> None:
     buffer = prioritized(64, 40, alpha=alpha, seed=3)  # 40 of 64 slots used
     priorities = rng.random(40) * 5 + 0.01
     buffer.update_priorities(np.arange(40), priorities)
-    out = buffer.sample(256, beta=beta)
+    buffer.sampler.beta = beta
+    out = buffer.sample(256)
     slots = out[SampleBatch.BATCH_INDEXES]
     n_rows = 40
     probability = priorities**alpha / np.sum(priorities**alpha)
@@ -490,15 +491,15 @@ def test_importance_weights_match_direct_formula() -> None:
     assert out[SampleBatch.WEIGHTS].dtype == np.float32
     np.testing.assert_allclose(out[SampleBatch.WEIGHTS], expected, rtol=1e-6)
     assert out[SampleBatch.WEIGHTS].max() <= 1.0
-    np.testing.assert_array_equal(
-        buffer.sample(64, beta=0.0)[SampleBatch.WEIGHTS], np.ones(64, np.float32)
-    )
+    buffer.sampler.beta = 0.0
+    np.testing.assert_array_equal(buffer.sample(64)[SampleBatch.WEIGHTS], np.ones(64, np.float32))
 
 
 def test_prioritized_sample_returns_stored_rows() -> None:
     """Prioritized samples carry the stored rows of the slots in ``batch_indexes``."""
     buffer = prioritized(16, 12, seed=4)
-    out = buffer.sample(30, beta=0.5)
+    buffer.sampler.beta = 0.5
+    out = buffer.sample(30)
     expected = cartpole_batch(12).take(out[SampleBatch.BATCH_INDEXES])
     for name, column in expected.items():
         np.testing.assert_array_equal(out[name], column)
@@ -509,12 +510,12 @@ def test_new_rows_get_max_priority_and_overwritten_slots_take_it() -> None:
     row's priority, in both the sum and the min tree (the old minimum disappears)."""
     alpha = 0.5
     buffer = prioritized(4, 4, alpha=alpha)
-    np.testing.assert_allclose(buffer.priority_mass(np.arange(4)), 1.0)
+    np.testing.assert_allclose(buffer.sampler.priority_mass(np.arange(4)), 1.0)
     buffer.update_priorities(np.array([0, 1, 2, 3]), np.array([9.0, 0.01, 4.0, 0.25]))
-    assert buffer.max_priority == 9.0
+    assert buffer.sampler.max_priority == 9.0
     assert buffer.stats()["priority_mass_min"] == pytest.approx(0.01**alpha)
     buffer.add_batch(cartpole_batch(2, start=10))  # overwrites slots 0 and 1
-    np.testing.assert_allclose(buffer.priority_mass(np.arange(4)), [3.0, 3.0, 2.0, 0.5])
+    np.testing.assert_allclose(buffer.sampler.priority_mass(np.arange(4)), [3.0, 3.0, 2.0, 0.5])
     stats = buffer.stats()
     assert stats["priority_mass_min"] == pytest.approx(0.5)
     assert stats["priority_mass_total"] == pytest.approx(8.5)
@@ -524,7 +525,7 @@ def test_update_priorities_validation() -> None:
     """Zero, negative, NaN and infinite priorities, mismatched lengths, non-integer and
     out-of-range indices are rejected with a clear error and change nothing."""
     buffer = prioritized(8, 6)
-    before = buffer.priority_mass(np.arange(8)).copy()
+    before = buffer.sampler.priority_mass(np.arange(8)).copy()
     cases = [
         ([0, 1], [1.0, 0.0], ValueError, "finite and > 0, got 0.0 at position 1"),
         ([0, 1], [-2.0, 1.0], ValueError, "> 0, got -2.0 at position 0"),
@@ -538,37 +539,40 @@ def test_update_priorities_validation() -> None:
     for indices, priorities, error, message in cases:
         with pytest.raises(error, match=message):
             buffer.update_priorities(np.array(indices), np.array(priorities))
-    np.testing.assert_array_equal(buffer.priority_mass(np.arange(8)), before)
-    assert buffer.max_priority == 1.0
+    np.testing.assert_array_equal(buffer.sampler.priority_mass(np.arange(8)), before)
+    assert buffer.sampler.max_priority == 1.0
 
 
 def test_update_priorities_duplicates_and_td_errors() -> None:
     """Duplicate slots keep the last priority; td errors become |td| + eps; max_priority is
     the largest priority set."""
-    buffer = PrioritizedReplayBuffer(8, alpha=1.0, eps=0.5)
+    buffer = ReplayBuffer(8, sampler=PrioritizedSampler(1.0, eps=0.5))
     buffer.add_batch(cartpole_batch(8))
     buffer.update_priorities(np.array([2, 2, 3, 2]), np.array([5.0, 7.0, 2.0, 3.0]))
-    assert buffer.priority_mass(np.array([2, 3])).tolist() == [3.0, 2.0]
-    assert buffer.max_priority == 7.0
-    buffer.update_priorities_from_td_errors(np.array([4, 5]), np.array([-2.0, 0.0]))
-    assert buffer.priority_mass(np.array([4, 5])).tolist() == [2.5, 0.5]
+    assert buffer.sampler.priority_mass(np.array([2, 3])).tolist() == [3.0, 2.0]
+    assert buffer.sampler.max_priority == 7.0
+    buffer.update_priorities(np.array([4, 5]),
+                             buffer.sampler.priorities_of(np.array([-2.0, 0.0])))
+    assert buffer.sampler.priority_mass(np.array([4, 5])).tolist() == [2.5, 0.5]
 
 
 def test_prioritized_constructor_validation() -> None:
-    """Bad alpha, eps and capacity are rejected with the value in the message."""
+    """Bad alpha, eps, beta and capacity are rejected with the value in the message."""
     with pytest.raises(ValueError, match=r"alpha must be >= 0, got -1\.0"):
-        PrioritizedReplayBuffer(10, alpha=-1.0)
+        PrioritizedSampler(-1.0)
     with pytest.raises(ValueError, match="alpha"):
-        PrioritizedReplayBuffer(10, alpha=float("nan"))
+        PrioritizedSampler(float("nan"))
     with pytest.raises(ValueError, match="eps must be a finite number > 0, got 0"):
-        PrioritizedReplayBuffer(10, alpha=0.6, eps=0)
+        PrioritizedSampler(0.6, eps=0)
+    with pytest.raises(ValueError, match="beta must be >= 0, got -0.1"):
+        PrioritizedSampler(0.6, beta=-0.1)
     with pytest.raises(ValueError, match="capacity must be >= 1, got 0"):
-        PrioritizedReplayBuffer(0, alpha=0.6)
+        ReplayBuffer(0, sampler=PrioritizedSampler(0.6))
     with pytest.raises(TypeError, match="capacity must be an int"):
         ReplayBuffer(10.5)  # type: ignore[arg-type]
     buffer = prioritized(4, 4)
     with pytest.raises(ValueError, match="beta must be >= 0, got -0.1"):
-        buffer.sample(2, beta=-0.1)
+        buffer.sampler.beta = -0.1
 
 
 def test_prioritized_is_deterministic_with_seed() -> None:
@@ -577,7 +581,7 @@ def test_prioritized_is_deterministic_with_seed() -> None:
     def run(seed: int) -> tuple[list[int], list[float]]:
         buffer = prioritized(64, 64, seed=seed)
         buffer.update_priorities(np.arange(64), np.linspace(0.1, 3.0, 64))
-        out = buffer.sample(32, beta=0.4)
+        out = buffer.sample(32)
         return out[SampleBatch.BATCH_INDEXES].tolist(), out[SampleBatch.WEIGHTS].tolist()
 
     assert run(1) == run(1)
@@ -595,7 +599,7 @@ def test_prioritized_stats() -> None:
     assert stats["reprio_count"] == 2
     assert stats["reprio_mean"] == pytest.approx(((3.0 - 1.0) + (0.5 - 1.0)) / 2)
     assert {"added_count", "sampled_count", "est_size_bytes", "num_entries"} <= stats.keys()
-    empty = PrioritizedReplayBuffer(8, alpha=0.6).stats()
+    empty = ReplayBuffer(8, sampler=PrioritizedSampler(0.6)).stats()
     assert empty["priority_mass_total"] == 0.0 and empty["num_entries"] == 0
 
 
@@ -604,7 +608,7 @@ def test_prioritized_capacity_not_power_of_two_never_samples_empty_slots() -> No
     always rows held, even with all mass at the end."""
     buffer = prioritized(100, 37, seed=6)
     buffer.update_priorities(np.arange(37), np.r_[np.full(36, 1e-6), 1e6])
-    slots = buffer.sample(4096, beta=0.4)[SampleBatch.BATCH_INDEXES]
+    slots = buffer.sample(4096)[SampleBatch.BATCH_INDEXES]
     assert slots.max() <= 36 and slots.min() >= 0
 
 
@@ -614,9 +618,16 @@ def test_replay_imports_neither_asyncio_nor_transport() -> None:
     import ast
     import inspect
 
-    from actorrl.replay import buffer, segment_tree
+    from actorrl.replay import (
+        buffer,
+        frame_storage,
+        prioritized,
+        sampler,
+        segment_tree,
+        storage,
+    )
 
-    for module in (buffer, segment_tree):
+    for module in (buffer, frame_storage, prioritized, sampler, segment_tree, storage):
         tree = ast.parse(inspect.getsource(module))
         imported = {
             alias.name
@@ -630,21 +641,27 @@ def test_replay_imports_neither_asyncio_nor_transport() -> None:
 def test_given_priorities_set_the_new_rows_mass_even_across_the_end() -> None:
     """add_batch(priorities=...) gives each new row mass p ** alpha (Ape-X's worker-side
     initial priorities), also for a batch that wraps past the end of the storage."""
-    buffer = PrioritizedReplayBuffer(8, alpha=0.5, seed=0)
+    buffer = ReplayBuffer(8, sampler=PrioritizedSampler(0.5), seed=0)
     buffer.add_batch(cartpole_batch(6))
     priorities = np.array([1.0, 4.0, 9.0, 16.0], dtype=np.float64)
     buffer.add_batch(cartpole_batch(4, start=6), priorities=priorities)
     slots = np.array([6, 7, 0, 1])
-    np.testing.assert_allclose(buffer.priority_mass(slots), np.sqrt(priorities))
-    assert buffer.priority_mass(np.array([2]))[0] == pytest.approx(1.0)  # untouched row
+    np.testing.assert_allclose(buffer.sampler.priority_mass(slots), np.sqrt(priorities))
+    assert buffer.sampler.priority_mass(np.array([2]))[0] == pytest.approx(1.0)  # untouched row
 
 
 def test_replay_shards_accept_the_apex_options() -> None:
     """Both shard kinds take the options the Ape-X algorithm passes (a constructor that
     refused one would only fail inside a spawned actor)."""
     from actorrl.replay.actor import BatchReplayActor, ReplayActor
+    from actorrl.replay.config import ReplayConfig
 
+    config = ReplayConfig(num_replay_buffer_shards=2, learning_starts=100, buffer_size=1000,
+                          train_batch_size=32, worker_side_prioritization=True)
     for cls in (ReplayActor, BatchReplayActor):
-        shard = cls(2, 100, 1000, 32, 0.6, 0.4, 1e-6, True, seed=1,
-                    worker_side_prioritization=True)
-        assert shard.replay_starts == 50 and shard.buffer_size == 500
+        for form in (config, config.to_dict()):  # typed, or as it crosses to a process
+            shard = cls(form, seed=1)
+            assert shard.config == config
+            assert shard.replay_starts == 50 and shard.buffer_size == 500
+        with pytest.raises(TypeError):
+            cls(2, 100, 1000, 32, 0.6, 0.4, 1e-6, True, seed=1)  # the old positional form

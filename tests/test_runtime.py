@@ -319,7 +319,7 @@ async def test_every_waiter_of_a_call_still_being_sent_wakes():
     wait on it at the same time must both see it resolve."""
     # Private: the placeholder exists only between a cross-thread submit and its send on
     # the loop, a window no public call can hold open.
-    from actorrl.runtime.core import _PendingFuture
+    from actorrl.runtime.calls import _PendingFuture
 
     pending = _PendingFuture()
     waiters = [asyncio.ensure_future(pending.wait()) for _ in range(3)]
@@ -435,10 +435,11 @@ async def test_puts_of_a_method_are_stored_before_its_reply(tmp_path):
     result: its put is stored before its reply leaves (else a fetch would find nothing).
     The second method's finish is handed back exactly as the executor thread would do it,
     inside the delivery of the first (the executor's ``after_flush_puts`` test hook)."""
-    # Private: _Call is how a served call is handed to the executor; the race needs one
+    # HostedCall is how a served call is handed to the executor; the race needs one
     # made by hand (finished through the public hand_back).
-    from actorrl.runtime.core import STATUS_OK, Runtime, _Call
-    from actorrl.runtime.refs import new_object_id
+    from actorrl.runtime.core import Runtime
+    from actorrl.runtime.hosting import HostedCall
+    from actorrl.runtime.refs import STATUS_OK, new_object_id
 
     late_put = new_object_id()
     replied = asyncio.Event()
@@ -470,12 +471,12 @@ async def test_puts_of_a_method_are_stored_before_its_reply(tmp_path):
                 return
             executor.after_flush_puts = None  # once
             executor.pending_puts.append((late_put, "value"))
-            executor.hand_back(_Call(late, new_object_id(), "make", [], {}), STATUS_OK,
+            executor.hand_back(HostedCall(late, new_object_id(), "make", [], {}), STATUS_OK,
                                [rt.ObjectRef(late_put, runtime.address)])
 
         executor.after_flush_puts = another_method_finishes
         first = Request()
-        executor.submit(_Call(first, new_object_id(), "make", [], {}), runtime.actor.make)
+        executor.submit(HostedCall(first, new_object_id(), "make", [], {}), runtime.actor.make)
         await asyncio.wait_for(replied.wait(), 10)
         await wait_until(lambda: bool(late.replies), 10, "the late method replies")
         assert first.replies and late.put_stored == [True]
@@ -524,7 +525,7 @@ async def test_frees_of_collected_refs_travel_with_the_next_call(tmp_path):
     FREE_DELAY_S."""
     import gc
 
-    from actorrl.runtime.core import FREE_BATCH, FREE_DELAY_S
+    from actorrl.runtime.frees import FREE_BATCH, FREE_DELAY_S
 
     many = FREE_BATCH // 16
     async with Driver.start(str(tmp_path / "s")) as driver:

@@ -18,6 +18,7 @@ import pytest
 
 import actorrl.runtime as rt
 from actorrl.pipelines.apex import AsyncReplayOptimizer
+from actorrl.replay.config import ReplayConfig
 from actorrl.runtime import ActorDiedError, Driver, DriverLike, ObjectLostError, Runtime
 from actorrl.runtime.cluster_driver import ClusterDriver
 from actorrl.runtime.coordinator import Coordinator
@@ -132,7 +133,9 @@ async def test_an_apex_step_error_traces_from_the_pipeline_to_the_worker(tmp_pat
         raising = await driver.create_actor("tests.actors.failing:RaisingWorker",
                                             args=(64, 1, 1))
         shard = await driver.create_actor("tests.actors.scripted:RecordingReplayActor",
-                                          args=(1, 10**9, 10_000, 32), kwargs={"seed": 0})
+                                          args=(ReplayConfig(learning_starts=10**9,
+                                                             buffer_size=10_000).to_dict(),),
+                                          kwargs={"seed": 0})
         config = {"model": {"fcnet_hiddens": [16]}, "hiddens": [16], "train_batch_size": 32}
         learner = await driver.create_actor(
             "actorrl.learner.actor:LearnerActor",

@@ -32,10 +32,11 @@ from urllib.parse import urlparse
 
 from actorrl.cluster.jobs import JobManager
 from actorrl.runtime.coordinator import DEFAULT_SESSION_TIMEOUT_S, Coordinator
-from actorrl.runtime.core import Runtime, remove_ipc_fallback
+from actorrl.runtime.core import Runtime
 from actorrl.runtime.membership import DEFAULT_HEARTBEAT_S, DEFAULT_HEARTBEAT_TIMEOUT_S
 from actorrl.runtime.network import Network
 from actorrl.runtime.node_agent import NodeAgent
+from actorrl.runtime.peers import remove_ipc_fallback
 from transport.auth import Security, check_bind
 from transport.limits import raise_fd_limit
 from transport.rpc import DEFAULT_MAX_PEERS

@@ -1,10 +1,11 @@
 """Replay shards as actors (RLlib's ReplayActor and BatchReplayActor).
 
-A shard receives its :class:`~actorrl.replay.config.ReplayConfig` (or that config's
-mapping). It holds ``buffer_size / num_shards`` rows and starts replaying once it has seen
-``learning_starts / num_shards`` env steps. Samples arrive as refs and are fetched straight
-from the rollout worker that produced them (and freed there). Every method is ``async``
-so all of them run on the shard's event loop, one at a time: the buffers need no locks.
+A shard receives its :class:`~actorrl.replay.config.ReplayConfig` (across processes, its
+``to_dict()``: see :func:`shard_config`). It holds ``buffer_size / num_shards`` rows and
+starts replaying once it has seen ``learning_starts / num_shards`` env steps. Samples
+arrive as refs and are fetched straight from the rollout worker that produced them (and
+freed there). Every method is ``async`` so all of them run on the shard's event loop, one
+at a time: the buffers need no locks.
 """
 
 from __future__ import annotations
@@ -18,91 +19,61 @@ import numpy as np
 
 from actorrl.batch import MultiAgentBatch, SampleBatch, as_multi_agent
 from actorrl.metrics import TimerStat
-from actorrl.replay.buffer import PrioritizedReplayBuffer, ReplayBuffer
+from actorrl.replay.buffer import ReplayBuffer
 from actorrl.replay.config import ReplayConfig
-from actorrl.replay.frame_buffer import FramePrioritizedReplayBuffer, FrameReplayBuffer
+from actorrl.replay.frame_storage import FrameStackStorage
+from actorrl.replay.prioritized import PrioritizedSampler
+from actorrl.replay.sampler import UniformSampler
 from actorrl.runtime import ObjectRef, Runtime
 
 
-def _shard_share(total: int, num_shards: int, what: str) -> int:
-    if num_shards < 1:
-        raise ValueError(f"num_replay_buffer_shards must be >= 1, got {num_shards}")
-    if total < 0:
-        raise ValueError(f"{what} must be >= 0, got {total}")
-    return total // num_shards
+def shard_config(config: ReplayConfig | Mapping[str, Any]) -> ReplayConfig:
+    """The shard's :class:`ReplayConfig`: as given, or loaded (strictly) from its section
+    mapping, the form that crosses to an actor process.
 
-
-_LEGACY_ORDER = ("num_replay_buffer_shards", "learning_starts", "buffer_size",
-                 "train_batch_size", "prioritized_replay_alpha", "prioritized_replay_beta",
-                 "prioritized_replay_eps", "prioritized_replay")
-
-
-def replay_config_of(config: ReplayConfig | Mapping[str, Any] | int, legacy: tuple,
-                     legacy_kwargs: Mapping[str, Any]) -> ReplayConfig:
-    """A shard's :class:`ReplayConfig`: given, loaded from its mapping (strict), or from the
-    older positional form ``(num_shards, learning_starts, buffer_size, train_batch_size,
-    alpha, beta, eps, prioritized)`` plus keyword settings."""
+    The runtime decodes an actor's arguments before it imports the actor's class (and, in
+    a cluster, in the coordinator and node agent too), so a codec-registered dataclass
+    would reach a forked actor but not a spawned or remote one: the section's
+    ``to_dict()`` crosses instead and is checked here against the dataclass.
+    """
     if isinstance(config, ReplayConfig):
-        if legacy or legacy_kwargs:
-            raise TypeError("a replay shard takes a ReplayConfig and seed=..., nothing else")
         return config
     if isinstance(config, Mapping):
-        if legacy or legacy_kwargs:
-            raise TypeError("a replay shard takes a ReplayConfig mapping and seed=..., "
-                            "nothing else")
         return ReplayConfig.load(config, path="replay.")
-    positional = (config, *legacy)
-    if len(positional) > len(_LEGACY_ORDER):
-        raise TypeError(f"a replay shard takes at most {len(_LEGACY_ORDER)} positional "
-                        f"settings ({', '.join(_LEGACY_ORDER)}), got {len(positional)}")
-    values = dict(zip(_LEGACY_ORDER, positional))
-    values.update(legacy_kwargs)
-    return ReplayConfig.load(values, path="replay.")
+    raise TypeError(f"a replay shard takes a ReplayConfig (or its to_dict()), "
+                    f"got {type(config).__name__}")
+
+
+def shard_shares(config: ReplayConfig) -> tuple[int, int]:
+    """One shard's ``(learning_starts, buffer_size)``: its part of each (the config
+    guarantees at least one row per shard)."""
+    shards = config.num_replay_buffer_shards
+    return config.learning_starts // shards, config.buffer_size // shards
 
 
 class ReplayActor:
-    """A prioritized (or uniform) replay shard with one buffer per policy."""
+    """A prioritized (or uniform) replay shard with one buffer per policy.
 
-    def __init__(self, config: ReplayConfig | Mapping[str, Any] | int, *legacy: Any,
-                 seed: int | None = None, **legacy_kwargs: Any) -> None:
-        cfg = replay_config_of(config, legacy, legacy_kwargs)
-        self.config = cfg
-        num_shards, buffer_size = cfg.num_replay_buffer_shards, cfg.buffer_size
-        learning_starts = cfg.learning_starts
-        train_batch_size = cfg.train_batch_size
-        prioritized_replay_alpha = cfg.prioritized_replay_alpha
-        prioritized_replay_beta = cfg.prioritized_replay_beta
-        prioritized_replay_eps = cfg.prioritized_replay_eps
-        prioritized_replay = cfg.prioritized_replay
-        worker_side_prioritization = cfg.worker_side_prioritization
-        self.replay_starts = _shard_share(learning_starts, num_shards, "learning_starts")
-        self.buffer_size = _shard_share(buffer_size, num_shards, "buffer_size")
-        self.worker_side_prioritization = worker_side_prioritization
-        if self.buffer_size < 1:
-            raise ValueError(
-                f"buffer_size ({buffer_size}) must give every one of the "
-                f"{num_shards} shards at least one row"
-            )
-        self.train_batch_size = train_batch_size
-        self.beta = prioritized_replay_beta
-        self.eps = prioritized_replay_eps
-        self.prioritized = prioritized_replay
+    ``config`` is the whole replay section (every shard gets the same and takes its
+    share); ``seed`` seeds the shard's sampling.
+    """
+
+    def __init__(self, config: ReplayConfig | Mapping[str, Any], *,
+                 seed: int | None = None) -> None:
+        self.config = config = shard_config(config)
+        self.replay_starts, self.buffer_size = shard_shares(config)
+        self.train_batch_size = config.train_batch_size
         rng = np.random.default_rng(seed)
 
         def new_buffer() -> ReplayBuffer:
             # Frame stacks are stored (and sent to the learner) each frame once; other
             # observations are stored as they are.
-            if self.prioritized:
-                return FramePrioritizedReplayBuffer(
-                    self.buffer_size,
-                    alpha=prioritized_replay_alpha,
-                    eps=prioritized_replay_eps,
-                    unpack=False,
-                    compress=cfg.compress_observations,
-                    seed=rng,
-                )
-            return FrameReplayBuffer(self.buffer_size, unpack=False,
-                                     compress=cfg.compress_observations, seed=rng)
+            sampler = (PrioritizedSampler(config.prioritized_replay_alpha,
+                                          config.prioritized_replay_beta,
+                                          config.prioritized_replay_eps)
+                       if config.prioritized_replay else UniformSampler())
+            storage = FrameStackStorage(unpack=False, compress=config.compress_observations)
+            return ReplayBuffer(self.buffer_size, sampler=sampler, storage=storage, seed=rng)
 
         self.replay_buffers: dict[str, ReplayBuffer] = collections.defaultdict(new_buffer)
         self.add_batch_timer = TimerStat()
@@ -120,8 +91,8 @@ class ReplayActor:
                 for policy_id, rows in as_multi_agent(batch).policy_batches.items():
                     buffer = self.replay_buffers[policy_id]
                     rows = _replay_columns(rows)
-                    if self.worker_side_prioritization and isinstance(
-                            buffer, PrioritizedReplayBuffer):
+                    if (self.config.worker_side_prioritization
+                            and self.config.prioritized_replay):
                         # The workers computed |td_error| + eps into ``weights``.
                         buffer.add_batch(rows, priorities=rows[SampleBatch.WEIGHTS])
                     else:
@@ -137,12 +108,10 @@ class ReplayActor:
         with self.replay_timer:
             samples = {}
             for policy_id, buffer in self.replay_buffers.items():
-                if isinstance(buffer, PrioritizedReplayBuffer):
-                    samples[policy_id] = buffer.sample(self.train_batch_size, beta=self.beta)
-                else:
-                    batch = buffer.sample(self.train_batch_size)
+                batch = buffer.sample(self.train_batch_size)
+                if not self.config.prioritized_replay:  # uniform: every row weighs 1
                     batch[SampleBatch.WEIGHTS] = np.ones(batch.count, dtype=np.float32)
-                    samples[policy_id] = batch
+                samples[policy_id] = batch
         return MultiAgentBatch(samples, self.train_batch_size)
 
     async def update_priorities(self, prio_dict: dict[str, Any]) -> None:
@@ -151,9 +120,9 @@ class ReplayActor:
         with self.update_priorities_timer:
             for policy_id, (batch_indexes, td_errors) in prio_dict.items():
                 buffer = self.replay_buffers.get(policy_id)
-                if isinstance(buffer, PrioritizedReplayBuffer):
-                    priorities = np.abs(np.asarray(td_errors, dtype=np.float64)) + self.eps
-                    buffer.update_priorities(np.asarray(batch_indexes), priorities)
+                if buffer is not None and isinstance(buffer.sampler, PrioritizedSampler):
+                    buffer.update_priorities(np.asarray(batch_indexes),
+                                             buffer.sampler.priorities_of(td_errors))
 
     async def stats(self, debug: bool = False) -> dict[str, Any]:
         """Timings (ms) and each policy buffer's stats."""
@@ -177,15 +146,11 @@ class BatchReplayActor:
     oldest once ``buffer_size / num_shards`` steps are held) and replays a random whole
     batch. Priorities are ignored."""
 
-    def __init__(self, config: ReplayConfig | Mapping[str, Any] | int, *legacy: Any,
-                 seed: int | None = None, **legacy_kwargs: Any) -> None:
-        cfg = replay_config_of(config, legacy, legacy_kwargs)
-        self.config = cfg
-        num_shards, buffer_size = cfg.num_replay_buffer_shards, cfg.buffer_size
-        learning_starts, train_batch_size = cfg.learning_starts, cfg.train_batch_size
-        self.replay_starts = _shard_share(learning_starts, num_shards, "learning_starts")
-        self.buffer_size = _shard_share(buffer_size, num_shards, "buffer_size")
-        self.train_batch_size = train_batch_size
+    def __init__(self, config: ReplayConfig | Mapping[str, Any], *,
+                 seed: int | None = None) -> None:
+        self.config = config = shard_config(config)
+        self.replay_starts, self.buffer_size = shard_shares(config)
+        self.train_batch_size = config.train_batch_size
         self.buffer: collections.deque[MultiAgentBatch] = collections.deque()
         self.num_added = 0
         self.cur_size = 0

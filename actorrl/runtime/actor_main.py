@@ -13,7 +13,8 @@ import logging
 import os
 import sys
 
-from actorrl.runtime.core import Runtime, enter_hosting, import_class
+from actorrl.runtime.core import Runtime
+from actorrl.runtime.hosting import enter_hosting, import_class
 from actorrl.runtime.network import Network
 from actorrl.runtime.process import watch_lifeline
 from transport.errors import RemoteError

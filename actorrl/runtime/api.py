@@ -28,9 +28,10 @@ from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
 from actorrl.runtime.actor import ActorHandle
-from actorrl.runtime.core import Runtime, current_hosting
+from actorrl.runtime.core import Runtime
 from actorrl.runtime.driver import Driver
 from actorrl.runtime.errors import GetTimeoutError, RemoteError, RuntimeNotStartedError
+from actorrl.runtime.hosting import current_hosting
 from actorrl.runtime.refs import ObjectRef
 from transport.sockets import new_event_loop
 

@@ -20,8 +20,9 @@ from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from actorrl.runtime.actor import ActorHandle, ActorSpec
-from actorrl.runtime.core import Runtime, remove_ipc_fallback
+from actorrl.runtime.core import Runtime
 from actorrl.runtime.node import DEFAULT_START_TIMEOUT_S, LocalNode
+from actorrl.runtime.peers import remove_ipc_fallback
 from actorrl.runtime.refs import ObjectRef
 from actorrl.runtime.serial import SerialNode
 from actorrl.runtime.sessions import make_session_dir

@@ -20,6 +20,7 @@ from actorrl.runtime.core import Runtime
 from actorrl.runtime.errors import ActorCreationError
 from actorrl.runtime.forking import ForkServerClient, resolve_start_method
 from actorrl.runtime.process import ActorProcess, ChildProcess, Lifeline, exit_description
+from actorrl.runtime.resources import NodeResources
 from transport.rpc import Request
 from transport.timeouts import wait_for
 
@@ -45,7 +46,7 @@ def log_label(name: str) -> str:
     return safe or "actor"
 
 
-class LocalNode:
+class LocalNode(NodeResources):
     """Runs actors as child processes of this process.
 
     ``num_cpus`` / ``num_gpus`` describe the host for placement; the node records what each
@@ -62,12 +63,11 @@ class LocalNode:
                  num_gpus: float | None = None,
                  child_env: dict[str, str] | None = None,
                  start_method: str | None = None) -> None:
+        super().__init__(num_cpus, num_gpus)
         self.runtime = runtime
         self.child_env = dict(child_env or {})
         """Environment every actor process gets (e.g. a cluster node's network)."""
         self.session_dir = session_dir
-        self.num_cpus = float(num_cpus if num_cpus is not None else os.cpu_count() or 1)
-        self.num_gpus = float(num_gpus if num_gpus is not None else _count_gpus())
         self.lifeline = Lifeline()
         self.actors: dict[str, _Running] = {}
         self.on_death: list[Callable[[str, str], None]] = []
@@ -102,16 +102,6 @@ class LocalNode:
         if self._fork_server is None or not self._fork_server.alive:
             self._fork_server = self._start_fork_server()
         return self._fork_server.fork(argv, {**os.environ, **env}, log_path, on_exit)
-
-    @property
-    def used_cpus(self) -> float:
-        """CPUs requested by the live actors."""
-        return sum(r.spec.num_cpus for r in self.actors.values())
-
-    @property
-    def used_gpus(self) -> float:
-        """GPUs requested by the live actors."""
-        return sum(r.spec.num_gpus for r in self.actors.values())
 
     async def start_actor(self, spec: ActorSpec,
                           timeout_s: float = DEFAULT_START_TIMEOUT_S) -> ActorHandle:
@@ -226,13 +216,4 @@ class LocalNode:
         if self._fork_server is not None:
             await self._fork_server.close(timeout_s)
         self.lifeline.close()
-
-
-def _count_gpus() -> float:
-    """CUDA devices visible to this process, without importing torch here."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return float(len([d for d in visible.split(",") if d.strip()]))
-    return float(len([d for d in os.listdir("/dev") if d.startswith("nvidia") and
-                      d[6:].isdigit()])) if os.path.isdir("/dev") else 0.0
 

@@ -35,11 +35,12 @@ from typing import Any
 
 from actorrl.runtime.actor import ActorHandle
 from actorrl.runtime.callers import COORDINATOR_ROLES, serve_async, serve_guarded
-from actorrl.runtime.core import Runtime, remove_ipc_fallback
+from actorrl.runtime.core import Runtime
 from actorrl.runtime.forking import resolve_start_method
 from actorrl.runtime.membership import DEFAULT_HEARTBEAT_S
 from actorrl.runtime.network import Network
 from actorrl.runtime.node import LocalNode
+from actorrl.runtime.peers import remove_ipc_fallback
 from actorrl.runtime.sessions import make_session_dir
 from actorrl.runtime.spec_wire import spec_from_wire
 from transport.auth import load_public_key

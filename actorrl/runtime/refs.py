@@ -29,6 +29,10 @@ STATUS_OK = 0
 STATUS_ERROR = 1
 STATUS_MISSING = 2
 
+ready_order = itertools.count()
+"""Completion order of refs (``ObjectRef._ready_seq``): ``wait`` sorts the refs that were
+ready before it by it."""
+
 _prefix = os.urandom(8)
 _counter = itertools.count()
 _counter_pid = os.getpid()

@@ -40,35 +40,32 @@ What differs, on purpose, for debugging:
 from __future__ import annotations
 
 import asyncio
-import functools
-import inspect
 import logging
 import os
 import sys
 import traceback
 import uuid
-from collections import deque
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from actorrl.runtime.actor import ActorHandle, ActorSpec
-from actorrl.runtime.core import (
-    INLINE_RESULT_BYTES,
+from actorrl.runtime.errors import ActorCreationError, ActorDiedError
+from actorrl.runtime.hosting import (
+    ActorHost,
+    HostedCall,
     Hosting,
-    Runtime,
     enter_hosting,
-    estimate_size,
-    hosted_context,
     import_class,
     leave_hosting,
-    public_method,
 )
-from actorrl.runtime.errors import ActorCreationError, ActorDiedError
-from actorrl.runtime.node import _count_gpus
 from actorrl.runtime.refs import STATUS_ERROR, STATUS_OK, ObjectRef, ObjectStore
+from actorrl.runtime.resources import NodeResources
 from transport.codec import Codec
 from transport.errors import RemoteError
+
+if TYPE_CHECKING:
+    from actorrl.runtime.core import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -103,42 +100,50 @@ def error_record(exc: BaseException, caller: FrameType | None = None) -> RemoteE
     return record
 
 
-class _SerialCall:
-    """One call accepted by a serial actor, waiting to start or running."""
+class _LocalRequest:
+    """A call made inside this process to a serial actor, as its host takes it (the
+    stand-in for a served request): its reply resolves the caller's future."""
 
-    __slots__ = ("object_id", "method", "args", "kwargs", "fut")
+    __slots__ = ("args", "fut", "frame", "_pending")
 
-    def __init__(self, object_id: bytes, method: str, args: list[Any], kwargs: dict[str, Any],
-                 fut: asyncio.Future) -> None:
-        self.object_id = object_id
-        self.method = method
+    peer = "local"
+    """Every call made in this process comes from one caller: the actor starts them in
+    submission order."""
+
+    def __init__(self, args: list[Any], fut: asyncio.Future, frame: FrameType | None,
+                 pending: dict[bytes, asyncio.Future]) -> None:
         self.args = args
-        self.kwargs = kwargs
         self.fut = fut
+        self.frame = frame
+        """The frame that made the call, while it is being made (so an error of a call run
+        inline has a traceback spanning the pipeline step)."""
+        self._pending = pending
+
+    def reply(self, value: Any) -> None:
+        """Resolve the caller's future with ``[status, inline, value]``."""
+        self._pending.pop(self.args[0], None)
+        if not self.fut.done():
+            self.fut.set_result(value)
 
 
-class SerialActor:
+class SerialActor(ActorHost):
     """An actor living in the driver's runtime: the ``LocalHost`` its endpoint routes to.
 
-    It owns a store (its results and puts), runs synchronous methods inline on the loop and
-    coroutine methods as tasks, and keeps submission order with a queue for calls that
-    must wait (ref arguments not ready, or the actor busy with a call to itself).
+    It owns a store (its results and puts) and hosts its calls as an actor process does
+    (the same :class:`~actorrl.runtime.hosting.ActorHost`), except that synchronous methods
+    run inline on the loop and what crosses between caller and actor is copied through the
+    codec, as the wire would.
     """
 
     def __init__(self, runtime: Runtime, actor_id: str, endpoint: str, spec: ActorSpec) -> None:
+        super().__init__(None, Hosting(runtime, endpoint, ObjectStore(runtime.loop)))
         self.runtime = runtime
+        self.codec = runtime.codec
         self.actor_id = actor_id
         self.endpoint = endpoint
         self.spec = spec
-        self.store = ObjectStore(runtime.loop)
-        self.hosting = Hosting(runtime, endpoint, self.store)
-        self.instance: Any = None
         self.dead: str | None = None
-        self._queue: deque[_SerialCall] = deque()
-        self._drain: asyncio.Task | None = None
-        self._busy = 0
         self._pending: dict[bytes, asyncio.Future] = {}
-        self._tasks: set[asyncio.Task] = set()
 
     def __repr__(self) -> str:
         label = self.spec.name or self.spec.class_path
@@ -147,8 +152,7 @@ class SerialActor:
     def build(self) -> None:
         """Construct the instance here, inline, with this actor as the hosting actor (its
         constructor arguments cross the codec as they would to an actor process)."""
-        codec = self.runtime.codec
-        args, kwargs = roundtrip(codec, [list(self.spec.args), self.spec.kwargs])
+        args, kwargs = roundtrip(self.codec, [list(self.spec.args), self.spec.kwargs])
         cls = import_class(self.spec.class_path)
         token = enter_hosting(self.hosting)
         try:
@@ -163,135 +167,41 @@ class SerialActor:
             fut.set_exception(self._died())
             return
         try:
-            _, (object_id, method, args, kwargs), _ = decode_copy(self.runtime.codec, frames)
+            _, call_args, _ = decode_copy(self.codec, frames)
         except Exception as exc:
             fut.set_exception(exc)
             return
-        self.store.add_pending(object_id)
-        self._pending[object_id] = fut
-        call = _SerialCall(object_id, method, args, kwargs, fut)
-        if not self._queue and not self._busy and self._resolve_now(call):
-            # The caller's frame (handle.method.remote), for a traceback spanning the step.
-            self._start(call, sys._getframe(3))
-            return
-        self._queue.append(call)
-        if self._drain is None:
-            self._drain = self.runtime.loop.create_task(self._run_queue())
+        self._pending[call_args[0]] = fut
+        # The caller's frame (handle.method.remote), for a traceback spanning the step.
+        request = _LocalRequest(call_args, fut, sys._getframe(3), self._pending)
+        self.on_call(request)
+        request.frame = None  # a call that runs later has no caller on its stack
 
-    def _resolve_now(self, call: _SerialCall) -> bool:
-        """Replace ref arguments by their values when all are available right now (an
-        error value fails the call, as in an actor process); False when one is not."""
-        values: dict[int | str, Any] = {}
-        items: list[tuple[int | str, Any]] = [*enumerate(call.args), *call.kwargs.items()]
-        for key, arg in items:
-            if not isinstance(arg, ObjectRef):
-                continue
-            found = self._peek(arg)
-            if found is None:
-                return False
-            values[key] = found
-        for key, (status, value) in values.items():
-            if status != STATUS_OK:  # the call fails with it, as in an actor process
-                call.method = ""
-                call.args = [value if isinstance(value, RemoteError) else RemoteError(
-                    "ObjectLostError", f"an argument of the call is gone (status {status})")]
-                return True
-            if isinstance(key, int):
-                call.args[key] = value
-            else:
-                call.kwargs[key] = value
-        return True
-
-    def _peek(self, ref: ObjectRef) -> tuple[int, Any] | None:
-        store = self.runtime._local_store(ref.owner)
-        if store is not None:
-            return store.lookup(ref.id)
-        if ref._has_value:
-            return ref._value
-        return None
-
-    async def _run_queue(self) -> None:
-        try:
-            while self._queue and self.dead is None:
-                call = self._queue[0]
-                try:
-                    await self._resolve(call)
-                except Exception as exc:
-                    self._queue.popleft()
-                    self._finish(call, STATUS_ERROR, RemoteError.from_exception(exc))
-                    continue
-                if self.dead is not None:
-                    return
-                self._queue.popleft()
-                self._start(call, None)
-        finally:
-            self._drain = None
-
-    async def _resolve(self, call: _SerialCall) -> None:
-        get = self.runtime._get_one
-        for index, arg in enumerate(call.args):
-            if isinstance(arg, ObjectRef):
-                call.args[index] = await get(arg)
-        for key, arg in call.kwargs.items():
-            if isinstance(arg, ObjectRef):
-                call.kwargs[key] = await get(arg)
-
-    def _start(self, call: _SerialCall, caller: FrameType | None) -> None:
-        if not call.method:  # an argument resolved to an error
-            self._finish(call, STATUS_ERROR, call.args[0])
-            return
-        fn = public_method(self.instance, call.method)
-        if isinstance(fn, RemoteError):
-            self._finish(call, STATUS_ERROR, fn)
-            return
-        if inspect.iscoroutinefunction(fn):
-            try:  # bad arguments raise here, before a coroutine exists
-                coro = fn(*call.args, **call.kwargs)
-            except Exception as exc:
-                self._finish(call, STATUS_ERROR, error_record(exc, caller))
-                return
-            task = self.runtime.loop.create_task(coro, context=hosted_context(self.hosting))
-            self._tasks.add(task)
-            task.add_done_callback(functools.partial(self._finish_task, call))
-            return
+    def _run_sync(self, call: HostedCall, fn: Callable[..., Any]) -> None:
         token = enter_hosting(self.hosting)
-        self._busy += 1
         try:
             result = fn(*call.args, **call.kwargs)
         except BaseException as exc:
-            self._finish(call, STATUS_ERROR, error_record(exc, caller))
+            self._finish(call, STATUS_ERROR, self._error(call, exc))
             if not isinstance(exc, Exception):
                 raise  # KeyboardInterrupt, SystemExit: still stop the program
         else:
             self._finish(call, STATUS_OK, result)
         finally:
-            self._busy -= 1
             leave_hosting(token)
 
-    def _finish_task(self, call: _SerialCall, task: asyncio.Task) -> None:
-        self._tasks.discard(task)
-        if task.cancelled():
-            self._finish(call, STATUS_ERROR, RemoteError("CancelledError", "call cancelled"))
-            return
-        exc = task.exception()
-        if exc is not None:
-            self._finish(call, STATUS_ERROR, error_record(exc))
-        else:
-            self._finish(call, STATUS_OK, task.result())
+    def _error(self, call: HostedCall, exc: BaseException) -> RemoteError:
+        return error_record(exc, call.request.frame)  # type: ignore[attr-defined]
 
-    def _finish(self, call: _SerialCall, status: int, value: Any) -> None:
+    def _finish(self, call: HostedCall, status: int, value: Any) -> None:
         if self.dead is not None:
             return  # the call already failed with ActorDiedError
         if status == STATUS_OK:
             try:  # the caller gets what the wire would deliver: a copy
-                value = roundtrip(self.runtime.codec, value)
+                value = roundtrip(self.codec, value)
             except Exception as exc:
                 status, value = STATUS_ERROR, error_record(exc)
-        self.store.set(call.object_id, status, value)
-        fut = self._pending.pop(call.object_id, None)
-        if fut is not None and not fut.done():
-            inline = status != STATUS_OK or estimate_size(value) <= INLINE_RESULT_BYTES
-            fut.set_result([status, inline, value if inline else None])
+        super()._finish(call, status, value)
 
     # ---- death --------------------------------------------------------------------------
     def _died(self) -> ActorDiedError:
@@ -310,11 +220,7 @@ class SerialActor:
                 fut.set_exception(error)
         self._pending.clear()
         self.store.fail_pending(RemoteError.from_exception(error))
-        self._queue.clear()
-        if self._drain is not None:
-            self._drain.cancel()
-        for task in list(self._tasks):
-            task.cancel()
+        self.stop()
         self.instance = None
 
 
@@ -328,29 +234,18 @@ def _one_compute_thread() -> None:
         torch.set_num_threads(1)
 
 
-class SerialNode:
+class SerialNode(NodeResources):
     """The node of a serial-mode driver: "starts" actors by building them in this process
     (see the module docstring). Same surface as :class:`~actorrl.runtime.node.LocalNode`
     where the driver and tests use it."""
 
     def __init__(self, runtime: Runtime, num_cpus: float | None = None,
                  num_gpus: float | None = None) -> None:
+        super().__init__(num_cpus, num_gpus)  # recorded, not enforced
         self.runtime = runtime
         _one_compute_thread()
-        self.num_cpus = float(num_cpus if num_cpus is not None else os.cpu_count() or 1)
-        self.num_gpus = float(num_gpus if num_gpus is not None else _count_gpus())
         self.actors: dict[str, SerialActor] = {}
         self.on_death: list[Callable[[str, str], None]] = []
-
-    @property
-    def used_cpus(self) -> float:
-        """CPUs requested by the live actors (recorded, not enforced)."""
-        return sum(a.spec.num_cpus for a in self.actors.values())
-
-    @property
-    def used_gpus(self) -> float:
-        """GPUs requested by the live actors (recorded, not enforced)."""
-        return sum(a.spec.num_gpus for a in self.actors.values())
 
     async def start_actor(self, spec: ActorSpec, timeout_s: float | None = None
                           ) -> ActorHandle:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -9,6 +10,7 @@ import numpy as np
 import actorrl.runtime as rt
 from actorrl.batch import SampleBatch
 from actorrl.envs import EpisodeMetrics
+from actorrl.learner.actor import LearnerActor
 from actorrl.messages import SampleReply
 from actorrl.replay.actor import ReplayActor
 from actorrl.rollout_actor import RolloutWorkerActor
@@ -97,3 +99,22 @@ class VersionRecordingWorker(RolloutWorkerActor):
 
     def versions_seen(self) -> list[int]:
         return self.versions
+
+
+class SlowApplyLearnerActor(LearnerActor):
+    """A learner whose every gradient apply takes at least ``APPLY_FLOOR_S`` more than the
+    real one, inside the apply (under the update lock, so applies stay serialized): a
+    known lower bound for what the A3C pipeline's ``apply_time_ms`` must report."""
+
+    APPLY_FLOOR_S = 0.05
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        real_apply = self.worker.apply_gradients
+        never_set = threading.Event()
+
+        def apply_with_floor(grads: Any) -> Any:
+            never_set.wait(self.APPLY_FLOOR_S)  # simulated work, not synchronisation
+            return real_apply(grads)
+
+        self.worker.apply_gradients = apply_with_floor

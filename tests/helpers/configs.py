@@ -16,14 +16,16 @@ DQN_CONFIG: dict[str, Any] = {
 """A small Ape-X DQN on CartPole (a fresh copy per use: ``dict(DQN_CONFIG)``)."""
 
 
-async def a3c_actors(driver: Any, config: dict[str, Any], train_batch_size: int
+async def a3c_actors(driver: Any, config: dict[str, Any], train_batch_size: int,
+                     learner_class: str = "actorrl.learner.actor:LearnerActor"
                      ) -> tuple[list[Any], Any]:
-    """``(workers, learner)``: two worker actors and a learner without a learner thread."""
+    """``(workers, learner)``: two worker actors and a learner (of ``learner_class``)
+    without a learner thread."""
     workers = [await driver.create_actor(
         "actorrl.rollout_actor:RolloutWorkerActor", args=("CartPole-v1", AC, config),
         kwargs={"worker_index": i + 1}) for i in range(2)]
     learner = await driver.create_actor(
-        "actorrl.learner.actor:LearnerActor",
+        learner_class,
         args=("CartPole-v1", AC, config, {"train_batch_size": train_batch_size}),
         kwargs={"start_thread": False})
     return workers, learner

@@ -1,4 +1,4 @@
-"""Replay buffers that store each frame of frame-stacked observations once.
+"""A replay storage that keeps each frame of frame-stacked observations once.
 
 A transition of an Atari-like env holds ``obs`` and ``new_obs``, two stacks of 4 frames
 (56 KB at 84x84), though consecutive transitions share all but one frame. Here the frames
@@ -18,7 +18,7 @@ is sized from the first batch (frames per transition, plus headroom) unless
 
 With ``compress`` the frames are kept LZ4-compressed (:class:`FrameStore`).
 
-Batches without frame-stack columns are stored as by the plain buffers.
+Batches without frame-stack columns are stored as :class:`RowStorage` stores them.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import numpy as np
 
 from actorrl.batch import SampleBatch
 from actorrl.frames import FramePack, pack_frames, packable_columns
-from actorrl.replay.buffer import PrioritizedReplayBuffer, ReplayBuffer
+from actorrl.replay.storage import RowStorage, Written
 
 FRAME_HEADROOM = 1.15
 """Frame ring size over what the first batch's frames-per-transition needs."""
@@ -138,27 +138,61 @@ def _lz4_block() -> Any:
     return lz4.block
 
 
-class _FrameStacks:
-    """The frame-store part shared by :class:`FrameReplayBuffer` and
-    :class:`FramePrioritizedReplayBuffer` (mixed in before the plain buffer)."""
 
-    _capacity: int
-    _size: int
-    _next_slot: int
-    _storage: dict[str, np.ndarray]
+class FrameStackStorage:
+    """A :class:`~actorrl.replay.storage.Storage` keeping each frame of frame-stacked
+    observations once (see the module docstring) over a :class:`RowStorage` of the other
+    columns and the frame ids; batches without frame-stack columns are stored plainly."""
 
-    def _init_frames(self, frame_capacity: int | None, unpack: bool, compress: bool) -> None:
+    def __init__(self, *, frame_capacity: int | None = None, unpack: bool = True,
+                 compress: bool = False) -> None:
+        if compress:
+            _lz4_block()  # fail at construction, not at the first add
         self._frame_capacity = frame_capacity
         self._unpack = unpack
         self._compress = compress
-        if compress:
-            _lz4_block()  # fail at construction, not at the first add
+        self._rows = RowStorage()
         self.frame_store: FrameStore | None = None
+        """The frames, once the first frame-stack batch arrived (None before, or for
+        batches without frame stacks)."""
         self._frame_columns: tuple[str, ...] = ()
         self._axis = 0
-        self._retired = 0  # oldest rows held whose frames were overwritten
+
+    def bind(self, capacity: int) -> None:
+        """Size the rows for ``capacity`` transitions (once)."""
+        self._rows.bind(capacity)
+
+    @property
+    def capacity(self) -> int:
+        """Transition slots."""
+        return self._rows.capacity
+
+    def __len__(self) -> int:
+        """Transitions held."""
+        return len(self._rows)
+
+    @property
+    def num_live(self) -> int:
+        """Transitions whose frames are all still held."""
+        return self._rows.num_live
+
+    def live_slots(self, offsets: np.ndarray) -> np.ndarray:
+        """Slots of the live transitions at ``offsets``."""
+        return self._rows.live_slots(offsets)
+
+    def is_retired(self, slots: np.ndarray) -> np.ndarray:
+        """Per slot: whether its transition lost frames (never sampled again)."""
+        return self._rows.is_retired(slots)
 
     # ---- writing -------------------------------------------------------------------------
+    def write(self, batch: SampleBatch) -> Written:
+        """Append the frames once and the transitions as frame ids; retire the oldest
+        transitions whose frames the ring overwrote."""
+        written = self._rows.write(self._to_stored(batch))
+        if self.frame_store is None:
+            return written
+        return written._replace(retired=self._retire_overwritten())
+
     def _to_stored(self, batch: SampleBatch) -> SampleBatch:
         """``batch`` with its frame-stack columns replaced by frame-id columns."""
         pack = batch.frame_pack
@@ -174,7 +208,7 @@ class _FrameStacks:
         if self.frame_store is None:
             per_row = len(pack.frames) / max(pack.count, 1)
             capacity = self._frame_capacity or math.ceil(
-                self._capacity * max(per_row, 1.0 / len(pack.indices)) * FRAME_HEADROOM
+                self.capacity * max(per_row, 1.0 / len(pack.indices)) * FRAME_HEADROOM
                 + 2 * len(pack.frames))
             self.frame_store = FrameStore(capacity, self._compress)
             self._frame_columns, self._axis = tuple(pack.indices), pack.axis
@@ -192,53 +226,33 @@ class _FrameStacks:
         columns[_MIN_ID] = min_id
         return SampleBatch(columns)
 
-    def _write(self, batch: SampleBatch) -> tuple[int, int]:
-        stored = self._to_stored(batch)
-        overwritten = max(0, self._size + stored.count - self._capacity)
-        self._retired = max(0, self._retired - overwritten)
-        result = super()._write(stored)  # type: ignore[misc]
-        if self.frame_store is not None:
-            self._retire_overwritten()
-        return result
-
-    def _oldest_slot(self) -> int:
-        return (self._next_slot - self._size) % self._capacity
-
-    def _retire_overwritten(self) -> None:
-        """Retire the oldest rows that refer to frames the ring has overwritten."""
+    def _retire_overwritten(self) -> np.ndarray:
+        """Retire the oldest rows that refer to frames the ring has overwritten; returns
+        their slots."""
         assert self.frame_store is not None
+        rows = self._rows
         floor = self.frame_store.floor
-        min_ids = self._storage[_MIN_ID]
-        start = self._retired
-        while start < self._size:
-            chunk = np.arange(start, min(self._size, start + 4096))
-            slots = (self._oldest_slot() + chunk) % self._capacity
+        min_ids = rows.arrays[_MIN_ID]
+        start = rows.num_retired
+        while start < len(rows):
+            chunk = np.arange(start, min(len(rows), start + 4096))
+            slots = (rows.oldest_slot() + chunk) % rows.capacity
             stale = min_ids[slots] < floor
             if stale.all():
                 start = int(chunk[-1]) + 1
                 continue
             start = int(chunk[0] + np.argmin(stale))
             break
-        if start > self._retired:
-            slots = (self._oldest_slot() + np.arange(self._retired, start)) % self._capacity
-            self._on_retired(slots)
-            self._retired = start
-
-    def _on_retired(self, slots: np.ndarray) -> None:
-        """Rows at ``slots`` were retired (the prioritized buffer zeroes their mass)."""
-
-    @property
-    def num_live(self) -> int:
-        """Rows that can be sampled (held and not retired)."""
-        return self._size - self._retired
-
-    def is_retired(self, slots: np.ndarray) -> np.ndarray:
-        """Per slot: whether it is among the oldest ones retired (no longer sampled)."""
-        return (np.asarray(slots) - self._oldest_slot()) % self._capacity < self._retired
+        return rows.retire_oldest(start - rows.num_retired)
 
     # ---- reading -------------------------------------------------------------------------
-    def _from_stored(self, columns: dict[str, np.ndarray]) -> SampleBatch:
-        """Stored rows with their frame-id columns turned back into frame stacks."""
+    def take(self, slots: np.ndarray, skip: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+        """The stored columns at ``slots`` (frame stacks still as frame ids)."""
+        return self._rows.take(slots, skip)
+
+    def to_batch(self, columns: dict[str, np.ndarray]) -> SampleBatch:
+        """Stored rows with their frame-id columns turned back into frame stacks (as a
+        pack only, with ``unpack=False``)."""
         if self.frame_store is None:
             return SampleBatch(columns)
         columns.pop(_MIN_ID, None)
@@ -253,81 +267,13 @@ class _FrameStacks:
             return SampleBatch.from_frame_pack(columns, pack)
         return SampleBatch.packed(columns, pack)
 
-    def _gather(self, slots: np.ndarray, skip: tuple[str, ...] = ()) -> SampleBatch:
-        batch = super()._gather(slots, skip)  # type: ignore[misc]
-        return self._from_stored(dict(dict.items(batch)))
-
-    def rows_at(self, slots: np.ndarray) -> SampleBatch:
-        """The stored rows at ``slots``, not counted as sampled."""
-        return self._from_stored(dict(dict.items(super().rows_at(slots))))  # type: ignore[misc]
-
-    def frame_stats(self) -> dict[str, Any]:
-        """Frame-store figures for ``stats``."""
+    def stats(self) -> dict[str, Any]:
+        """The row figures plus the frame store's (once it exists)."""
+        out = self._rows.stats()
         store = self.frame_store
-        if store is None:
-            return {}
-        held = sum(a.nbytes for a in self._storage.values()) + store.nbytes
-        return {"frame_capacity": store.capacity, "frames_written": store.written,
-                "num_retired": self._retired,
-                "bytes_per_transition": held / self._capacity}
-
-
-class FrameReplayBuffer(_FrameStacks, ReplayBuffer):
-    """:class:`~actorrl.replay.ReplayBuffer` storing each frame once (see the module
-    docstring); uniform sampling over the live rows."""
-
-    def __init__(self, capacity: int, *, frame_capacity: int | None = None,
-                 unpack: bool = True, compress: bool = False,
-                 seed: int | np.random.Generator | None = None) -> None:
-        super().__init__(capacity, seed=seed)
-        self._init_frames(frame_capacity, unpack, compress)
-
-    def sample(self, num_items: int) -> SampleBatch:
-        """``num_items`` live rows drawn uniformly with replacement, plus
-        ``batch_indexes``."""
-        self._check_can_sample(num_items)
-        live = self.num_live
-        if live == 0:
-            raise ValueError("cannot sample: every row refers to overwritten frames")
-        offsets = np.minimum((self._rng.random(num_items) * live).astype(np.int64), live - 1)
-        slots = (self._next_slot - live + offsets) % self._capacity
-        return self._gather(slots)
-
-    def stats(self, debug: bool = False) -> dict[str, Any]:
-        """The plain stats plus the frame store's."""
-        return {**super().stats(debug), **self.frame_stats()}
-
-
-class FramePrioritizedReplayBuffer(_FrameStacks, PrioritizedReplayBuffer):
-    """:class:`~actorrl.replay.PrioritizedReplayBuffer` storing each frame once; a retired
-    row has zero mass, so it is never sampled, and later priority updates leave it so."""
-
-    def __init__(self, capacity: int, alpha: float, eps: float = 1e-6, *,
-                 frame_capacity: int | None = None, unpack: bool = True,
-                 compress: bool = False,
-                 seed: int | np.random.Generator | None = None) -> None:
-        super().__init__(capacity, alpha, eps, seed=seed)
-        self._init_frames(frame_capacity, unpack, compress)
-
-    def _on_retired(self, slots: np.ndarray) -> None:
-        self._sum_tree.update(slots, 0.0, unique=True)
-        self._min_tree.update(slots, math.inf, unique=True)
-
-    def update_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> None:
-        """As the plain buffer's, skipping retired rows."""
-        indices, priorities = np.asarray(indices), np.asarray(priorities)
-        if self._retired and indices.ndim == 1 and indices.shape == priorities.shape \
-                and len(indices) and indices.dtype.kind in "iu":
-            keep = ~self.is_retired(indices)
-            indices, priorities = indices[keep], priorities[keep]
-        super().update_priorities(indices, priorities)
-
-    def sample(self, num_items: int, beta: float = 0.4) -> SampleBatch:  # type: ignore[override]
-        """As the plain buffer's, over the live rows."""
-        if self.num_live == 0 and self._size:
-            raise ValueError("cannot sample: every row refers to overwritten frames")
-        return super().sample(num_items, beta)
-
-    def stats(self, debug: bool = False) -> dict[str, Any]:
-        """The plain stats plus the frame store's."""
-        return {**super().stats(debug), **self.frame_stats()}
+        if store is not None:
+            held = self._rows.allocated_bytes + store.nbytes
+            out.update(frame_capacity=store.capacity, frames_written=store.written,
+                       num_retired=self._rows.num_retired,
+                       bytes_per_transition=held / self.capacity)
+        return out
