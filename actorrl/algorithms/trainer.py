@@ -25,7 +25,7 @@ from actorrl.runtime import ActorDiedError, ActorHandle, DriverLike, Runtime
 
 log = logging.getLogger(__name__)
 
-WORKER_CLASS = "actorrl.rollout_actor:RolloutWorkerActor"
+WORKER_CLASS = "actorrl.rollout.actor:RolloutWorkerActor"
 LEARNER_CLASS = "actorrl.learner.actor:LearnerActor"
 
 

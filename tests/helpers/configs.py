@@ -22,7 +22,7 @@ async def a3c_actors(driver: Any, config: dict[str, Any], train_batch_size: int,
     """``(workers, learner)``: two worker actors and a learner (of ``learner_class``)
     without a learner thread."""
     workers = [await driver.create_actor(
-        "actorrl.rollout_actor:RolloutWorkerActor", args=("CartPole-v1", AC, config),
+        "actorrl.rollout.actor:RolloutWorkerActor", args=("CartPole-v1", AC, config),
         kwargs={"worker_index": i + 1}) for i in range(2)]
     learner = await driver.create_actor(
         learner_class,
