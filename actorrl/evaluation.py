@@ -16,7 +16,7 @@ from actorrl.callbacks import summarize_custom_metrics
 from actorrl.envs import EpisodeMetrics
 from actorrl.runtime import ActorHandle, DriverLike, ObjectRef, Runtime
 
-WORKER_CLASS = "actorrl.rollout_actor:RolloutWorkerActor"
+WORKER_CLASS = "actorrl.rollout.actor:RolloutWorkerActor"
 
 
 class Evaluator:

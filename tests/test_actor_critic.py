@@ -14,12 +14,12 @@ from actorrl.batch import SampleBatch
 from actorrl.envs import EpisodeWindow
 from actorrl.policy.action_dist import Categorical
 from actorrl.policy.actor_critic import (
-    A2C_CARTPOLE_DEFAULTS,
     ActorCriticPolicy,
     compute_advantages,
     discount_cumsum,
 )
 from actorrl.rollout import RolloutWorker
+from tests.helpers.configs import A2C_CARTPOLE
 
 torch.set_num_threads(1)
 
@@ -186,7 +186,7 @@ def test_a2c_learns_cartpole():
     """Single-process A2C (sample from 8 vectorized envs, one update per batch) reaches a
     smoothed mean return of 150 on CartPole-v1 within 100k env steps."""
     env_steps_budget = 100_000
-    worker = RolloutWorker("CartPole-v1", ActorCriticPolicy, {**A2C_CARTPOLE_DEFAULTS, "seed": 0})
+    worker = RolloutWorker("CartPole-v1", ActorCriticPolicy, {**A2C_CARTPOLE, "seed": 0})
     window = EpisodeWindow(smoothing_episodes=100)
     env_steps, summary, start = 0, {}, time.perf_counter()
     while env_steps < env_steps_budget:

@@ -9,7 +9,6 @@ import torch
 
 from actorrl.batch import SampleBatch
 from actorrl.policy.dqn import (
-    DQN_CARTPOLE_DEFAULTS,
     N_STEPS,
     DQNPolicy,
     DQNPolicyConfig,
@@ -18,6 +17,7 @@ from actorrl.policy.dqn import (
     huber_loss,
 )
 from actorrl.replay import PrioritizedSampler, ReplayBuffer
+from tests.helpers.configs import DQN_CARTPOLE
 
 torch.set_num_threads(1)
 
@@ -492,9 +492,9 @@ def run_dqn_cartpole(config: dict, seed: int, max_env_steps: int, target: float,
 
 @pytest.mark.learning
 def test_dqn_learns_cartpole() -> None:
-    """With DQN_CARTPOLE_DEFAULTS and prioritized replay, the mean return of the last 20
+    """With DQN_CARTPOLE and prioritized replay, the mean return of the last 20
     CartPole-v1 episodes reaches 150 within 20k env steps (7-9k for seeds 0-6)."""
-    env_steps, returns = run_dqn_cartpole(DQN_CARTPOLE_DEFAULTS, seed=0,
+    env_steps, returns = run_dqn_cartpole(DQN_CARTPOLE, seed=0,
                                           max_env_steps=20_000, target=150.0)
     assert len(returns) >= 20 and np.mean(returns[-20:]) >= 150.0, (
         f"mean return of the last 20 episodes {np.mean(returns[-20:]):.1f} after "

@@ -9,12 +9,12 @@ import torch
 
 from actorrl.batch import SampleBatch
 from actorrl.policy.impala import (
-    IMPALA_CARTPOLE_DEFAULTS,
     ImpalaPolicy,
     ImpalaPolicyConfig,
     from_time_major,
     to_time_major,
 )
+from tests.helpers.configs import IMPALA_CARTPOLE
 
 torch.set_num_threads(1)
 
@@ -349,9 +349,9 @@ def run_impala_cartpole(config: dict, seed: int, max_env_steps: int, target: flo
 
 @pytest.mark.learning
 def test_impala_learns_cartpole() -> None:
-    """With IMPALA_CARTPOLE_DEFAULTS and a lagged actor, the mean return of the last 20
+    """With IMPALA_CARTPOLE and a lagged actor, the mean return of the last 20
     CartPole-v1 episodes reaches 150 within 60k env steps (12-19k for seeds 0-6)."""
-    env_steps, returns = run_impala_cartpole(IMPALA_CARTPOLE_DEFAULTS, seed=0,
+    env_steps, returns = run_impala_cartpole(IMPALA_CARTPOLE, seed=0,
                                              max_env_steps=60_000, target=150.0)
     assert len(returns) >= 20 and np.mean(returns[-20:]) >= 150.0, (
         f"mean return of the last 20 episodes {np.mean(returns[-20:]):.1f} after "

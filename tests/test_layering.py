@@ -7,7 +7,7 @@ inside functions and ``if TYPE_CHECKING:`` blocks; relative imports are resolved
 2. ``actorrl/runtime/**``: imports nothing from ``actorrl`` outside ``actorrl.runtime``
    (the runtime sits below the RL code).
 3. Plain RL code - ``actorrl/replay/**``, ``actorrl/policy/**``, ``actorrl/batch.py``,
-   ``actorrl/rollout.py``, ``actorrl/envs.py`` (whichever exist) - imports none of
+   ``actorrl/rollout/**``, ``actorrl/envs/**`` (whichever exist) - imports none of
    ``asyncio``, ``uvloop``, ``zmq``, ``actorrl.runtime``, ``actorrl.pipelines``,
    ``actorrl.algorithms``, ``actorrl.cli``, nor any ``transport`` module except
    ``transport.codec`` (allowed so batch types can register themselves with the codec).
@@ -25,8 +25,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
-PLAIN_RL_PATHS = ["actorrl/replay", "actorrl/policy", "actorrl/batch.py", "actorrl/rollout.py",
-                  "actorrl/envs.py"]
+PLAIN_RL_PATHS = ["actorrl/replay", "actorrl/policy", "actorrl/batch.py", "actorrl/rollout",
+                  "actorrl/envs"]
 PLAIN_RL_FORBIDDEN = ["asyncio", "uvloop", "zmq", "transport", "actorrl.runtime",
                       "actorrl.pipelines", "actorrl.algorithms", "actorrl.cli"]
 PLAIN_RL_ALLOWED = ["transport.codec"]

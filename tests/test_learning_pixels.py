@@ -29,7 +29,7 @@ SETTINGS = {
 async def test_algorithm_learns_catch_from_pixels(algorithm, tmp_path):
     spec = get_algorithm(algorithm)
     config = load_config(spec.config_cls, {
-        "env": "actorrl.pixel_envs:catch", "env_config": {"scale": 2}, "num_workers": 2,
+        "env": "actorrl.envs.pixel:catch", "env_config": {"scale": 2}, "num_workers": 2,
         "seed": 0, "min_iter_time_s": 1.0,
         "model": {"fcnet_hiddens": [64], "fcnet_activation": "relu"},
         **SETTINGS[algorithm]})
@@ -48,7 +48,7 @@ async def test_algorithm_learns_catch_from_pixels(algorithm, tmp_path):
 
 
 def test_catch_frames_show_ball_and_paddle():
-    from actorrl.pixel_envs import Catch
+    from actorrl.envs.pixel import Catch
 
     env = Catch(rows=6, columns=4, scale=2)
     obs, _ = env.reset(seed=1)

@@ -196,7 +196,7 @@ async def test_microbatch_pipeline_step_counts(tmp_path, serial):
         config = {**A2CConfig().to_dict(), "num_envs_per_worker": 2,
                   "rollout_fragment_length": 25}
         workers = [await driver.create_actor(
-            "actorrl.rollout_actor:RolloutWorkerActor", args=("CartPole-v1", AC, config),
+            "actorrl.rollout.actor:RolloutWorkerActor", args=("CartPole-v1", AC, config),
             kwargs={"worker_index": i + 1}) for i in range(2)]
         learner = await driver.create_actor(
             "actorrl.learner.actor:LearnerActor", args=("CartPole-v1", AC, config,

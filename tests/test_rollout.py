@@ -12,6 +12,8 @@ import pytest
 import torch
 
 import actorrl.rollout
+import actorrl.rollout.samplers
+import actorrl.rollout.worker
 from actorrl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from actorrl.envs import EnvContext, EpisodeMetrics, MultiAgentEnv
 from actorrl.policy.actor_critic import ActorCriticPolicy
@@ -449,11 +451,13 @@ def test_multi_agent_config_errors():
 
 
 def test_rollout_module_imports_neither_asyncio_nor_transport():
-    tree = ast.parse(inspect.getsource(actorrl.rollout))
     imported = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            imported.add(node.module.split(".")[0])
+    for module in (actorrl.rollout, actorrl.rollout.worker, actorrl.rollout.samplers):
+        tree = ast.parse(inspect.getsource(module))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                imported.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                imported.add(node.module.split(".")[0])
+    assert "numpy" in imported, imported
     assert imported.isdisjoint({"asyncio", "transport", "zmq"}), imported

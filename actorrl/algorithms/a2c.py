@@ -5,18 +5,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from actorrl.algorithms.a3c import ActorCriticConfig, learner_config
+from actorrl.algorithms.a3c import ACTOR_CRITIC_POLICY, ActorCriticConfig, learner_config
 from actorrl.algorithms.trainer import AlgorithmSpec, Trainer
+from actorrl.algorithms.tuned import tuned
 from actorrl.pipelines.microbatch import MicrobatchOptimizer
 
 
 @dataclass(frozen=True, kw_only=True)
 class A2CConfig(ActorCriticConfig):
-    """A2C settings; the defaults are tuned to solve CartPole-v1 on a 2-core machine."""
+    """A2C settings; the defaults are tuned to solve CartPole-v1 on a 2-core machine
+    (``actorrl.algorithms.tuned``)."""
 
-    train_batch_size: int = 512
+    train_batch_size: int = tuned("a2c", "train_batch_size")
     """Rows per applied update (gradients of microbatches accumulate to it)."""
-    microbatch_size: int = 256
+    microbatch_size: int = tuned("a2c", "microbatch_size")
     """Env steps per gradient computation; gradients accumulate to ``train_batch_size``."""
 
     def validate(self) -> list[str]:
@@ -31,21 +33,13 @@ class A2CConfig(ActorCriticConfig):
         return problems
 
 
-async def build_pipeline(trainer: Trainer) -> MicrobatchOptimizer:
+def build_pipeline(trainer: Trainer, config: A2CConfig) -> MicrobatchOptimizer:
     """The microbatch pipeline."""
-    config = trainer.config
-    assert isinstance(config, A2CConfig) and trainer.learner is not None
-    return MicrobatchOptimizer(trainer.runtime, trainer.workers, trainer.learner,
+    return MicrobatchOptimizer(trainer.runtime, trainer.workers, trainer.learner_actor,
                                train_batch_size=config.train_batch_size,
                                microbatch_size=config.microbatch_size,
                                sample_locally=config.num_workers == 0)
 
 
-A2C = AlgorithmSpec(
-    name="a2c",
-    config_cls=A2CConfig,
-    policy="actorrl.policy.actor_critic:ActorCriticPolicy",
-    build_pipeline=build_pipeline,
-    learner_config=learner_config,
-    learner_thread=False,
-)
+A2C = AlgorithmSpec("a2c", A2CConfig, ACTOR_CRITIC_POLICY, build_pipeline, learner_config,
+                    learner_thread=False)

@@ -5,36 +5,31 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from actorrl.algorithms.trainer import AlgorithmSpec, Trainer
+from actorrl.algorithms.tuned import preset
 from actorrl.config import AlgorithmConfig, RolloutConfig
 from actorrl.learner.config import LearnerConfig
 from actorrl.pipelines.a3c import AsyncGradientsOptimizer
 from actorrl.policy.config import ActorCriticPolicyConfig
 
-
-def _ac_rollout() -> RolloutConfig:
-    return RolloutConfig(num_envs_per_worker=8, rollout_fragment_length=16)
-
-
-def _ac_policy() -> ActorCriticPolicyConfig:
-    return ActorCriticPolicyConfig(
-        lr=3e-3, grad_clip=0.5, lambda_=0.95,
-        model={"fcnet_hiddens": [64, 64], "fcnet_activation": "tanh"})
+ACTOR_CRITIC_POLICY = "actorrl.policy.actor_critic:ActorCriticPolicy"
+"""The policy of A3C and A2C."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class ActorCriticConfig(AlgorithmConfig):
     """Settings shared by A3C and A2C (actor-critic losses, GAE)."""
 
-    rollout: RolloutConfig = field(default_factory=_ac_rollout)
+    rollout: RolloutConfig = field(default_factory=preset("a3c", "rollout", RolloutConfig))
     """How the rollout workers sample."""
-    policy: ActorCriticPolicyConfig = field(default_factory=_ac_policy)
+    policy: ActorCriticPolicyConfig = field(
+        default_factory=preset("a3c", "policy", ActorCriticPolicyConfig))
     """Actor-critic losses and GAE."""
-
 
 
 @dataclass(frozen=True, kw_only=True)
 class A3CConfig(ActorCriticConfig):
-    """A3C settings; the defaults are tuned to solve CartPole-v1 on a 2-core machine."""
+    """A3C settings; the defaults are tuned to solve CartPole-v1 on a 2-core machine
+    (``actorrl.algorithms.tuned``)."""
 
     grads_per_step: int = 100
     """Gradients applied per pipeline step."""
@@ -55,20 +50,12 @@ def learner_config(config: AlgorithmConfig) -> LearnerConfig:
     return LearnerConfig(train_batch_size=config.train_batch_size)
 
 
-async def build_pipeline(trainer: Trainer) -> AsyncGradientsOptimizer:
+def build_pipeline(trainer: Trainer, config: A3CConfig) -> AsyncGradientsOptimizer:
     """The A3C gradients pipeline."""
-    config = trainer.config
-    assert isinstance(config, A3CConfig) and trainer.learner is not None
-    return AsyncGradientsOptimizer(trainer.runtime, trainer.workers, trainer.learner,
+    return AsyncGradientsOptimizer(trainer.runtime, trainer.workers, trainer.learner_actor,
                                    grads_per_step=config.grads_per_step,
                                    replace_worker=trainer.replace_worker)
 
 
-A3C = AlgorithmSpec(
-    name="a3c",
-    config_cls=A3CConfig,
-    policy="actorrl.policy.actor_critic:ActorCriticPolicy",
-    build_pipeline=build_pipeline,
-    learner_config=learner_config,
-    learner_thread=False,
-)
+A3C = AlgorithmSpec("a3c", A3CConfig, ACTOR_CRITIC_POLICY, build_pipeline, learner_config,
+                    learner_thread=False)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from actorrl.algorithms.trainer import AlgorithmSpec, Trainer
+from actorrl.algorithms.tuned import preset, tuned
 from actorrl.config import AlgorithmConfig, RolloutConfig
 from actorrl.learner.config import LearnerConfig
 from actorrl.pipelines.apex import AsyncReplayOptimizer
@@ -14,31 +15,18 @@ from actorrl.policy.config import DQNPolicyConfig
 from actorrl.replay.config import ReplayConfig
 
 
-def _apex_rollout() -> RolloutConfig:
-    return RolloutConfig(num_envs_per_worker=4, rollout_fragment_length=8)
-
-
-def _apex_policy() -> DQNPolicyConfig:
-    return DQNPolicyConfig(
-        lr=1e-3, grad_clip=40.0, n_step=3, hiddens=(64,), target_network_update_freq=4000,
-        model={"fcnet_hiddens": [64], "fcnet_activation": "relu"})
-
-
 @dataclass(frozen=True, kw_only=True)
 class ApexConfig(AlgorithmConfig):
-    """Ape-X settings; the defaults are tuned to solve CartPole-v1 on a 2-core machine.
-
-    ``per_worker_exploration`` is off in these defaults: with 2 workers, worker 1 would
-    explore at eps 0.4 and the reported mean return would sit far below what the policy
-    achieves."""
+    """Ape-X settings; the defaults are tuned to solve CartPole-v1 on a 2-core machine
+    (``actorrl.algorithms.tuned``)."""
 
     SECTIONS: ClassVar[tuple[str, ...]] = ("rollout", "policy", "replay", "learner")
 
-    train_batch_size: int = 64
+    train_batch_size: int = tuned("apex", "train_batch_size")
     """Rows per replayed batch and SGD step."""
-    rollout: RolloutConfig = field(default_factory=_apex_rollout)
+    rollout: RolloutConfig = field(default_factory=preset("apex", "rollout", RolloutConfig))
     """How the rollout workers sample."""
-    policy: DQNPolicyConfig = field(default_factory=_apex_policy)
+    policy: DQNPolicyConfig = field(default_factory=preset("apex", "policy", DQNPolicyConfig))
     """The DQN policy (double Q, dueling, n-step, target network, exploration)."""
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     """The replay shards."""
@@ -49,7 +37,7 @@ class ApexConfig(AlgorithmConfig):
     debug: bool = False
     """Report extra pipeline stats (timing breakdown, pending tasks). Only the Ape-X
     pipeline has any; the other algorithms refuse the key."""
-    training_intensity: float | None = 8.0
+    training_intensity: float | None = tuned("apex", "training_intensity")
     """Rows trained per env step sampled: sampling pauses while the learner is behind
     (None: sample freely, as the original Ape-X; the learner then drops replays)."""
 
@@ -81,22 +69,15 @@ class ApexConfig(AlgorithmConfig):
         return {"tower_rows_multiple": 1, "wait_for_first_batch": True}
 
 
-def learner_config(config: ApexConfig) -> LearnerConfig:
-    """Ape-X learns with the plain learner thread, one pass per replayed batch."""
-    return config.component("learner")
-
-
-async def build_pipeline(trainer: Trainer) -> AsyncReplayOptimizer:
+async def build_pipeline(trainer: Trainer, config: ApexConfig) -> AsyncReplayOptimizer:
     """Replay shards next to the learner, then the Ape-X pipeline."""
-    config = trainer.config
-    assert isinstance(config, ApexConfig) and trainer.learner is not None
     replay: ReplayConfig = config.component("replay")
     shard_class = ("actorrl.replay.actor:BatchReplayActor" if replay.batch_replay
                    else "actorrl.replay.actor:ReplayActor")
     shards = await trainer.create_learner_side_actors(
         shard_class, (replay.to_dict(),), replay.num_replay_buffer_shards, "replay")
     return AsyncReplayOptimizer(
-        trainer.runtime, trainer.workers, shards, trainer.learner,
+        trainer.runtime, trainer.workers, shards, trainer.learner_actor,
         learner_queue_size=config.learner.learner_queue_size,
         training_intensity=config.training_intensity,
         learning_starts=replay.learning_starts,
@@ -105,10 +86,4 @@ async def build_pipeline(trainer: Trainer) -> AsyncReplayOptimizer:
         replace_shard=trainer.replace_learner_side_actor, seed=config.seed)
 
 
-APEX = AlgorithmSpec(
-    name="apex",
-    config_cls=ApexConfig,
-    policy="actorrl.policy.dqn:DQNPolicy",
-    build_pipeline=build_pipeline,
-    learner_config=learner_config,
-)
+APEX = AlgorithmSpec("apex", ApexConfig, "actorrl.policy.dqn:DQNPolicy", build_pipeline)

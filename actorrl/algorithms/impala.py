@@ -7,33 +7,26 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from actorrl.algorithms.trainer import AlgorithmSpec, Trainer
+from actorrl.algorithms.tuned import preset, tuned
 from actorrl.config import AlgorithmConfig, RolloutConfig
 from actorrl.learner.config import LearnerConfig
 from actorrl.pipelines.impala import AsyncSamplesOptimizer
 from actorrl.policy.config import ImpalaPolicyConfig
 
 
-def _impala_rollout() -> RolloutConfig:
-    return RolloutConfig(num_envs_per_worker=8, rollout_fragment_length=50)
-
-
-def _impala_policy() -> ImpalaPolicyConfig:
-    return ImpalaPolicyConfig(
-        lr=5e-4, grad_clip=40.0,
-        model={"fcnet_hiddens": [64, 64], "fcnet_activation": "tanh"})
-
-
 @dataclass(frozen=True, kw_only=True)
 class ImpalaConfig(AlgorithmConfig):
-    """IMPALA settings; the defaults are tuned to solve CartPole-v1 on a 2-core machine."""
+    """IMPALA settings; the defaults are tuned to solve CartPole-v1 on a 2-core machine
+    (``actorrl.algorithms.tuned``)."""
 
     SECTIONS: ClassVar[tuple[str, ...]] = ("rollout", "policy", "learner")
 
-    train_batch_size: int = 800
+    train_batch_size: int = tuned("impala", "train_batch_size")
     """Rows per SGD step (whole rollout fragments)."""
-    rollout: RolloutConfig = field(default_factory=_impala_rollout)
+    rollout: RolloutConfig = field(default_factory=preset("impala", "rollout", RolloutConfig))
     """How the rollout workers sample."""
-    policy: ImpalaPolicyConfig = field(default_factory=_impala_policy)
+    policy: ImpalaPolicyConfig = field(
+        default_factory=preset("impala", "policy", ImpalaPolicyConfig))
     """The V-trace actor-critic policy."""
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     """The learner process (towers, minibatch buffer, in-queue)."""
@@ -74,27 +67,15 @@ class ImpalaConfig(AlgorithmConfig):
         return {}
 
 
-def learner_config(config: ImpalaConfig) -> LearnerConfig:
-    """The learner's settings for an IMPALA config."""
-    return config.component("learner")
-
-
-async def build_pipeline(trainer: Trainer) -> AsyncSamplesOptimizer:
+def build_pipeline(trainer: Trainer, config: ImpalaConfig) -> AsyncSamplesOptimizer:
     """The IMPALA sample pipeline over the trainer's workers and learner."""
-    config = trainer.config
-    assert isinstance(config, ImpalaConfig) and trainer.learner is not None
     return AsyncSamplesOptimizer(
-        trainer.runtime, trainer.workers, trainer.learner,
+        trainer.runtime, trainer.workers, trainer.learner_actor,
         train_batch_size=config.train_batch_size,
         broadcast_interval=config.broadcast_interval,
         max_sample_requests_in_flight_per_worker=config.max_sample_requests_in_flight_per_worker,
         replace_worker=trainer.replace_worker)
 
 
-IMPALA = AlgorithmSpec(
-    name="impala",
-    config_cls=ImpalaConfig,
-    policy="actorrl.policy.impala:ImpalaPolicy",
-    build_pipeline=build_pipeline,
-    learner_config=learner_config,
-)
+IMPALA = AlgorithmSpec("impala", ImpalaConfig, "actorrl.policy.impala:ImpalaPolicy",
+                       build_pipeline)

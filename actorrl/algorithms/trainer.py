@@ -8,6 +8,7 @@ training iteration's result dict holds.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -25,7 +26,7 @@ from actorrl.runtime import ActorDiedError, ActorHandle, DriverLike, Runtime
 
 log = logging.getLogger(__name__)
 
-WORKER_CLASS = "actorrl.rollout_actor:RolloutWorkerActor"
+WORKER_CLASS = "actorrl.rollout.actor:RolloutWorkerActor"
 LEARNER_CLASS = "actorrl.learner.actor:LearnerActor"
 
 
@@ -49,6 +50,12 @@ class Pipeline(Protocol):
     def reset(self, workers: list[ActorHandle]) -> None: ...
 
 
+def learner_section(config: Any) -> LearnerConfig:
+    """The config's ``learner`` section with its derived values filled (the learner
+    settings of an algorithm that has that section)."""
+    return config.component("learner")
+
+
 @dataclass(frozen=True)
 class AlgorithmSpec:
     """An algorithm: its config class, policy class path, and how to build its pipeline."""
@@ -56,8 +63,10 @@ class AlgorithmSpec:
     name: str
     config_cls: type[AlgorithmConfig]
     policy: str
-    build_pipeline: Callable[[Trainer], Awaitable[Pipeline]]
-    learner_config: Callable[[Any], LearnerConfig] | None = None
+    pipeline: Callable[[Trainer, Any], Pipeline | Awaitable[Pipeline]]
+    """``pipeline(trainer, config)``: the pipeline over the trainer's runtime, workers and
+    learner, ``config`` being the trainer's config (an instance of ``config_cls``)."""
+    learner_config: Callable[[Any], LearnerConfig] | None = learner_section
     """Learner settings from the config; None: the algorithm has no learner process."""
     learner_thread: bool = True
     """Whether the learner learns from an in-queue in its own thread (Ape-X, IMPALA) or
@@ -67,6 +76,14 @@ class AlgorithmSpec:
     stand in, e.g. simulated workers that measure the runtime at scale)."""
     learner_class: str = LEARNER_CLASS
     """Class path of the learner actor."""
+
+    async def build_pipeline(self, trainer: Trainer) -> Pipeline:
+        """The pipeline for ``trainer``, once its workers and learner are up."""
+        if not isinstance(trainer.config, self.config_cls):
+            raise TypeError(f"{self.name} needs a {self.config_cls.__name__}, got "
+                            f"{type(trainer.config).__name__}")
+        built = self.pipeline(trainer, trainer.config)
+        return await built if inspect.isawaitable(built) else built
 
 
 class Trainer:
@@ -101,6 +118,13 @@ class Trainer:
         self.filter_manager: FilterManager | None = (
             FilterManager() if config.rollout.observation_filter == MEAN_STD_FILTER else None)
         """The master observation filter (``observation_filter: MeanStdFilter``)."""
+
+    @property
+    def learner_actor(self) -> ActorHandle:
+        """The learner actor, for building pipelines (an error before it is up)."""
+        if self.learner is None:
+            raise RuntimeError(f"{self.spec.name} has no learner actor (yet)")
+        return self.learner
 
     @classmethod
     async def create(cls, spec: AlgorithmSpec, config: AlgorithmConfig, driver: DriverLike

@@ -17,49 +17,33 @@ from typing import Any
 from actorrl.messages import GradientsApplied, GradientsReply
 from actorrl.metrics import TimerStat
 from actorrl.pipelines.pieces import (
-    Fleet,
+    FleetPipelineMixin,
     ReplaceWorker,
-    StepCounters,
-    StepCountersMixin,
     TaskPool,
+    require_at_least_one,
 )
 from actorrl.runtime import ActorDiedError, ActorHandle, ObjectLostError, ObjectRef, Runtime
 
 log = logging.getLogger(__name__)
 
 
-class AsyncGradientsOptimizer(StepCountersMixin):
+class AsyncGradientsOptimizer(FleetPipelineMixin):
     """The A3C pipeline over remote workers and a learner actor that applies gradients."""
 
     def __init__(self, runtime: Runtime, workers: list[ActorHandle], learner: ActorHandle,
                  *, grads_per_step: int = 100, replace_worker: ReplaceWorker | None = None
                  ) -> None:
-        if not workers:
-            raise ValueError("the async gradients optimizer (A3C) requires at least 1 remote "
-                             "worker: set num_workers >= 1")
-        if grads_per_step < 1:
-            raise ValueError(f"grads_per_step must be >= 1, got {grads_per_step}")
-        self.runtime = runtime
-        self.worker_fleet = Fleet(workers, replace_worker, "rollout worker")
-        self.learner = learner
+        self._attach(runtime, workers, learner, replace_worker,
+                     no_workers="the async gradients optimizer (A3C) requires at least 1 "
+                                "remote worker: set num_workers >= 1")
+        require_at_least_one("grads_per_step", grads_per_step)
         self.grads_per_step = grads_per_step
-        self.counters = StepCounters()
         self.apply_timer = TimerStat()
         self.wait_timer = TimerStat()
         self.dispatch_timer = TimerStat()
         self.learner_stats: dict[str, Any] = {}
         self.num_gradients_lost = 0
         self.weights_version = 0
-
-    @property
-    def workers(self) -> list[ActorHandle]:
-        """The live rollout workers."""
-        return self.worker_fleet.actors
-
-    @property
-    def num_worker_failures(self) -> int:
-        """Rollout workers that died."""
-        return self.worker_fleet.num_failures
 
     def _dispatch(self, pool: TaskPool, worker: ActorHandle, weights: ObjectRef) -> None:
         # The step count rides along: workers compute the gradients, so their policies

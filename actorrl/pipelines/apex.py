@@ -43,11 +43,10 @@ from actorrl.metrics import TimerStat
 from actorrl.pipelines.pieces import (
     CreditWindow,
     Fleet,
+    FleetPipelineMixin,
     RateWindow,
     ReplaceWorker,
     SamplingPacer,
-    StepCounters,
-    StepCountersMixin,
     TaskPool,
     TrainingIntensity,
     Wakeup,
@@ -61,7 +60,7 @@ REPLAY_QUEUE_DEPTH = 4
 TRAINED_WAIT_S = 30.0
 
 
-class AsyncReplayOptimizer(StepCountersMixin):
+class AsyncReplayOptimizer(FleetPipelineMixin):
     """The Ape-X pipeline over remote workers, replay shard actors and a learner actor."""
 
     def __init__(self, runtime: Runtime, workers: list[ActorHandle],
@@ -71,18 +70,14 @@ class AsyncReplayOptimizer(StepCountersMixin):
                  replace_shard: ReplaceWorker | None = None, debug: bool = False,
                  replace_worker: ReplaceWorker | None = None, seed: int | None = None
                  ) -> None:
-        if not workers:
-            raise ValueError("Ape-X needs at least one remote rollout worker (num_workers "
-                             ">= 1)")
+        self._attach(runtime, workers, learner, replace_worker,
+                     no_workers="Ape-X needs at least one remote rollout worker "
+                                "(num_workers >= 1)")
         if not replay_actors:
             raise ValueError("Ape-X needs at least one replay shard")
-        self.runtime = runtime
-        self.worker_fleet = Fleet(workers, replace_worker, "rollout worker")
         self.shard_fleet = Fleet(replay_actors, replace_shard, "replay shard")
-        self.learner = learner
         self.max_weight_sync_delay = max_weight_sync_delay
         self.debug = debug
-        self.counters = StepCounters()
         self.intensity = TrainingIntensity(self.counters, training_intensity, learning_starts)
         self.pacer = SamplingPacer(self.intensity.ahead)
         # The learner's in-queue plus the batch it is training on.
@@ -112,11 +107,6 @@ class AsyncReplayOptimizer(StepCountersMixin):
         self._set_workers(workers)
         self._request_replays()
         self.learner_tasks.add(learner, learner.wait_trained.remote(TRAINED_WAIT_S))
-
-    @property
-    def workers(self) -> list[ActorHandle]:
-        """The live rollout workers."""
-        return self.worker_fleet.actors
 
     @property
     def replay_actors(self) -> list[ActorHandle]:
@@ -306,11 +296,6 @@ class AsyncReplayOptimizer(StepCountersMixin):
 
     # ---- the PolicyOptimizer surface --------------------------------------------------
     @property
-    def num_worker_failures(self) -> int:
-        """Rollout workers that died."""
-        return self.worker_fleet.num_failures
-
-    @property
     def num_shard_failures(self) -> int:
         """Replay shards that died (their data lost)."""
         return self.shard_fleet.num_failures
@@ -362,11 +347,3 @@ class AsyncReplayOptimizer(StepCountersMixin):
         if learner["learner"]:
             stats["learner"] = learner["learner"]
         return stats
-
-    async def stop(self) -> None:
-        """Stop the learner thread; the trainer stops the shard actors."""
-        await self.worker_fleet.cancel_replacements()
-        try:
-            await self.runtime.get_async(self.learner.stop.remote(), timeout_s=10)
-        except (ActorDiedError, TimeoutError) as exc:
-            log.debug("learner stop: %s", exc)

@@ -23,12 +23,11 @@ from actorrl.messages import SampleReply, TrainedNotice
 from actorrl.metrics import TimerStat
 from actorrl.pipelines.pieces import (
     CreditWindow,
-    Fleet,
+    FleetPipelineMixin,
     ReplaceWorker,
     SamplingPacer,
-    StepCounters,
-    StepCountersMixin,
     TaskPool,
+    require_at_least_one,
 )
 from actorrl.runtime import ActorDiedError, ActorHandle, ObjectLostError, ObjectRef, Runtime
 
@@ -37,7 +36,7 @@ log = logging.getLogger(__name__)
 TRAINED_WAIT_S = 30.0
 
 
-class AsyncSamplesOptimizer(StepCountersMixin):
+class AsyncSamplesOptimizer(FleetPipelineMixin):
     """The IMPALA pipeline over remote rollout workers and a learner actor."""
 
     def __init__(self, runtime: Runtime, workers: list[ActorHandle], learner: ActorHandle,
@@ -45,19 +44,14 @@ class AsyncSamplesOptimizer(StepCountersMixin):
                  max_sample_requests_in_flight_per_worker: int = 2,
                  max_learner_requests_in_flight: int = 2,
                  replace_worker: ReplaceWorker | None = None) -> None:
-        if not workers:
-            raise ValueError("IMPALA needs at least one remote rollout worker (num_workers "
-                             ">= 1)")
-        if broadcast_interval < 1:
-            raise ValueError(f"broadcast_interval must be >= 1, got {broadcast_interval}")
-        self.runtime = runtime
-        self.worker_fleet = Fleet(workers, replace_worker, "rollout worker")
-        self.learner = learner
+        self._attach(runtime, workers, learner, replace_worker,
+                     no_workers="IMPALA needs at least one remote rollout worker "
+                                "(num_workers >= 1)")
+        require_at_least_one("broadcast_interval", broadcast_interval)
         self.train_batch_size = train_batch_size
         self.broadcast_interval = broadcast_interval
         self.samples_in_flight = max_sample_requests_in_flight_per_worker
         self.enqueue_credits = CreditWindow(max_learner_requests_in_flight)
-        self.counters = StepCounters()
         self.tasks = TaskPool(runtime)
         self.pending: list[tuple[ObjectRef, int]] = []
         self.pending_rows = 0
@@ -73,11 +67,6 @@ class AsyncSamplesOptimizer(StepCountersMixin):
         self.timers = {k: TimerStat() for k in ("sample_processing", "put_weights", "enqueue")}
         self._start_sampling(workers)
         self.tasks.add(learner, learner.wait_trained.remote(TRAINED_WAIT_S))
-
-    @property
-    def workers(self) -> list[ActorHandle]:
-        """The live rollout workers."""
-        return self.worker_fleet.actors
 
     # ---- dispatch ---------------------------------------------------------------------
     def _start_sampling(self, workers: list[ActorHandle]) -> None:
@@ -193,11 +182,6 @@ class AsyncSamplesOptimizer(StepCountersMixin):
 
     # ---- the PolicyOptimizer surface --------------------------------------------------
     @property
-    def num_worker_failures(self) -> int:
-        """Rollout workers that died."""
-        return self.worker_fleet.num_failures
-
-    @property
     def parked(self) -> list[ActorHandle]:
         """Workers waiting for the learner to take the pending rows."""
         return self.pacer.parked
@@ -228,11 +212,3 @@ class AsyncSamplesOptimizer(StepCountersMixin):
             "learner_device": learner["device"],
             "num_towers": learner["num_towers"],
         }
-
-    async def stop(self) -> None:
-        """Stop the learner thread (actors are stopped by their owner)."""
-        await self.worker_fleet.cancel_replacements()
-        try:
-            await self.runtime.get_async(self.learner.stop.remote(), timeout_s=10)
-        except (ActorDiedError, TimeoutError) as exc:
-            log.debug("learner stop: %s", exc)

@@ -278,6 +278,12 @@ class TrainingIntensity:
         return trained < self.intensity * sampled
 
 
+def require_at_least_one(name: str, value: int) -> None:
+    """Refuse a count setting below 1, naming it."""
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+
+
 class Fleet:
     """The live actors of one role (rollout workers, replay shards). A failed actor is
     counted, logged and replaced in its slot (or its slot removed)."""
@@ -366,3 +372,43 @@ class Fleet:
         news = await asyncio.gather(*(self.failed(actor, exc, forget)
                                       for actor, exc in first.items()))
         return [new for new in news if new is not None]
+
+
+class FleetPipelineMixin(StepCountersMixin):
+    """What the pipelines over a :class:`Fleet` of rollout workers and a learner actor
+    share: the live workers, their failure count and stopping the learner's thread."""
+
+    runtime: Runtime
+    worker_fleet: Fleet
+    learner: ActorHandle
+    counters: StepCounters
+
+    def _attach(self, runtime: Runtime, workers: list[ActorHandle], learner: ActorHandle,
+                replace_worker: ReplaceWorker | None, *, no_workers: str) -> None:
+        """Hold the runtime, the workers (as a fleet) and the learner, with fresh step
+        counters; ``no_workers`` is the error when there is no remote worker."""
+        if not workers:
+            raise ValueError(no_workers)
+        self.runtime = runtime
+        self.worker_fleet = Fleet(workers, replace_worker, "rollout worker")
+        self.learner = learner
+        self.counters = StepCounters()
+
+    @property
+    def workers(self) -> list[ActorHandle]:
+        """The live rollout workers."""
+        return self.worker_fleet.actors
+
+    @property
+    def num_worker_failures(self) -> int:
+        """Rollout workers that died."""
+        return self.worker_fleet.num_failures
+
+    async def stop(self) -> None:
+        """Stop replacing workers and stop the learner's thread (the actors are stopped by
+        their owner)."""
+        await self.worker_fleet.cancel_replacements()
+        try:
+            await self.runtime.get_async(self.learner.stop.remote(), timeout_s=10)
+        except (ActorDiedError, TimeoutError) as exc:
+            log.debug("learner stop: %s", exc)

@@ -31,25 +31,6 @@ from actorrl.policy.config import ActorCriticPolicyConfig
 from actorrl.policy.models import make_model
 from actorrl.policy.recurrent import SequenceLayout, trajectory_bootstrap_value
 
-# Tuned for single-process A2C on CartPole-v1 (one RolloutWorker, one update per sampled
-# batch of 8 x 16 env steps); worker and policy keys together. On the 2-core dev machine a
-# 100-episode mean return of 150 came within 8k-35k env steps (seeds 0-8, 1-6 s) and 450
-# within 96k-183k env steps (seeds 0-2, 11-30 s).
-A2C_CARTPOLE_DEFAULTS: dict[str, Any] = {
-    "num_envs_per_worker": 8,
-    "rollout_fragment_length": 16,
-    "batch_mode": "truncate_episodes",
-    "gamma": 0.99,
-    "lambda": 0.95,
-    "use_gae": True,
-    "use_critic": True,
-    "vf_loss_coeff": 0.5,
-    "entropy_coeff": 0.01,
-    "lr": 3e-3,
-    "grad_clip": 0.5,
-    "model": {"fcnet_hiddens": [64, 64], "fcnet_activation": "tanh"},
-}
-
 
 def discount_cumsum(values: np.ndarray, discount: float) -> np.ndarray:
     """``out[t] = sum_k discount**k * values[t + k]`` (float32), by a reverse recursion."""

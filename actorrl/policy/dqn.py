@@ -38,51 +38,6 @@ N_STEPS = "n_steps"
 """Column written by n-step postprocessing: the number of env steps ``k`` between ``obs``
 and ``new_obs``, so the target is ``rewards + gamma**k * (1 - terminateds) * Q'(new_obs)``."""
 
-# Single-process DQN with prioritized replay on CartPole-v1, worker and policy keys together.
-# tests/test_dqn.py::test_dqn_learns_cartpole reaches a mean return of 150 over 20 episodes
-# in 7-9k env steps (seeds 0-6, 5-11 s here) and the same loop reaches 450 in 37-44k steps.
-# ``training_intensity`` is RLlib's: rows trained per env step sampled.
-DQN_CARTPOLE_DEFAULTS: dict[str, Any] = {
-    "num_envs_per_worker": 4,
-    "rollout_fragment_length": 8,
-    "buffer_size": 50000,
-    "learning_starts": 1000,
-    "train_batch_size": 64,
-    "training_intensity": 16,
-    "prioritized_replay_alpha": 0.6,
-    "prioritized_replay_beta": 0.4,
-    "prioritized_replay_eps": 1e-6,
-    "lr": 1e-3,
-    "gamma": 0.99,
-    "n_step": 3,
-    "double_q": True,
-    "dueling": True,
-    "hiddens": [64],
-    "model": {"fcnet_hiddens": [64], "fcnet_activation": "relu"},
-    "target_network_update_freq": 4000,
-    "grad_clip": 40.0,
-    "exploration_config": {"initial_epsilon": 1.0, "final_epsilon": 0.02,
-                           "epsilon_timesteps": 10000},
-}
-
-# Ape-X on CartPole-v1: the DQN settings above with Ape-X's fixed per-worker epsilons.
-# Checked with a single-process Ape-X loop (4 acting policies at worker_index 1..4, the
-# learner's weights every 400 env steps per worker, 16 rows trained per env step): the mean
-# return of the last 20 episodes of all workers reached 150 in 13-35k env steps (seeds 0-2)
-# and about 400 after 100k. The all-worker mean stays below the greedy return because worker
-# 1 always explores with eps 0.4 (about 220 at 100k); with 2 workers it dominates the
-# episode count and the mean was 172 after 100k (the other worker 388).
-APEX_CARTPOLE_DEFAULTS: dict[str, Any] = {
-    **{k: v for k, v in DQN_CARTPOLE_DEFAULTS.items()
-       if k not in ("exploration_config", "training_intensity")},
-    "num_workers": 4,
-    "num_envs_per_worker": 2,
-    "per_worker_exploration": True,
-    "exploration_config": {"type": "PerWorkerEpsilonGreedy"},
-    "worker_side_prioritization": False,
-    "max_weight_sync_delay": 400,
-}
-
 # ---- config ------------------------------------------------------------------------------
 # DQNPolicyConfig and ExplorationConfig live in actorrl.policy.config (torch-free).
 

@@ -41,25 +41,6 @@ from actorrl.policy.models import make_model
 from actorrl.policy.recurrent import SequenceLayout
 from actorrl.policy.vtrace import vtrace_from_importance_weights
 
-# Single-process IMPALA on CartPole-v1, worker and policy keys together. With an actor two
-# updates behind the learner, tests/test_impala_policy.py::test_impala_learns_cartpole
-# reaches a mean return of 150 over 20 episodes in 12-19k env steps (seeds 0-6, 2-4 s
-# here); the same loop reaches 450 in 47-148k env steps (seeds 0-2, 8-29 s).
-IMPALA_CARTPOLE_DEFAULTS: dict[str, Any] = {
-    "num_envs_per_worker": 8,
-    "rollout_fragment_length": 20,
-    "train_batch_size": 160,
-    "lr": 1e-3,
-    "opt_type": "adam",
-    "gamma": 0.99,
-    "vf_loss_coeff": 0.5,
-    "entropy_coeff": 0.01,
-    "grad_clip": 40.0,
-    "vtrace_clip_rho_threshold": 1.0,
-    "vtrace_clip_pg_rho_threshold": 1.0,
-    "model": {"fcnet_hiddens": [64, 64], "fcnet_activation": "tanh"},
-}
-
 
 def trajectory_ends(terminateds: torch.Tensor, truncateds: torch.Tensor | None,
                     eps_id: torch.Tensor | None, t: torch.Tensor | None) -> torch.Tensor:

@@ -47,7 +47,7 @@ PRELOAD_MODULES: tuple[str, ...] = (
     "gymnasium",
     "gymnasium.envs.classic_control",
     "actorrl.runtime.actor_main",
-    "actorrl.rollout_actor",
+    "actorrl.rollout.actor",
     "actorrl.learner.actor",
     "actorrl.replay.actor",
     "actorrl.policy.dqn",

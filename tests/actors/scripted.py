@@ -13,7 +13,7 @@ from actorrl.envs import EpisodeMetrics
 from actorrl.learner.actor import LearnerActor
 from actorrl.messages import SampleReply
 from actorrl.replay.actor import ReplayActor
-from actorrl.rollout_actor import RolloutWorkerActor
+from actorrl.rollout.actor import RolloutWorkerActor
 
 
 def cartpole_like_batch(count: int, rng: np.random.Generator) -> SampleBatch:

@@ -1,6 +1,6 @@
 """Simulated rollout workers and a sink learner, for measuring the runtime at scale.
 
-They stand in for :class:`actorrl.rollout_actor.RolloutWorkerActor` and
+They stand in for :class:`actorrl.rollout.actor.RolloutWorkerActor` and
 :class:`actorrl.learner.actor.LearnerActor` behind the real Ape-X and IMPALA pipelines
 (``AlgorithmSpec.worker_class`` / ``learner_class``), so the coordinator, node agents,
 transport and replay shards run unchanged while no env is stepped and no network trained:
@@ -92,7 +92,7 @@ FRAGMENTS = {"pong": pong_fragment, "cartpole": cartpole_fragment}
 class SimulatedWorker:
     """A rollout worker that samples nothing: ``sample_ref`` keeps a prebuilt fragment
     here (a fresh object each call, as a real worker's) and replies with its ref.
-    Constructor as :class:`~actorrl.rollout_actor.RolloutWorkerActor`."""
+    Constructor as :class:`~actorrl.rollout.actor.RolloutWorkerActor`."""
 
     def __init__(self, env: str, policy: str, config: Mapping[str, Any],
                  worker_index: int = 0, num_workers: int = 0, seed: int | None = None

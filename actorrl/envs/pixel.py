@@ -1,6 +1,6 @@
 """Small pixel-observation envs that learn in about a minute on a laptop's CPU, for checking
 that an image pipeline (conv encoder, uint8 frames, frame batches) learns at all before
-spending hours on Atari. Use by factory path: ``--env actorrl.pixel_envs:catch``.
+spending hours on Atari. Use by factory path: ``--env actorrl.envs.pixel:catch``.
 """
 
 from __future__ import annotations
@@ -63,6 +63,6 @@ class Catch(gym.Env):
 
 
 def catch(env_config: dict[str, Any]) -> Catch:
-    """Factory for ``--env actorrl.pixel_envs:catch``; ``env_config`` keys are
+    """Factory for ``--env actorrl.envs.pixel:catch``; ``env_config`` keys are
     :class:`Catch`'s arguments (rows, columns, channels_first, scale)."""
     return Catch(**dict(env_config))

@@ -15,7 +15,7 @@ from actorrl.batch import MultiAgentBatch, SampleBatch
 from actorrl.config import WorkerConfig
 from actorrl.envs import EpisodeMetrics
 from actorrl.messages import GradientsReply, SampleReply
-from actorrl.rollout import RolloutWorker
+from actorrl.rollout.worker import RolloutWorker
 from actorrl.runtime import Runtime
 
 

@@ -1,0 +1,62 @@
+"""The one table of tuned values: what each algorithm's config sets over its components'
+defaults.
+
+The component dataclasses (``RolloutConfig``, the policy configs, ``ReplayConfig``,
+``LearnerConfig``) and ``AlgorithmConfig`` state RLlib's defaults. The values below are
+the only ones an algorithm changes, tuned so that ``actorrl train ALGO --env CartPole-v1``
+solves CartPole-v1 (mean return >= 450) on a 2-core machine, as the product promises; each
+algorithm's config dataclass takes its defaults from here (:func:`preset`), so a value is
+stated once. They are written as a config file's nested sections (RLlib's key names).
+
+RLlib's own tuned examples, with RLlib's stop criteria, are ``examples/*.yaml``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from actorrl.config import S
+
+CARTPOLE_TUNED: dict[str, dict[str, Any]] = {
+    # Ape-X: small batches trained 8 rows per sampled env step (training_intensity), a
+    # 64-unit Q-network with 3-step returns; per-worker exploration stays off (with 2
+    # workers, worker 1's eps 0.4 would dominate the reported mean return).
+    "apex": {
+        "train_batch_size": 64,
+        "training_intensity": 8.0,
+        "rollout": {"num_envs_per_worker": 4, "rollout_fragment_length": 8},
+        "policy": {"lr": 1e-3, "n_step": 3, "hiddens": [64],
+                   "target_network_update_freq": 4000,
+                   "model": {"fcnet_hiddens": [64], "fcnet_activation": "relu"}},
+    },
+    # IMPALA: 8 envs per worker, RLlib's 50-step fragments, 16 of them per train batch.
+    "impala": {
+        "train_batch_size": 800,
+        "rollout": {"num_envs_per_worker": 8, "rollout_fragment_length": 50},
+        "policy": {"model": {"fcnet_hiddens": [64, 64], "fcnet_activation": "tanh"}},
+    },
+    # A3C: 8 x 16-step fragments per gradient, GAE(0.95), a tight gradient clip.
+    "a3c": {
+        "rollout": {"num_envs_per_worker": 8, "rollout_fragment_length": 16},
+        "policy": {"lr": 3e-3, "grad_clip": 0.5, "lambda": 0.95,
+                   "model": {"fcnet_hiddens": [64, 64], "fcnet_activation": "tanh"}},
+    },
+    # A2C: A3C's sections (A2CConfig extends A3C's ActorCriticConfig), and gradients of
+    # 256-step microbatches accumulated to 512 rows.
+    "a2c": {"train_batch_size": 512, "microbatch_size": 256},
+}
+"""Algorithm name -> its settings over the components' defaults (nested sections)."""
+
+
+def preset(algorithm: str, section: str, cls: type[S]) -> Callable[[], S]:
+    """The default factory of ``algorithm``'s ``section``: ``cls`` (a component config)
+    with that section's tuned values, if any, over its own defaults."""
+    values: Mapping[str, Any] = CARTPOLE_TUNED[algorithm].get(section, {})
+    return lambda: cls.load(values, path=f"{section}.")
+
+
+def tuned(algorithm: str, key: str) -> Any:
+    """``algorithm``'s tuned top-level value of ``key`` (a dataclass field default)."""
+    return CARTPOLE_TUNED[algorithm][key]
+
