@@ -32,7 +32,6 @@ before and after (the machine may be shared; compare runs on equal load).
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import math
 import os
@@ -46,27 +45,17 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from actorrl.runtime.process import descendant_pids  # noqa: E402
+
 ALGORITHMS = ("apex", "impala", "a3c", "a2c")
 SOLVED_REWARD = 450.0
 EXIT_GRACE_S = 120.0
 
 
 def process_tree(pid: int) -> set[int]:
-    """``pid`` and all its descendants (from /proc/<pid>/task/*/children)."""
-    found = {pid}
-    stack = [pid]
-    while stack:
-        parent = stack.pop()
-        for children_file in glob.glob(f"/proc/{parent}/task/*/children"):
-            try:
-                children = Path(children_file).read_text().split()
-            except OSError:
-                continue
-            for child in map(int, children):
-                if child not in found:
-                    found.add(child)
-                    stack.append(child)
-    return found
+    """``pid`` and all its descendants."""
+    return {pid} | descendant_pids(pid)
 
 
 def _status_kb(pid: int, field: str) -> int:

@@ -34,6 +34,7 @@ from actorrl.runtime.cluster_driver import ClusterDriver
 from actorrl.runtime.coordinator import Coordinator
 from actorrl.runtime.core import Runtime
 from actorrl.runtime.network import Network
+from actorrl.runtime.process import descendant_pids
 from actorrl.runtime.sessions import remove_stale_session_dirs
 from tests.helpers.procs import pids_alive, terminate
 from transport.auth import generate_keys
@@ -66,17 +67,7 @@ def start_node(tmp: Path, env: dict[str, str], *extra: str) -> subprocess.Popen:
 
 def child_pids(pid: int) -> list[int]:
     """Every live descendant of ``pid``."""
-    found, stack = [], [pid]
-    while stack:
-        parent = stack.pop()
-        for path in Path(f"/proc/{parent}/task").glob("*/children"):
-            try:
-                children = [int(c) for c in path.read_text().split()]
-            except OSError:
-                continue
-            found += children
-            stack += children
-    return found
+    return sorted(descendant_pids(pid))
 
 
 async def _nodes_joined(coordinator: Coordinator, count: int, timeout_s: float) -> None:

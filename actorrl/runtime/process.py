@@ -16,8 +16,29 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from transport.timeouts import wait_for
+
+
+def descendant_pids(pid: int) -> set[int]:
+    """Every live process below ``pid``, from ``/proc/<pid>/task/*/children`` recursively
+    (Linux; an empty set where /proc has no such files). For measuring a process tree's
+    memory and checking that nothing was left behind."""
+    found: set[int] = set()
+    stack = [pid]
+    while stack:
+        parent = stack.pop()
+        for children_file in Path(f"/proc/{parent}/task").glob("*/children"):
+            try:
+                children = children_file.read_text().split()
+            except OSError:
+                continue
+            for child in map(int, children):
+                if child not in found:
+                    found.add(child)
+                    stack.append(child)
+    return found
 
 
 class Lifeline:

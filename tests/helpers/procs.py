@@ -3,7 +3,6 @@ processes below one, waiting for processes to exit (tests check nothing is left 
 
 from __future__ import annotations
 
-import glob
 import os
 import select
 import subprocess
@@ -12,6 +11,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
+
+from actorrl.runtime.process import descendant_pids
 
 REPO = Path(__file__).resolve().parent.parent.parent
 """The repository root (children run there, with it on PYTHONPATH)."""
@@ -60,21 +61,8 @@ def ready_line(proc: subprocess.Popen, source: IO[bytes] | int, prefix: str,
 
 
 def descendants(pid: int) -> set[int]:
-    """Every live process below ``pid`` (from /proc/<pid>/task/*/children, recursively)."""
-    found: set[int] = set()
-    stack = [pid]
-    while stack:
-        parent = stack.pop()
-        for children_file in glob.glob(f"/proc/{parent}/task/*/children"):
-            try:
-                children = Path(children_file).read_text().split()
-            except OSError:
-                continue
-            for child in map(int, children):
-                if child not in found:
-                    found.add(child)
-                    stack.append(child)
-    return found
+    """Every live process below ``pid``."""
+    return descendant_pids(pid)
 
 
 def pids_alive(pids: list[int], timeout_s: float) -> list[int]:
