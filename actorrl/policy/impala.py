@@ -144,16 +144,9 @@ class ImpalaPolicy(TorchPolicy):
         count = batch[SampleBatch.OBS].shape[0]
         horizon = cfg.rollout_fragment_length
         dist_inputs, values = model(batch[SampleBatch.OBS])
-        dist = self.dist_class(dist_inputs)
-        actions = batch[SampleBatch.ACTIONS]
-        target_logp = dist.logp(actions)
-        entropy = dist.entropy()
-
+        target_logp, entropy, behaviour_logp, terminated, ends = self._logps_and_ends(
+            batch, dist_inputs)
         with torch.no_grad():
-            behaviour_logp = self._behaviour_logp(batch, actions)
-            terminated = batch[SampleBatch.TERMINATEDS].bool()
-            ends = trajectory_ends(terminated, batch.get(SampleBatch.TRUNCATEDS),
-                                   batch.get(SampleBatch.EPS_ID), batch.get(SampleBatch.T))
             rows = torch.arange(count, device=values.device)
             ends |= (rows % horizon) == horizon - 1
             bootstrap_rows = torch.nonzero(ends & ~terminated).squeeze(1)
@@ -182,6 +175,22 @@ class ImpalaPolicy(TorchPolicy):
         return self._loss_output(model, target_logp, entropy, values, vs, pg_advantages,
                                  log_rhos)
 
+    def _logps_and_ends(self, batch: dict[str, torch.Tensor], dist_inputs: torch.Tensor
+                        ) -> tuple[torch.Tensor, ...]:
+        """What both losses start from: the learner policy's log-probabilities of the taken
+        actions and its entropies (with gradients), the behaviour policy's log-probabilities,
+        the terminal rows and the rows where a trajectory ends (without)."""
+        dist = self.dist_class(dist_inputs)
+        actions = batch[SampleBatch.ACTIONS]
+        target_logp = dist.logp(actions)
+        entropy = dist.entropy()
+        with torch.no_grad():
+            behaviour_logp = self._behaviour_logp(batch, actions)
+            terminated = batch[SampleBatch.TERMINATEDS].bool()
+            ends = trajectory_ends(terminated, batch.get(SampleBatch.TRUNCATEDS),
+                                   batch.get(SampleBatch.EPS_ID), batch.get(SampleBatch.T))
+        return target_logp, entropy, behaviour_logp, terminated, ends
+
     def _behaviour_logp(self, batch: dict[str, torch.Tensor], actions: torch.Tensor
                         ) -> torch.Tensor:
         """The sampling policy's log-probabilities of ``actions``: recorded, or recomputed
@@ -198,15 +207,9 @@ class ImpalaPolicy(TorchPolicy):
         layout = SequenceLayout(batch[SampleBatch.SEQ_LENS])
         dist_inputs, values, bootstrap = layout.unroll(model, batch, bootstrap=True)
         assert bootstrap is not None
-        dist = self.dist_class(dist_inputs)
-        actions = batch[SampleBatch.ACTIONS]
-        target_logp = dist.logp(actions)
-        entropy = dist.entropy()
+        target_logp, entropy, behaviour_logp, terminated, ends = self._logps_and_ends(
+            batch, dist_inputs)
         with torch.no_grad():
-            behaviour_logp = self._behaviour_logp(batch, actions)
-            terminated = batch[SampleBatch.TERMINATEDS].bool()
-            ends = trajectory_ends(terminated, batch.get(SampleBatch.TRUNCATEDS),
-                                   batch.get(SampleBatch.EPS_ID), batch.get(SampleBatch.T))
             seq_ends = torch.zeros_like(ends)
             seq_ends[layout.last_rows] = True
             # Inside a sequence a trajectory ends only at a terminal row (sequences are cut
