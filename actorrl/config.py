@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
+from transport.codec import register_type
 from transport.error_types import register_error
 
 S = TypeVar("S", bound="ConfigSection")
@@ -91,6 +92,19 @@ def _key_name(name: str) -> str:
 class ConfigSection:
     """Base of every config dataclass: validated on construction (raising
     :class:`ConfigError` with all problems), loadable from a mapping, dumpable to one."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Every section crosses the wire as itself (tag ``module.Class``): actors receive
+        their configs typed. Fields are read when a value is encoded, after ``@dataclass``
+        has made them."""
+        super().__init_subclass__(**kwargs)
+
+        def to_wire(section: ConfigSection) -> dict[str, Any]:
+            return {f.name: getattr(section, f.name)
+                    for f in dataclasses.fields(section) if f.init}
+
+        register_type(cls, f"{cls.__module__}.{cls.__qualname__}", to_wire,
+                      lambda fields: cls(**fields))
 
     def __post_init__(self) -> None:
         problems = self.validate()

@@ -13,6 +13,7 @@ import asyncio
 from typing import Any
 
 from actorrl.callbacks import summarize_custom_metrics
+from actorrl.config import WorkerConfig
 from actorrl.envs import EpisodeMetrics
 from actorrl.runtime import ActorHandle, DriverLike, ObjectRef, Runtime
 
@@ -31,7 +32,7 @@ class Evaluator:
 
     @classmethod
     async def create(cls, driver: DriverLike, env: str, policy: str,
-                     worker_config: dict[str, Any], *, num_workers: int, first_index: int,
+                     worker_config: WorkerConfig, *, num_workers: int, first_index: int,
                      duration: int, unit: str, num_cpus: float) -> Evaluator:
         """Start ``max(1, num_workers)`` evaluation workers (indices from
         ``first_index``, after the training workers)."""

@@ -57,6 +57,7 @@ __all__ = [
     "decode",
     "encode",
     "register_dataclass",
+    "set_type_resolver",
     "register_type",
 ]
 
@@ -119,6 +120,25 @@ def register_type(
     entry = _Registered(cls, tag, to_wire, from_wire)
     _by_class[cls] = entry
     _by_tag[tag] = entry
+
+
+_type_resolver: Callable[[str], None] | None = None
+
+
+def set_type_resolver(resolver: Callable[[str], None] | None) -> None:
+    """Install what a decode calls with a wire type's tag before refusing it as unknown
+    (e.g. importing the module that registers it, for modules the caller trusts); the
+    lookup is retried once after. ``None`` removes it."""
+    global _type_resolver
+    _type_resolver = resolver
+
+
+def _lookup_tag(tag: str) -> _Registered | None:
+    entry = _by_tag.get(tag)
+    if entry is None and _type_resolver is not None and isinstance(tag, str):
+        _type_resolver(tag)
+        entry = _by_tag.get(tag)
+    return entry
 
 
 def register_dataclass(cls: type[T], tag: str | None = None) -> type[T]:
@@ -414,7 +434,7 @@ class Codec:
             tag = obj.get(TYPE_MARKER)
             if tag is None:
                 return obj
-            entry = _by_tag.get(tag)
+            entry = _lookup_tag(tag)
             if entry is None:
                 raise DecodeError(
                     f"unknown wire type {tag!r}: import the module that registers it "

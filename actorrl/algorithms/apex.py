@@ -75,7 +75,7 @@ async def build_pipeline(trainer: Trainer, config: ApexConfig) -> AsyncReplayOpt
     shard_class = ("actorrl.replay.actor:BatchReplayActor" if replay.batch_replay
                    else "actorrl.replay.actor:ReplayActor")
     shards = await trainer.create_learner_side_actors(
-        shard_class, (replay.to_dict(),), replay.num_replay_buffer_shards, "replay")
+        shard_class, (replay,), replay.num_replay_buffer_shards, "replay")
     return AsyncReplayOptimizer(
         trainer.runtime, trainer.workers, shards, trainer.learner_actor,
         learner_queue_size=config.learner.learner_queue_size,

@@ -104,7 +104,7 @@ class Trainer:
         self.time_total_s = 0.0
         self.timesteps_offset = 0
         self.trained_offset = 0
-        self.worker_config = config.worker_config().to_dict()
+        self.worker_config = config.worker_config()
         self.num_worker_restarts = 0
         self.learner_side_actors: list[ActorHandle] = []
         policy = config.policy
@@ -147,7 +147,7 @@ class Trainer:
         if config.evaluation_interval:
             self.evaluator = await Evaluator.create(
                 self.driver, config.env, self.spec.policy,
-                config.evaluation_worker_config().to_dict(),
+                config.evaluation_worker_config(),
                 num_workers=config.evaluation_num_workers,
                 first_index=config.num_workers + 1, duration=config.evaluation_duration,
                 unit=config.evaluation_duration_unit, num_cpus=config.num_cpus_per_worker)
@@ -170,7 +170,7 @@ class Trainer:
         return await self.driver.create_actor(
             self.spec.learner_class,
             args=(self.config.env, self.spec.policy, self.worker_config,
-                  learner_config.to_dict()),
+                  learner_config),
             kwargs={"start_thread": self.spec.learner_thread,
                     "sampling": self.config.num_workers == 0},
             num_cpus=self.config.num_cpus_for_driver, num_gpus=num_gpus, name="learner")

@@ -28,14 +28,8 @@ from actorrl.runtime import ObjectRef, Runtime
 
 
 def shard_config(config: ReplayConfig | Mapping[str, Any]) -> ReplayConfig:
-    """The shard's :class:`ReplayConfig`: as given, or loaded (strictly) from its section
-    mapping, the form that crosses to an actor process.
-
-    The runtime decodes an actor's arguments before it imports the actor's class (and, in
-    a cluster, in the coordinator and node agent too), so a codec-registered dataclass
-    would reach a forked actor but not a spawned or remote one: the section's
-    ``to_dict()`` crosses instead and is checked here against the dataclass.
-    """
+    """The shard's :class:`ReplayConfig`: as given (what the Ape-X pipeline passes; it
+    crosses to the actor typed), or loaded strictly from its section mapping."""
     if isinstance(config, ReplayConfig):
         return config
     if isinstance(config, Mapping):

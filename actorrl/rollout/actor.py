@@ -29,7 +29,7 @@ def weights_of(payload: Mapping[str, Any]) -> Mapping[str, Any]:
 
 class RolloutWorkerActor:
     """Remote rollout worker; constructor arguments as :class:`RolloutWorker` (the config
-    arrives as ``WorkerConfig.to_dict()`` and is loaded back strictly)."""
+    arrives typed, a :class:`WorkerConfig`; a mapping is loaded strictly)."""
 
     def __init__(self, env: str, policy: str, config: WorkerConfig | Mapping[str, Any],
                  worker_index: int = 0, num_workers: int = 0, seed: int | None = None

@@ -45,6 +45,8 @@ as ZeroMQ frames.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import importlib
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -61,9 +63,25 @@ from actorrl.runtime.peers import LocalHost, Peers, ipc_address
 from actorrl.runtime.refs import ObjectRef, ObjectStore
 from transport import shm as shm_segments
 from transport.auth import check_bind, ensure_authenticator
-from transport.codec import Codec
+from transport.codec import Codec, set_type_resolver
 from transport.endpoint import Endpoint
 from transport.rpc import Request, RpcClient, RpcServer
+
+WIRE_TYPE_PACKAGES = ("actorrl.",)
+"""Packages whose modules a decode may import to learn a wire type it has not seen."""
+
+
+def import_wire_type_module(tag: str) -> None:
+    """Import the module a wire type's tag names (``package.module.Class``) when it is one
+    of actorrl's own: a process can decode typed values before it has imported what
+    registers them (an actor's constructor arguments arrive before its class is imported;
+    a coordinator or node agent relays actor specs holding typed configs)."""
+    if tag.startswith(WIRE_TYPE_PACKAGES):
+        with contextlib.suppress(ImportError):
+            importlib.import_module(tag.rsplit(".", 1)[0])
+
+
+set_type_resolver(import_wire_type_module)
 
 
 class _RuntimeCodec(Codec):
