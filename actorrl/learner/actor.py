@@ -40,6 +40,9 @@ from actorrl.runtime import ObjectRef, Runtime
 from transport.error_types import register_error
 from transport.timeouts import wait_for
 
+STOP_JOIN_TIMEOUT_S = 30.0
+"""How long :meth:`LearnerActor.stop` waits for the learner thread's step in progress."""
+
 
 @register_error  # reaches the pipeline (and its caller) as a LearnerError
 class LearnerError(RuntimeError):
@@ -420,3 +423,8 @@ class LearnerActor:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
                 loop.call_soon_threadsafe(self._room.set)
                 loop.call_soon_threadsafe(self._trained.set)
+        if self.thread.is_alive() and threading.current_thread() is not self.thread:
+            # Wait out the step in progress: a learner thread still inside torch when the
+            # interpreter exits aborts the process ("terminate called without an active
+            # exception"; serial mode, where the learner lives in the driver's process).
+            self.thread.join(timeout=STOP_JOIN_TIMEOUT_S)
