@@ -306,14 +306,14 @@ def _learner_queue_applied(trainer: Any, driver: RecordingDriver) -> bool:
     """The learner's in-queue holds 5, and Ape-X's credit window is one more."""
     learner_config = driver.made("learner")[0]["args"][3]
     credits = getattr(trainer.pipeline, "credits", None)
-    return learner_config["learner_queue_size"] == 5 and (credits is None
+    return learner_config.learner_queue_size == 5 and (credits is None
                                                           or credits.size == 5 + 1)
 
 
 READS: dict[str, Any] = {
     "env": lambda t, d, r: {c["args"][0] for c in d.made("worker")} == {"Acrobot-v1"},
     "num_workers": lambda t, d, r: len(d.made("worker")) == 3 == len(t.workers),
-    "seed": lambda t, d, r: t.worker_config["rollout"]["seed"] == 5,
+    "seed": lambda t, d, r: t.worker_config.rollout.seed == 5,
     "num_gpus": lambda t, d, r: d.made("learner")[0]["num_gpus"] == 0.0,
     "_fake_gpus": lambda t, d, r: d.made("learner")[0]["num_gpus"] == 0.0,
     "min_iter_time_s": lambda t, d, r: r["time_this_iter_s"] >= 0.3,
@@ -342,7 +342,7 @@ READS: dict[str, Any] = {
     "evaluation_duration_unit": lambda t, d, r: t.evaluator.unit == "timesteps"
     and r["evaluation"]["timesteps_this_iter"] >= 40,
     "evaluation_config": lambda t, d, r: all(
-        c["args"][2]["rollout"]["explore"] is True for c in d.made("evaluation-worker")),
+        c["args"][2].rollout.explore is True for c in d.made("evaluation-worker")),
 }
 """Trainer key -> what shows it reached what reads it: the actors the trainer started
 (count, class, CPUs, GPUs), the pipeline it built, or one training iteration's result.
