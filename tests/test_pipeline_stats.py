@@ -30,7 +30,8 @@ async def _apex(driver, workers, training_intensity=None):
         args=("CartPole-v1", DQN, DQN_CONFIG, {"train_batch_size": 32,
                                                 "learner_queue_size": 4}))
     return AsyncReplayOptimizer(driver.runtime, workers, [shard], learner,
-                                learner_queue_size=4, training_intensity=training_intensity)
+                                learner_queue_size=4, training_intensity=training_intensity,
+                                max_weight_sync_delay=400)
 
 
 class FakeClock:

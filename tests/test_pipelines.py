@@ -22,7 +22,7 @@ from actorrl.pipelines.microbatch import MicrobatchOptimizer
 from actorrl.replay.config import ReplayConfig
 from actorrl.rollout import RolloutWorker
 from actorrl.runtime import Driver
-from tests.helpers.configs import AC, DQN, DQN_CONFIG, a3c_actors
+from tests.helpers.configs import AC, APEX_PIPELINE, DQN, DQN_CONFIG, IMPALA_PIPELINE, a3c_actors
 
 
 @pytest.fixture(params=[False, True], ids=["processes", "serial"])
@@ -64,7 +64,7 @@ async def test_apex_syncs_weights_exactly_when_the_delay_is_crossed(tmp_path, se
         shard = await _shard(driver, starts=10**9)  # never replays: weights only
         learner = await _learner(driver)
         pipeline = AsyncReplayOptimizer(driver.runtime, workers, [shard], learner,
-                                        max_weight_sync_delay=250)
+                                        learner_queue_size=16, max_weight_sync_delay=250)
         await _until(lambda: pipeline.num_steps_sampled >= 3000, pipeline)
         processed = pipeline.num_steps_sampled // 100
         assert pipeline.num_weight_syncs >= 2
@@ -91,7 +91,7 @@ async def test_apex_replays_only_what_the_learner_has_room_for(tmp_path, serial)
         learner = await _learner(driver, queue_size=2, start_thread=False)
         started = time.perf_counter()
         pipeline = AsyncReplayOptimizer(driver.runtime, [worker], [shard], learner,
-                                        learner_queue_size=2)
+                                        learner_queue_size=2, max_weight_sync_delay=400)
         sizes = []
 
         async def fill() -> None:
@@ -130,7 +130,8 @@ async def test_apex_sends_priorities_back_to_the_shard_that_replayed(tmp_path, s
                                              args=(64, i)) for i in range(2)]
         shards = [await _shard(driver, starts=128, seed=i) for i in range(2)]
         learner = await _learner(driver)
-        pipeline = AsyncReplayOptimizer(driver.runtime, workers, shards, learner, seed=0)
+        pipeline = AsyncReplayOptimizer(driver.runtime, workers, shards, learner, seed=0,
+                                        **APEX_PIPELINE)
         await _until(lambda: pipeline.num_steps_trained >= 32 * 30, pipeline, timeout_s=120)
         await pipeline.stop()
         records = await driver.get([s.record.remote() for s in shards], timeout_s=30)
@@ -152,7 +153,8 @@ async def test_apex_debug_stats(tmp_path, serial):
         worker = await driver.create_actor("tests.actors.scripted:ScriptedWorker", args=(64,))
         shard = await _shard(driver, starts=10**9)
         learner = await _learner(driver)
-        pipeline = AsyncReplayOptimizer(driver.runtime, [worker], [shard], learner, debug=True)
+        pipeline = AsyncReplayOptimizer(driver.runtime, [worker], [shard], learner, debug=True,
+                                        **APEX_PIPELINE)
         await pipeline.step(timeout_s=0.5)
         stats = await pipeline.stats()
         assert stats["pending_sample_tasks"] == 2
@@ -217,7 +219,7 @@ async def test_microbatch_pipeline_step_counts(tmp_path, serial):
 def test_a3c_needs_a_remote_worker():
     """A3C with zero remote workers is a clear error (config and optimizer)."""
     with pytest.raises(ValueError, match="at least 1 remote worker"):
-        AsyncGradientsOptimizer(None, [], "learner")
+        AsyncGradientsOptimizer(None, [], "learner", grads_per_step=1)
     with pytest.raises(ConfigError, match="num_workers >= 1"):
         A3CConfig(num_workers=0)
 
@@ -255,7 +257,7 @@ async def test_apex_paced_sampling_refills_a_replaced_shard(tmp_path, serial):
 
         pipeline = AsyncReplayOptimizer(driver.runtime, [worker], [shard], learner,
                                         learning_starts=256, training_intensity=8.0,
-                                        replace_shard=replace_shard)
+                                        replace_shard=replace_shard, **APEX_PIPELINE)
         await _until(lambda: pipeline.num_steps_trained >= 32 * 20, pipeline, timeout_s=120)
         assert pipeline.pacer.parked, "pacing should hold the sampler back at this intensity"
         driver.node.kill_actor(shard)  # SIGKILL (serial: dropped as if)
@@ -300,7 +302,8 @@ async def test_impala_drops_the_samples_of_a_dead_worker_and_goes_on(tmp_path, s
                                              args=(64, 1))
 
         pipeline = AsyncSamplesOptimizer(driver.runtime, [worker], learner,
-                                         train_batch_size=256, replace_worker=replace)
+                                         train_batch_size=256, replace_worker=replace,
+                                         **IMPALA_PIPELINE)
         await _until(lambda: 64 <= pipeline.pending_rows < 256, pipeline)
         driver.node.kill_actor(worker)
         await _until(lambda: pipeline.num_worker_failures == 1, pipeline)
@@ -328,7 +331,7 @@ async def test_apex_priorities_never_reach_a_replacement_shard_it_did_not_replay
             return new
 
         pipeline = AsyncReplayOptimizer(driver.runtime, workers, shards, learner, seed=0,
-                                        replace_shard=replace_shard)
+                                        replace_shard=replace_shard, **APEX_PIPELINE)
         await _until(lambda: pipeline.num_steps_trained >= 32 * 30, pipeline, timeout_s=120)
         driver.node.kill_actor(shards[0])
         await _until(lambda: replacements, pipeline)

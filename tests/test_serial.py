@@ -140,7 +140,8 @@ async def test_an_apex_step_error_traces_from_the_pipeline_to_the_worker(tmp_pat
         learner = await driver.create_actor(
             "actorrl.learner.actor:LearnerActor",
             args=("CartPole-v1", DQN, config, {"train_batch_size": 32}))
-        pipeline = AsyncReplayOptimizer(driver.runtime, [raising], [shard], learner)
+        pipeline = AsyncReplayOptimizer(driver.runtime, [raising], [shard], learner,
+                                        learner_queue_size=16, max_weight_sync_delay=400)
         with pytest.raises(SampleFailure) as info:
             for _ in range(10):
                 await pipeline.step(timeout_s=0.2)

@@ -31,7 +31,7 @@ class AsyncGradientsOptimizer(FleetPipelineMixin):
     """The A3C pipeline over remote workers and a learner actor that applies gradients."""
 
     def __init__(self, runtime: Runtime, workers: list[ActorHandle], learner: ActorHandle,
-                 *, grads_per_step: int = 100, replace_worker: ReplaceWorker | None = None
+                 *, grads_per_step: int, replace_worker: ReplaceWorker | None = None
                  ) -> None:
         self._attach(runtime, workers, learner, replace_worker,
                      no_workers="the async gradients optimizer (A3C) requires at least 1 "

@@ -65,7 +65,7 @@ class AsyncReplayOptimizer(FleetPipelineMixin):
 
     def __init__(self, runtime: Runtime, workers: list[ActorHandle],
                  replay_actors: list[ActorHandle], learner: ActorHandle, *,
-                 learner_queue_size: int = 16, max_weight_sync_delay: int = 400,
+                 learner_queue_size: int, max_weight_sync_delay: int,
                  training_intensity: float | None = None, learning_starts: int = 0,
                  replace_shard: ReplaceWorker | None = None, debug: bool = False,
                  replace_worker: ReplaceWorker | None = None, seed: int | None = None

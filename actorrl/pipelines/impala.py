@@ -40,8 +40,8 @@ class AsyncSamplesOptimizer(FleetPipelineMixin):
     """The IMPALA pipeline over remote rollout workers and a learner actor."""
 
     def __init__(self, runtime: Runtime, workers: list[ActorHandle], learner: ActorHandle,
-                 *, train_batch_size: int, broadcast_interval: int = 1,
-                 max_sample_requests_in_flight_per_worker: int = 2,
+                 *, train_batch_size: int, broadcast_interval: int,
+                 max_sample_requests_in_flight_per_worker: int,
                  max_learner_requests_in_flight: int = 2,
                  replace_worker: ReplaceWorker | None = None) -> None:
         self._attach(runtime, workers, learner, replace_worker,

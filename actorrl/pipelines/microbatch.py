@@ -25,7 +25,7 @@ class MicrobatchOptimizer(StepCountersMixin):
     """The microbatch pipeline over remote workers and a learner actor."""
 
     def __init__(self, runtime: Runtime, workers: list[ActorHandle], learner: ActorHandle,
-                 *, train_batch_size: int = 10000, microbatch_size: int = 1000,
+                 *, train_batch_size: int, microbatch_size: int,
                  sample_locally: bool = False) -> None:
         if train_batch_size <= microbatch_size:
             raise ValueError(f"The microbatch size must be smaller than the train batch "

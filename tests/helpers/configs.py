@@ -18,6 +18,14 @@ DQN_CONFIG: dict[str, Any] = {
     "hiddens": [16], "train_batch_size": 32}
 """A small Ape-X DQN on CartPole (a fresh copy per use: ``dict(DQN_CONFIG)``)."""
 
+APEX_PIPELINE: dict[str, Any] = {"learner_queue_size": 16, "max_weight_sync_delay": 400}
+"""An Ape-X pipeline's learner queue and weight-sync settings (ApexConfig's defaults), for
+tests that set neither."""
+
+IMPALA_PIPELINE: dict[str, Any] = {"broadcast_interval": 1,
+                                   "max_sample_requests_in_flight_per_worker": 2}
+"""An IMPALA pipeline's broadcast and in-flight settings (ImpalaConfig's defaults)."""
+
 # The single-process learning loops on CartPole-v1 use the algorithms' tuned configs
 # (actorrl.algorithms.tuned) as RLlib flat dicts, with the few settings of their own below.
 
