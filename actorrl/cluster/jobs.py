@@ -179,6 +179,9 @@ class Job:
         self.results_offset = 0
         self.num_failures = 0
         self.checkpoint: dict[str, Any] | None = None
+        self.checkpoint_lock = asyncio.Lock()
+        """One checkpoint write at a time: the job's own (each interval, the last) and a
+        client's ``job.checkpoint`` can meet at the same iteration."""
         self.last_counters: dict[str, float] = {}
         self.trainer: Trainer | None = None
         self.task: asyncio.Task | None = None
@@ -498,7 +501,15 @@ class JobManager:
     async def _checkpoint(self, job: Job, trainer: Trainer) -> dict[str, Any]:
         """Write ``checkpoints/checkpoint_<iteration>/`` (the format ``actorrl train``
         writes and ``actorrl evaluate`` reads); keep the newest ``keep_checkpoints``."""
+        async with job.checkpoint_lock:
+            return await self._write_checkpoint(job, trainer)
+
+    async def _write_checkpoint(self, job: Job, trainer: Trainer) -> dict[str, Any]:
         state = await trainer.get_state()
+        written = job.checkpoint
+        if written is not None and written["iteration"] == int(state["iteration"]) \
+                and os.path.isdir(written["path"]):
+            return written  # this iteration is on disk already
         last = job.results[-1] if job.results else {}
         metadata = {"algorithm": job.submission.algorithm, "env": state["config"].get("env"),
                     "training_iteration": int(state["iteration"]),
@@ -522,11 +533,20 @@ class JobManager:
 
     async def _rpc_checkpoint(self, job_id: str) -> dict[str, Any]:
         job = self._job(job_id)
-        if job.trainer is None:
-            if job.checkpoint is None:
-                raise JobError(f"job {job.id} is {job.state} and has no checkpoint")
-            return job.checkpoint
-        return await self._checkpoint(job, job.trainer)
+        trainer = job.trainer
+        if trainer is not None:
+            try:
+                return await self._checkpoint(job, trainer)
+            except Exception as exc:
+                if job.trainer is not None or job.checkpoint is None:
+                    raise
+                # The job ended meanwhile (its own stop criterion): its last checkpoint
+                # is the one asked for.
+                job.log(f"checkpoint request met the job's end ({exc!r}); answering with "
+                        "its final checkpoint")
+        if job.checkpoint is None:
+            raise JobError(f"job {job.id} is {job.state} and has no checkpoint")
+        return job.checkpoint
 
     async def stop_job(self, job_id: str) -> dict[str, Any]:
         """Stop a job (its actors are stopped); returns its record."""

@@ -21,6 +21,7 @@ signal handling on it) stays responsive.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -122,6 +123,9 @@ class RemoteRun(TrainingRun):
                 self._note_remote_checkpoint(await asyncio.to_thread(job.checkpoint))
             except Exception as exc:
                 log.warning("the job could not checkpoint: %s", error_summary(exc))
+                with contextlib.suppress(Exception):  # the job's own last one, if any
+                    record = await asyncio.to_thread(job.status)
+                    self._note_remote_checkpoint(record.get("checkpoint"))
 
         outcome = await self._train(FollowedJob(job), f"{plan.spec.name} on "
                                     f"{plan.config.env} (job {job_id})",
