@@ -8,6 +8,7 @@ that the processes it saw (coordinator, nodes, actors) are gone at the end.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -138,17 +139,24 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> str:
     return path
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, keys: str) -> Iterator[Cluster]:
+@contextlib.contextmanager
+def two_node_cluster(tmp: str, keys: str) -> Iterator[Cluster]:
     """Coordinator on 127.0.0.1, node ``a`` on 127.0.0.2 (3 CPUs), ``b`` on 127.0.0.3
-    (2 CPUs), everything CURVE-encrypted."""
-    c = Cluster(str(tmp_path_factory.mktemp("cluster")), keys)
+    (2 CPUs), everything CURVE-encrypted; closed (and checked for leftovers) after."""
+    c = Cluster(tmp, keys)
     try:
         c.join("127.0.0.2", "a", 3)
         c.join("127.0.0.3", "b", 2)
         yield c
     finally:
         c.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, keys: str) -> Iterator[Cluster]:
+    """The module's shared :func:`two_node_cluster` (tests leave it as they found it)."""
+    with two_node_cluster(str(tmp_path_factory.mktemp("cluster")), keys) as c:
+        yield c
 
 
 # ---------------------------------------------------------------------------- keys, binds
@@ -521,15 +529,10 @@ def test_killed_worker_and_replay_shard_are_replaced_and_the_job_continues(clust
 
 @pytest.fixture
 def cluster_to_lose_c(tmp_path: Path, keys: str) -> Iterator[Cluster]:
-    """A cluster of its own (nodes a, b and c) for a test that kills node c: the shared
-    module cluster stays as its docstring says."""
-    c = Cluster(str(tmp_path), keys)
-    try:
-        c.join("127.0.0.2", "a", 3)
-        c.join("127.0.0.3", "b", 2)
+    """A :func:`two_node_cluster` of its own for a test that adds and kills node c: the
+    shared module cluster stays as its docstring says."""
+    with two_node_cluster(str(tmp_path), keys) as c:
         yield c
-    finally:
-        c.close()
 
 
 @pytest.mark.timeout(300)

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from actorrl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch, as_multi_agent
+from actorrl.config import ConfigSection
 from actorrl.envs import EpisodeMetrics
 from actorrl.frames import FRAME_COLUMNS, pack_frames, packable_columns
 from actorrl.messages import EnqueueReply, SampleReply, TrainedBatch, TrainedNotice
@@ -40,8 +41,11 @@ from transport.codec import register_type
 FRAGMENT_STEPS = 50
 
 
-def sim_settings(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``env_config`` inside a worker config dict (wherever its section put it)."""
+def sim_settings(config: Mapping[str, Any] | ConfigSection) -> dict[str, Any]:
+    """The ``env_config`` inside a worker config (typed, as actors receive it, or a dict;
+    wherever its section put it)."""
+    if isinstance(config, ConfigSection):
+        config = config.to_dict()
     if "env_config" in config and isinstance(config["env_config"], Mapping):
         return dict(config["env_config"])
     for value in config.values():
@@ -94,7 +98,7 @@ class SimulatedWorker:
     here (a fresh object each call, as a real worker's) and replies with its ref.
     Constructor as :class:`~actorrl.rollout.actor.RolloutWorkerActor`."""
 
-    def __init__(self, env: str, policy: str, config: Mapping[str, Any],
+    def __init__(self, env: str, policy: str, config: Mapping[str, Any] | ConfigSection,
                  worker_index: int = 0, num_workers: int = 0, seed: int | None = None
                  ) -> None:
         settings = sim_settings(config)
@@ -169,14 +173,16 @@ class SinkLearner:
     :class:`~actorrl.learner.actor.LearnerActor`; the in-queue holds
     ``learner_queue_size`` batches."""
 
-    def __init__(self, env: str, policy: str, worker_config: Mapping[str, Any],
-                 learner_config: Mapping[str, Any], start_thread: bool = True,
+    def __init__(self, env: str, policy: str, worker_config: Mapping[str, Any] | ConfigSection,
+                 learner_config: Mapping[str, Any] | ConfigSection, start_thread: bool = True,
                  sampling: bool = False) -> None:
         # sampling (the learner's own worker sampling, A2C with num_workers 0): never here
         settings = sim_settings(worker_config)
         self.cost_s = float(settings.get("sim_learner_cost_s", 0.0))
         size = int(float(settings.get("sim_weights_mb", 1.0)) * 2**20) // 4
         self.weights = {"w": np.zeros(size, np.float32), "encodings": EncodeCounter()}
+        if isinstance(learner_config, ConfigSection):
+            learner_config = learner_config.to_dict()
         self.capacity = int(learner_config.get("learner_queue_size", 16))
         self.inqueue: queue.SimpleQueue[_Queued] = queue.SimpleQueue()
         self.queued = 0
