@@ -74,7 +74,7 @@ async def _nodes_joined(coordinator: Coordinator, count: int, timeout_s: float) 
     deadline = time.monotonic() + timeout_s
     while len(coordinator.nodes) < count:
         assert time.monotonic() < deadline, f"{len(coordinator.nodes)} of {count} nodes"
-        await coordinator._wait_change(0.5)
+        await coordinator.wait_change(0.5)
 
 
 async def _run_until(pipeline: Any, batches: int, timeout_s: float) -> None:
@@ -272,6 +272,8 @@ def _cli_commands() -> dict[str, set[str]]:
     sub = parser.add_subparsers(dest="command")
     register(sub)
     flags: dict[str, set[str]] = {}
+    # Private (argparse's _actions, 3 uses): argparse offers no public way to list the
+    # options a parser accepts, and the check is that the docs use only those.
     for name, action in sub.choices.items():
         for inner in action._actions:
             if isinstance(inner, argparse._SubParsersAction):

@@ -172,7 +172,9 @@ class Coordinator:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    async def _wait_change(self, timeout_s: float) -> None:
+    async def wait_change(self, timeout_s: float) -> None:
+        """Return at the next change of the cluster's state (a node joined or lost, an
+        actor's state changed) or after ``timeout_s``, whichever is first."""
         event = self._changed
         try:
             await wait_for(event.wait(), max(timeout_s, 0.0))
@@ -280,7 +282,7 @@ class Coordinator:
     async def _rpc_wait_nodes(self, count: int, timeout_s: float) -> int:
         deadline = time.monotonic() + min(float(timeout_s), 300.0)
         while len(self.nodes) < count and time.monotonic() < deadline:
-            await self._wait_change(deadline - time.monotonic())
+            await self.wait_change(deadline - time.monotonic())
         return len(self.nodes)
 
     async def _rpc_wait_actor(self, name: str, owner: str | None = None,
@@ -305,7 +307,7 @@ class Coordinator:
                     return record.describe(node.name if node else "?")
             if time.monotonic() >= deadline:
                 return None
-            await self._wait_change(deadline - time.monotonic())
+            await self.wait_change(deadline - time.monotonic())
 
     # ---- placement (see actorrl.runtime.placement) --------------------------------------
     def choose_node(self, spec: ActorSpec, node: str | None = None, prefer: str | None = None,
@@ -338,7 +340,7 @@ class Coordinator:
                 if failed_nodes and not [n for n in self.nodes.values()
                                          if n.node_id not in failed_nodes]:
                     failed_nodes.clear()  # the survivors may have recovered by now
-                await self._wait_change(min(deadline - loop.time(), 1.0))
+                await self.wait_change(min(deadline - loop.time(), 1.0))
                 continue
             target.used_cpus += spec.num_cpus
             target.used_gpus += spec.num_gpus
