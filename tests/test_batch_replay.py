@@ -40,7 +40,8 @@ async def test_batches_are_added_replayed_whole_and_evicted_oldest_first(tmp_pat
     async with Driver.start(str(tmp_path / "s"), serial=True) as driver:
         shard = await driver.create_actor(SHARD, args=({
             "buffer_size": 500, "learning_starts": 300, "num_replay_buffer_shards": 2,
-            "batch_replay": True, "train_batch_size": 32},), kwargs={"seed": 0}, num_cpus=0)
+            "batch_replay": True, "prioritized_replay": False,
+            "train_batch_size": 32},), kwargs={"seed": 0}, num_cpus=0)
 
         async def add(marker: int, rows: int = 100) -> int:
             return await driver.get(shard.add_batch.remote([driver.put(_batch(marker, rows))]),
@@ -77,7 +78,8 @@ async def test_multi_agent_batches_are_kept_whole(tmp_path):
     """A multi-agent batch is stored and replayed with all its policies' rows."""
     async with Driver.start(str(tmp_path / "s"), serial=True) as driver:
         shard = await driver.create_actor(SHARD, args=({
-            "buffer_size": 1000, "learning_starts": 0, "batch_replay": True},), num_cpus=0)
+            "buffer_size": 1000, "learning_starts": 0, "batch_replay": True,
+            "prioritized_replay": False},), num_cpus=0)
         batch = MultiAgentBatch({"p0": _batch(7, 30), "p1": _batch(8, 20)}, 30)
         assert await driver.get(shard.add_batch.remote([driver.put(batch)]), timeout_s=30) == 30
         [replayed] = await _replays(driver, shard, 1)
@@ -92,8 +94,8 @@ async def test_apex_with_batch_replay_trains_end_to_end(tmp_path):
     learner trains on replayed ones (no priorities), results keep coming."""
     spec = get_algorithm("apex")
     config = load_config(spec.config_cls, {
-        "batch_replay": True, "buffer_size": 2000, "learning_starts": 300, "num_workers": 1,
-        "seed": 0, "min_iter_time_s": 0.5})
+        "batch_replay": True, "prioritized_replay": False, "buffer_size": 2000,
+        "learning_starts": 300, "num_workers": 1, "seed": 0, "min_iter_time_s": 0.5})
     async with Driver.start(str(tmp_path / "session")) as driver:
         trainer = await Trainer.create(spec, config, driver)
         deadline = time.monotonic() + 120

@@ -294,7 +294,7 @@ TRAINER_CASES: dict[str, dict[str, Any]] = {
     "apex": {**SMALL, "debug": True, "train_batch_size": 32, "max_weight_sync_delay": 33,
              "training_intensity": 2.0, "learning_starts": 64, "learner_queue_size": 5,
              "num_replay_buffer_shards": 2, "batch_replay": True, "buffer_size": 2000,
-             "hiddens": [8]},
+             "prioritized_replay": False, "hiddens": [8]},
     "impala": {**SMALL, "train_batch_size": 48, "broadcast_interval": 3, "learner_queue_size": 5,
                "max_sample_requests_in_flight_per_worker": 3},
     "a3c": {**SMALL, "train_batch_size": 40, "grads_per_step": 3},

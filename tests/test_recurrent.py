@@ -12,9 +12,10 @@ import pytest
 import torch
 from torch import nn
 
+from actorrl.algorithms import get_algorithm
 from actorrl.batch import SampleBatch, chop_into_sequences
 from actorrl.checkpoints import read_checkpoint
-from actorrl.config import ConfigError, load_component
+from actorrl.config import ConfigError, load_component, load_config
 from actorrl.learner.towers import TowerSet
 from actorrl.partial_envs import STATELESS_CARTPOLE_ID
 from actorrl.policy.actor_critic import ActorCriticPolicy
@@ -92,9 +93,13 @@ def test_use_lstm_with_a_custom_model_without_the_interface_fails_at_config_time
         load_component(ImpalaPolicyConfig, {"model": model}, section="policy")
 
 
-def test_use_lstm_is_refused_for_dqn_naming_the_key():
-    with pytest.raises(ConfigError, match="use_lstm"):
-        load_component(DQNPolicyConfig, {"model": {"use_lstm": True}}, section="policy")
+def test_use_lstm_is_refused_for_apex_without_batch_replay_naming_the_key():
+    """The DQN policy builds a recurrent Q-network; Ape-X trains it from batch replay
+    only (tests/test_recurrent_apex.py)."""
+    load_component(DQNPolicyConfig, {"model": {"use_lstm": True}}, section="policy")
+    with pytest.raises(ConfigError, match="use_lstm.*batch_replay"):
+        load_config(get_algorithm("apex").config_cls,
+                    {"num_workers": 1, "model": {"use_lstm": True}})
 
 
 def test_a_custom_recurrent_model_by_class_path_samples_and_learns():

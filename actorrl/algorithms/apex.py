@@ -43,7 +43,7 @@ class ApexConfig(AlgorithmConfig):
 
     def validate(self) -> list[str]:
         """Remote workers, a batch that splits across the towers, a positive weight-sync
-        delay and training intensity."""
+        delay and training intensity, and batch replay for a recurrent Q-network."""
         problems = super().validate()
         if self.num_workers < 1:
             problems.append("Ape-X needs num_workers >= 1 (sampling runs on remote workers)")
@@ -57,10 +57,16 @@ class ApexConfig(AlgorithmConfig):
         if self.training_intensity is not None and self.training_intensity <= 0:
             problems.append(f"training_intensity must be > 0 or None, got "
                             f"{self.training_intensity}")
+        if self.policy.model.get("use_lstm") and not self.replay.batch_replay:
+            problems.append(
+                "model.use_lstm: a recurrent Q-network trains on whole sequences from their "
+                "stored start states, which per-row replay cuts apart; set batch_replay: "
+                "true and prioritized_replay: false (or use_lstm: false)")
         return problems
 
     def derived_values(self, section: str) -> dict[str, Any]:
-        """The learner cuts no sequences (rows are independent transitions) and waits for
+        """The learner cuts no rows apart (towers split a recurrent Q-network's sequenced
+        batches at sequence boundaries on their own) and waits for
         its first batch however long replay takes to reach ``learning_starts``. ``num_gpus``
         and ``_fake_gpus`` reach it as given: towers of the DQN loss on CUDA devices or,
         with ``_fake_gpus``, on the CPU (td_error comes back in row order either way)."""

@@ -7,7 +7,8 @@ Env specs
     as keyword arguments of ``gymnasium.make``. gymnasium's own ``"module:EnvId"`` form also
     works (the module is imported, then the id made). actorrl ships
     ``actorrl/StatelessCartPole-v1`` (:mod:`actorrl.partial_envs`), a partially observed
-    CartPole for recurrent policies.
+    CartPole for recurrent policies, and ``actorrl/MemoryCue-v0``
+    (:mod:`actorrl.envs.memory`), a cue to recall a few steps later.
 
 Vectorization
     :class:`VectorEnv` holds ``num_envs`` single-agent envs and steps them one after the

@@ -13,9 +13,11 @@ import gymnasium as gym
 
 from actorrl.atari import INSTALL_HINT, is_atari_id, make_atari, register_ale
 from actorrl.classpath import resolve_callable
+from actorrl.envs.memory import register_memory_envs
 from actorrl.partial_envs import register_partial_envs
 
 register_partial_envs()
+register_memory_envs()
 
 ALL_AGENTS = "__all__"
 

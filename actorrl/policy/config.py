@@ -164,11 +164,9 @@ class DQNPolicyConfig(PolicyConfig):
         super().__post_init__()
 
     def validate(self) -> list[str]:
-        """Ranges of every numeric setting; no recurrent Q-network (``model.use_lstm``)."""
+        """Ranges of every numeric setting. (``model.use_lstm`` builds a recurrent
+        Q-network; Ape-X accepts it with ``batch_replay`` only, see ``ApexConfig``.)"""
         problems = super().validate()
-        if self.model.get("use_lstm"):
-            problems.append("model.use_lstm: DQN / Ape-X has no recurrent Q-network yet; "
-                            "set use_lstm to false (recurrent policies: IMPALA, A2C, A3C)")
         checks = [
             ("n_step", self.n_step >= 1, ">= 1"),
             ("huber_threshold", self.huber_threshold > 0, "> 0"),

@@ -13,6 +13,23 @@ the batch's ``count`` for :meth:`DQNPolicy.learn_on_batch` and for
 elsewhere count ``train_batch_size`` rows per applied update. ``update_target()`` may also
 be called directly.
 
+Recurrent Q-network (``model: {use_lstm: true}``, or a recurrent custom model)
+    :class:`~actorrl.policy.recurrent_q.RecurrentQNetwork` replaces :class:`QNetwork`. The
+    policy then acts like the actor-critic ones (``compute_actions`` takes each env's state,
+    and the previous actions and rewards where configured, and returns ``state_out_*``):
+    epsilon-greedy over the Q-values of the step. Samplers cut fragments into sequences of
+    at most ``max_seq_len`` rows, each with its start state. Ape-X trains it from batch
+    replay only (``batch_replay: true``), which keeps those sequences whole.
+
+    n-step returns stop at sequence boundaries: postprocessing ends a row's n-step window
+    at the last row of its sequence (as if the fragment were cut there), so every row's
+    ``new_obs`` is an observation the sequence's unroll reaches. The loss unrolls the online
+    and the target network over each sequence from its stored start state, over its rows
+    and one more step on the last row's ``new_obs`` (:func:`~actorrl.policy.recurrent_q.
+    unroll_q`); row ``t`` of a sequence takes ``Q(s_t, a_t)`` at position ``t`` and its
+    next-state Q-values at position ``t + n_steps``. Padding is never part of the loss.
+    Double Q picks the next action with the online unroll, the target unroll evaluates it.
+
 Rollout workers (``worker_index >= 1``) never train, so their target network follows the
 weights they receive: ``set_weights`` syncs it. That keeps the worker-side initial
 priorities (``worker_side_prioritization``) computed with the current network.
@@ -29,10 +46,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from actorrl.batch import SampleBatch
+from actorrl.batch import SampleBatch, chop_into_sequences
 from actorrl.policy.base import LossOutput, TorchPolicy
 from actorrl.policy.config import DQNPolicyConfig, ExplorationConfig
-from actorrl.policy.models import build_encoder, build_mlp, make_model, resolve_model_config
+from actorrl.policy.models import (
+    build_encoder,
+    build_mlp,
+    make_model,
+    resolve_model_config,
+)
+from actorrl.policy.recurrent_q import RecurrentQNetwork, unroll_q
 
 N_STEPS = "n_steps"
 """Column written by n-step postprocessing: the number of env steps ``k`` between ``obs``
@@ -96,25 +119,34 @@ class CustomQNetwork(nn.Module):
 def build_q_network(obs_space: gym.Space, num_actions: int, cfg: DQNPolicyConfig
                     ) -> nn.Module:
     """The Q network for ``cfg``: ``model.custom_model`` when set (its outputs are the
-    Q-values; ``dueling`` and ``hiddens`` do not apply), else :class:`QNetwork` over
-    :func:`build_encoder` (``fcnet_activation`` defaults to relu for DQN)."""
+    Q-values; ``dueling`` and ``hiddens`` do not apply; under ``use_lstm`` it is used as it
+    is, recurrent), else :class:`RecurrentQNetwork` under ``use_lstm``, else
+    :class:`QNetwork` over :func:`build_encoder` (``fcnet_activation`` defaults to relu for
+    DQN)."""
     model_config = resolve_model_config({"fcnet_activation": "relu", **cfg.model})
     if model_config["custom_model"] is not None:
-        return CustomQNetwork(make_model(obs_space, gym.spaces.Discrete(num_actions),
-                                         num_actions, model_config))
+        model = make_model(obs_space, gym.spaces.Discrete(num_actions), num_actions,
+                           model_config)
+        return model if model_config["use_lstm"] else CustomQNetwork(model)
+    if model_config["use_lstm"]:
+        return RecurrentQNetwork(obs_space, num_actions, model_config, cfg.hiddens,
+                                 cfg.dueling)
     trunk, trunk_dim = build_encoder(obs_space, model_config)
     return QNetwork(trunk, trunk_dim, num_actions, cfg.hiddens, cfg.dueling)
 
 
 # ---- n-step returns ----------------------------------------------------------------------
-def adjust_nstep(batch: SampleBatch, n_step: int, gamma: float) -> SampleBatch:
+def adjust_nstep(batch: SampleBatch, n_step: int, gamma: float,
+                 cut_every: int | None = None) -> SampleBatch:
     """n-step transitions from consecutive ones, as a new batch.
 
     Row ``i`` becomes ``r_i + gamma r_{i+1} + ... + gamma^{k-1} r_{i+k-1}`` with ``new_obs``,
     ``terminateds`` and ``truncateds`` of row ``i+k-1``, and ``n_steps = k``, where ``k`` is
     ``n_step`` or fewer when the trajectory ends first: at a terminated or truncated row,
-    where ``eps_id`` changes, or at the end of the batch (a fragment cut). Only a
-    terminated row stops the bootstrap; truncation and cuts bootstrap from ``new_obs``.
+    where ``eps_id`` changes, at the end of the batch (a fragment cut), or, with
+    ``cut_every``, at every ``cut_every``-th row (the last rows of the sequences a
+    recurrent policy's fragment is cut into). Only a terminated row stops the bootstrap;
+    truncation and cuts bootstrap from ``new_obs``.
     """
     count = batch.count
     out = SampleBatch(dict(batch))
@@ -126,6 +158,8 @@ def adjust_nstep(batch: SampleBatch, n_step: int, gamma: float) -> SampleBatch:
                  if SampleBatch.TRUNCATEDS in batch else np.zeros(count, dtype=bool))
     ends = terminated | truncated
     ends[-1] = True
+    if cut_every is not None:
+        ends[cut_every - 1::cut_every] = True
     if SampleBatch.EPS_ID in batch:
         eps = np.asarray(batch[SampleBatch.EPS_ID])
         ends[:-1] |= eps[1:] != eps[:-1]
@@ -209,14 +243,25 @@ class DQNPolicy(TorchPolicy):
             return apex_worker_epsilon(cfg.worker_index, cfg.num_workers)
         return linear_epsilon(self.global_timestep, cfg.exploration_config)
 
-    def compute_actions(self, obs: np.ndarray, explore: bool = True
+    def compute_actions(self, obs: np.ndarray, explore: bool = True, *,
+                        state: list[np.ndarray] | None = None,
+                        prev_actions: np.ndarray | None = None,
+                        prev_rewards: np.ndarray | None = None
                         ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Epsilon-greedy actions (greedy when ``explore`` is false). Exploring advances
         ``global_timestep`` by the number of observations, as RLlib does; the rollout
-        worker may overwrite it with :meth:`on_global_timestep`."""
+        worker may overwrite it with :meth:`on_global_timestep`. A recurrent policy takes
+        each env's ``state`` (and previous actions / rewards where the model reads them)
+        and returns the state after the step as ``state_out_*`` (see
+        :mod:`actorrl.policy.base`)."""
         obs_t = torch.as_tensor(np.asarray(obs), device=self.device)
+        extras: dict[str, np.ndarray] = {}
         with torch.no_grad():
-            q_values = self.model(obs_t)
+            if self.is_recurrent:
+                q_values, _, extras = self.recurrent_step(obs_t, state, prev_actions,
+                                                          prev_rewards)
+            else:
+                q_values = self.model(obs_t)
         actions = q_values.argmax(dim=1).cpu().numpy()
         if explore:
             epsilon = self.current_epsilon()
@@ -225,16 +270,18 @@ class DQNPolicy(TorchPolicy):
                 random_actions = self._rng.integers(0, self.action_space.n, len(actions))
                 actions = np.where(explore_rows, random_actions, actions)
             self.global_timestep += len(actions)
-        return actions.astype(np.int64), {}
+        return actions.astype(np.int64), extras
 
     # ---- postprocessing ------------------------------------------------------------------
     def postprocess_trajectory(self, batch: SampleBatch) -> SampleBatch:
-        """n-step returns (:func:`adjust_nstep`, adds the ``n_steps`` column) and a
-        ``weights`` column: ones, or with ``worker_side_prioritization`` the initial replay
+        """n-step returns (:func:`adjust_nstep`, adds the ``n_steps`` column; a recurrent
+        policy's stop at its sequences' ends, see the module docstring) and a ``weights``
+        column: ones, or with ``worker_side_prioritization`` the initial replay
         priorities ``|td_error| + prioritized_replay_eps`` (RLlib's convention: the replay
         actor reads priorities of new rows from ``weights``)."""
         cfg = self.config
-        out = adjust_nstep(batch, cfg.n_step, cfg.gamma)
+        out = adjust_nstep(batch, cfg.n_step, cfg.gamma,
+                           cut_every=self.max_seq_len if self.is_recurrent else None)
         if cfg.worker_side_prioritization and out.count > 0:
             td_error = self.compute_td_error(out)
             out[SampleBatch.WEIGHTS] = (np.abs(td_error) + cfg.prioritized_replay_eps
@@ -244,24 +291,60 @@ class DQNPolicy(TorchPolicy):
         return out
 
     # ---- loss ----------------------------------------------------------------------------
+    def _q_values(self, model: nn.Module, batch: dict[str, torch.Tensor]
+                  ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """``(q_t, q_tp1_online, q_tp1)`` per row: the online Q-values of ``obs``, the
+        online Q-values of ``new_obs`` (detached; with ``double_q`` only) and the target
+        network's Q-values of ``new_obs``."""
+        if SampleBatch.SEQ_LENS in batch:
+            return self._sequence_q_values(model, batch)
+        obs, new_obs = batch[SampleBatch.OBS], batch[SampleBatch.NEXT_OBS]
+        count = obs.shape[0]
+        if self.config.double_q:
+            q_both = model(torch.cat([obs, new_obs], dim=0))
+            q_t, q_tp1_online = q_both[:count], q_both[count:].detach()
+        else:
+            q_t, q_tp1_online = model(obs), None
+        with torch.no_grad():
+            target_device = next(self.target_model.parameters()).device
+            q_tp1 = self.target_model(new_obs.to(target_device)).to(q_t.device)
+        return q_t, q_tp1_online, q_tp1
+
+    def _sequence_q_values(self, model: nn.Module, batch: dict[str, torch.Tensor]
+                           ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """:meth:`_q_values` of a sequenced batch (a recurrent Q-network): both networks
+        unrolled over each sequence and one step more, next-state Q-values read
+        ``n_steps`` positions on (see the module docstring)."""
+        q_all, layout = unroll_q(model, batch)
+        if N_STEPS not in batch:
+            raise ValueError("a sequenced DQN batch needs the n_steps column that "
+                             "DQNPolicy.postprocess_trajectory writes")
+        next_t = layout.row_t + batch[N_STEPS].long()
+        if bool((next_t > layout.seq_lens[layout.row_seq]).any()):
+            raise ValueError("an n-step transition reaches past the end of its sequence; "
+                             "a recurrent policy's n-step returns must stop at sequence "
+                             "ends (DQNPolicy.postprocess_trajectory does)")
+        q_t = q_all[layout.row_seq, layout.row_t]
+        q_tp1_online = (q_all.detach()[layout.row_seq, next_t] if self.config.double_q
+                        else None)
+        with torch.no_grad():
+            target_device = next(self.target_model.parameters()).device
+            target_batch = {k: v.to(target_device) for k, v in batch.items()}
+            q_target, _ = unroll_q(self.target_model, target_batch)
+            q_tp1 = q_target[layout.row_seq.to(target_device),
+                             next_t.to(target_device)].to(q_t.device)
+        return q_t, q_tp1_online, q_tp1
+
     def _td_error(self, model: nn.Module, batch: dict[str, torch.Tensor]
                   ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(td_error, q_t)``: ``Q(s, a) - target`` per row (target detached) and the
         online Q-values of ``obs``."""
         cfg = self.config
-        obs, new_obs = batch[SampleBatch.OBS], batch[SampleBatch.NEXT_OBS]
-        count = obs.shape[0]
-        if cfg.double_q:
-            q_both = model(torch.cat([obs, new_obs], dim=0))
-            q_t, q_tp1_online = q_both[:count], q_both[count:].detach()
-        else:
-            q_t, q_tp1_online = model(obs), None
+        q_t, q_tp1_online, q_tp1 = self._q_values(model, batch)
         actions = batch[SampleBatch.ACTIONS].long().view(-1, 1)
         q_selected = q_t.gather(1, actions).squeeze(1)
 
         with torch.no_grad():
-            target_device = next(self.target_model.parameters()).device
-            q_tp1 = self.target_model(new_obs.to(target_device)).to(q_t.device)
             if q_tp1_online is not None:
                 best = q_tp1_online.argmax(dim=1, keepdim=True)
                 q_tp1_best = q_tp1.gather(1, best).squeeze(1)
@@ -279,7 +362,9 @@ class DQNPolicy(TorchPolicy):
     def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput:
         """``mean(weights * huber(td_error))`` with the double-Q (or max) n-step target from
         the target network. Rows carry ``n_steps`` from postprocessing; without it the
-        discount is ``gamma ** n_step`` (RLlib's rule). Missing ``weights`` count as 1."""
+        discount is ``gamma ** n_step`` (RLlib's rule). Missing ``weights`` count as 1. A
+        sequenced batch (recurrent Q-network) is unrolled per sequence; the mean is over
+        its real rows."""
         td_error, q_t = self._td_error(model, batch)
         weights = batch.get(SampleBatch.WEIGHTS)
         per_row = huber_loss(td_error, self.config.huber_threshold)
@@ -298,7 +383,11 @@ class DQNPolicy(TorchPolicy):
 
     def compute_td_error(self, batch: SampleBatch) -> np.ndarray:
         """Per-row TD errors of ``batch`` with the current networks, without a gradient
-        step (for initial replay priorities)."""
+        step (for initial replay priorities). A recurrent policy's trajectory that is not
+        cut into sequences yet (a per-row ``state_in_*`` column) is unrolled as one
+        sequence from its first row's state."""
+        if self.is_recurrent and not batch.is_sequenced:
+            batch = chop_into_sequences(batch, max(batch.count, 1))
         with torch.no_grad():
             td_error, _ = self._td_error(self.model, self.batch_to_tensors(batch))
         return td_error.cpu().numpy()

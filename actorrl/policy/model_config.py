@@ -37,7 +37,8 @@ MODEL_DEFAULTS: dict[str, Any] = {
     # (MLP or conv stack) in an LSTM whose output feeds the policy and value heads (the
     # value branch has its own encoder and LSTM unless vf_share_layers). With
     # custom_model set, that class must itself implement the recurrent interface
-    # (actorrl.policy.models.RecurrentModel).
+    # (actorrl.policy.models.RecurrentModel). Ape-X / DQN: a recurrent Q-network (DQN's
+    # heads on the LSTM output), trained from batch_replay only.
     "use_lstm": False,
     # Longest sequence the loss unrolls the LSTM over; fragments are cut into sequences
     # of at most this many steps, each starting from its recorded state.

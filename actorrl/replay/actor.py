@@ -83,6 +83,10 @@ class ReplayActor:
         with self.add_batch_timer:
             for batch in batches:
                 for policy_id, rows in as_multi_agent(batch).policy_batches.items():
+                    if rows.is_sequenced:
+                        raise ValueError(
+                            "a recurrent policy's sequences reached a per-row replay shard, "
+                            "which would cut them apart: set batch_replay: true")
                     buffer = self.replay_buffers[policy_id]
                     rows = _replay_columns(rows)
                     if (self.config.worker_side_prioritization
@@ -138,7 +142,9 @@ class ReplayActor:
 class BatchReplayActor:
     """Whole-batch FIFO replay for recurrent models: keeps sample batches (evicting the
     oldest once ``buffer_size / num_shards`` steps are held) and replays a random whole
-    batch. Priorities are ignored."""
+    batch. Priorities are ignored. A recurrent policy's batches keep their sequences as
+    they came: ``seq_lens``, each sequence's ``state_in_*`` start state and the rows in
+    order (only frame-stack columns are held packed, rebuilt where a batch arrives)."""
 
     def __init__(self, config: ReplayConfig | Mapping[str, Any], *,
                  seed: int | None = None) -> None:

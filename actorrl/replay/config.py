@@ -26,7 +26,8 @@ class ReplayConfig(ConfigSection):
     num_replay_buffer_shards: int = 1
     """Replay shard actors."""
     batch_replay: bool = False
-    """Replay whole sample batches (recurrent models); no prioritization."""
+    """Replay whole sample batches (recurrent models; needs ``prioritized_replay: false``):
+    no prioritization."""
     worker_side_prioritization: bool = False
     """Workers compute initial priorities before sending samples; shards use them."""
     compress_observations: bool = False
@@ -36,7 +37,8 @@ class ReplayConfig(ConfigSection):
     """Rows per replayed batch."""
 
     def validate(self) -> list[str]:
-        """Shards >= 1 with at least one row each, non-negative starts and exponents."""
+        """Shards >= 1 with at least one row each, non-negative starts and exponents, no
+        prioritized batch replay."""
         problems = []
         if self.num_replay_buffer_shards < 1:
             problems.append(f"num_replay_buffer_shards must be >= 1, got "
@@ -48,6 +50,10 @@ class ReplayConfig(ConfigSection):
                     "prioritized_replay_eps"):
             if getattr(self, key) < 0:
                 problems.append(f"{key} must be >= 0, got {getattr(self, key)}")
+        if self.batch_replay and self.prioritized_replay:
+            problems.append("batch_replay replays whole sample batches, without priorities: "
+                            "set prioritized_replay: false with batch_replay: true (or "
+                            "batch_replay: false for prioritized replay)")
         if self.train_batch_size < 1:
             problems.append(f"train_batch_size must be >= 1, got {self.train_batch_size}")
         return problems
