@@ -10,6 +10,7 @@ the first result (start-up excluded), and ``lstm_over_ff_cartpole`` /
 cap).
 
     python benchmarks/recurrent.py [--quick]       # --quick: under 5 minutes
+    python benchmarks/recurrent.py --quick --only cartpole   # one part (others null)
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ CARTPOLE = ["--env", "CartPole-v1", "--set", "num_envs_per_worker=4",
             "--set", "model={\"fcnet_hiddens\": [64]}"]
 CARTPOLE_LSTM = ["--set", "model={\"fcnet_hiddens\": [64], \"use_lstm\": true, "
                  "\"lstm_cell_size\": 64, \"max_seq_len\": 20}"]
+
+
+PARTS = ("cartpole", "pong", "stateless")
+"""The benchmark's parts, in the order they run (``--only`` picks some)."""
 
 
 def train(args: list[str], seconds: float, workdir: Path, stop_reward: str = "none"
@@ -79,25 +84,33 @@ def main() -> None:
     """Run the comparison and print the JSON object."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="under 5 minutes")
+    parser.add_argument("--only", choices=PARTS, action="append",
+                        help="run only this part (repeatable); the others' keys are null")
     args = parser.parse_args()
+    parts = set(args.only or PARTS)
     cartpole_s, pong_s, stateless_cap_s = (25, 40, 100) if args.quick else (60, 120, 300)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="recurrent-bench-") as tmp:
         work = Path(tmp)
-        rates = {
-            "cartpole_ff": steps_per_s(train(CARTPOLE, cartpole_s, work)),
-            "cartpole_lstm": steps_per_s(train(CARTPOLE + CARTPOLE_LSTM, cartpole_s, work)),
-            "pong_ff": steps_per_s(train(["--config", "examples/pong-impala.yaml"], pong_s,
-                                         work)),
-            "pong_lstm": steps_per_s(train(["--config", "examples/pong-impala-lstm.yaml"],
-                                           pong_s, work)),
-        }
+        rates: dict[str, float | None] = dict.fromkeys(
+            ("cartpole_ff", "cartpole_lstm", "pong_ff", "pong_lstm"))
+        if "cartpole" in parts:
+            rates["cartpole_ff"] = steps_per_s(train(CARTPOLE, cartpole_s, work))
+            rates["cartpole_lstm"] = steps_per_s(train(CARTPOLE + CARTPOLE_LSTM, cartpole_s,
+                                                       work))
+        if "pong" in parts:
+            rates["pong_ff"] = steps_per_s(train(["--config", "examples/pong-impala.yaml"],
+                                                 pong_s, work))
+            rates["pong_lstm"] = steps_per_s(train(
+                ["--config", "examples/pong-impala-lstm.yaml"], pong_s, work))
         stateless = train(["--config", "examples/stateless-cartpole-impala-lstm.yaml"],
-                          stateless_cap_s, work, stop_reward="150")
+                          stateless_cap_s, work, stop_reward="150") \
+            if "stateless" in parts else []
     reached = first_reaching(stateless, 150.0)
     print(json.dumps({
         "benchmark": "recurrent",
         "quick": args.quick,
+        "parts": [part for part in PARTS if part in parts],
         "env_steps_per_s": {k: round(v, 1) if v else None for k, v in rates.items()},
         "lstm_over_ff_cartpole": ratio(rates["cartpole_lstm"], rates["cartpole_ff"]),
         "lstm_over_ff_pong": ratio(rates["pong_lstm"], rates["pong_ff"]),

@@ -23,6 +23,10 @@ Recurrent models (``model: {use_lstm: true}``, or a custom model implementing it
         the number of real steps of each sequence (>= 1; later steps are padding, their
         outputs are ignored). Returns ``outputs`` ``[B, T, num_outputs]``, ``values``
         ``[B, T]`` and the state after each sequence's last real step.
+    ``forward_rnn_outputs(inputs, state, seq_lens) -> (outputs, values)`` (optional)
+        ``forward_rnn`` without the state out, which training unrolls do not need (the
+        catalog's LSTM then skips packing the sequences); without it they call
+        ``forward_rnn``.
 
     Policies act with ``T = 1`` (one step of every env of a worker in one call) and learn
     by unrolling over the recorded sequences (:mod:`actorrl.policy.recurrent`).
@@ -360,6 +364,15 @@ class RecurrentModel(nn.Module):
         """``(outputs [B, T, n], values [B, T], state_out)`` for ``B`` padded sequences."""
         raise NotImplementedError
 
+    def forward_rnn_outputs(self, inputs: Mapping[str, torch.Tensor],
+                            state: Sequence[torch.Tensor], seq_lens: torch.Tensor
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward_rnn``'s outputs and values without the state out (what a training
+        unroll needs). Optional: a model may skip work the state out alone needs (the
+        outputs at padded steps are ignored, so they may differ)."""
+        outputs, values, _ = self.forward_rnn(inputs, state, seq_lens)
+        return outputs, values
+
 
 def is_recurrent(model: nn.Module) -> bool:
     """Whether ``model`` implements the recurrent interface."""
@@ -425,7 +438,19 @@ class LSTMActorCriticModel(RecurrentModel):
                     seq_lens: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         """See :class:`RecurrentModel`."""
-        lengths = seq_lens.detach().cpu()
+        return self._forward(inputs, state, seq_lens.detach().cpu(), need_state=True)
+
+    def forward_rnn_outputs(self, inputs: Mapping[str, torch.Tensor],
+                            state: Sequence[torch.Tensor], seq_lens: torch.Tensor
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+        """See :class:`RecurrentModel`: the LSTMs run over the padded steps too (no packing;
+        an LSTM's output at a step depends only on the steps before it)."""
+        outputs, values, _ = self._forward(inputs, state, None, need_state=False)
+        return outputs, values
+
+    def _forward(self, inputs: Mapping[str, torch.Tensor], state: Sequence[torch.Tensor],
+                 lengths: torch.Tensor | None, need_state: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         out, state_out = self._branch(self.encoder, self.lstm, inputs, state[0:2], lengths)
         outputs = self.policy_head(out)
         if self.value_lstm is not None:
@@ -436,8 +461,10 @@ class LSTMActorCriticModel(RecurrentModel):
         return outputs, self.value_head(out).squeeze(-1), state_out
 
     def _branch(self, encoder: nn.Module, lstm: nn.LSTM, inputs: Mapping[str, torch.Tensor],
-                state: Sequence[torch.Tensor], lengths: torch.Tensor
+                state: Sequence[torch.Tensor], lengths: torch.Tensor | None
                 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """One encoder + LSTM over ``[B, T]`` inputs: ``(out [B, T, cell], [h, c])``; with
+        ``lengths`` None the state out is the one after the last (possibly padded) step."""
         obs = inputs["obs"]
         batch, horizon = obs.shape[:2]
         features = encoder(obs.reshape(batch * horizon, *obs.shape[2:]))
@@ -454,7 +481,7 @@ class LSTMActorCriticModel(RecurrentModel):
                                    lstm.weight_hh_l0, lstm.bias_ih_l0, lstm.bias_hh_l0)
             return h.unsqueeze(1), [h, c]
         h0, c0 = state[0].unsqueeze(0).contiguous(), state[1].unsqueeze(0).contiguous()
-        if bool((lengths == horizon).all()):
+        if lengths is None or bool((lengths == horizon).all()):
             out, (h, c) = lstm(x, (h0, c0))
         else:
             # Packed: the state out is the state after each sequence's last real step.

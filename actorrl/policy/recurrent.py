@@ -130,7 +130,11 @@ class SequenceLayout:
                 batch[SampleBatch.PREV_REWARDS].float(),
                 None if last is None else batch[SampleBatch.REWARDS][last].float())
         state = [batch[name] for name in state_column_names(batch)]
-        outputs, values, _ = model.forward_rnn(inputs, state, self.seq_lens + extra)
+        forward_outputs = getattr(model, "forward_rnn_outputs", None)
+        if forward_outputs is not None:  # no state out needed: the model may skip packing
+            outputs, values = forward_outputs(inputs, state, self.seq_lens + extra)
+        else:
+            outputs, values, _ = model.forward_rnn(inputs, state, self.seq_lens + extra)
         bootstrap_values = values[seq_range, self.seq_lens] if bootstrap else None
         return self.gather(outputs), self.gather(values), bootstrap_values
 
