@@ -199,7 +199,7 @@ class Bench:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"only {len(self.coordinator.nodes)} of {count} nodes "
                                    f"joined; see the logs in {self.root}")
-            await self.coordinator._wait_change(1.0)
+            await self.coordinator.wait_change(1.0)
 
     async def close(self) -> None:
         """Stop the nodes and the coordinator."""
