@@ -134,6 +134,34 @@ def test_the_lstm_wraps_a_conv_encoder():
     torch.testing.assert_close(state_out[0][1], short_out[0][0])
 
 
+@pytest.mark.parametrize("action_space", [gym.spaces.Discrete(3),
+                                          gym.spaces.Box(-1.0, 1.0, (2,), np.float32)])
+def test_the_lstm_acting_step_equals_a_one_step_unroll(action_space):
+    """forward_step (what workers act with) gives forward_rnn's outputs, values and state
+    for sequences of length 1, previous actions and rewards included."""
+    num_outputs = 3 if isinstance(action_space, gym.spaces.Discrete) else 4
+    model = make_model(gym.spaces.Box(-1.0, 1.0, (4,), np.float32), action_space,
+                       num_outputs, {**LSTM_MODEL, "lstm_use_prev_action": True,
+                                     "lstm_use_prev_reward": True})
+    generator = torch.Generator().manual_seed(3)
+    obs = torch.randn(5, 4, generator=generator)
+    prev_actions = (torch.tensor([0, 2, 1, 1, 0]) if num_outputs == 3
+                    else torch.randn(5, 2, generator=generator))
+    prev_rewards = torch.randn(5, generator=generator)
+    state = [torch.randn(5, 8, generator=generator) for _ in model.get_initial_state()]
+    with torch.no_grad():
+        outputs, values, state_out = model.forward_step(obs, state, prev_actions,
+                                                        prev_rewards)
+        expected = model.forward_rnn({"obs": obs[:, None], "prev_actions": prev_actions[:, None],
+                                      "prev_rewards": prev_rewards[:, None]},
+                                     state, torch.ones(5, dtype=torch.int64))
+    torch.testing.assert_close(outputs, expected[0][:, 0])
+    torch.testing.assert_close(values, expected[1][:, 0])
+    assert len(state_out) == len(expected[2]) == 4
+    for got, want in zip(state_out, expected[2]):
+        torch.testing.assert_close(got, want)
+        assert not torch.equal(got, state[0])
+
 # ---- rollout: state carried per env slot ---------------------------------------------------
 def _state_out(policy, row_state, obs, prev_action=None, prev_reward=None) -> list[np.ndarray]:
     _, extras = policy.compute_actions(

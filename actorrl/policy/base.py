@@ -171,12 +171,13 @@ class TorchPolicy:
             raise ValueError("model option 'lstm_use_prev_action' is set: pass prev_actions=")
         if inputs.prev_rewards and prev_rewards is None:
             raise ValueError("model option 'lstm_use_prev_reward' is set: pass prev_rewards=")
-        state_t = [torch.as_tensor(np.asarray(s), device=self.device) for s in state]
+        device = self.device
+        # as_tensor on a CPU device views the arrays (no copy)
+        state_t = [torch.as_tensor(s, device=device) for s in state]
         outputs, values, state_out = step_model(
             self.model, obs, state_t,
-            torch.as_tensor(np.asarray(prev_actions), device=self.device)
-            if inputs.prev_actions else None,
-            torch.as_tensor(np.asarray(prev_rewards, dtype=np.float32), device=self.device)
+            torch.as_tensor(prev_actions, device=device) if inputs.prev_actions else None,
+            torch.as_tensor(np.asarray(prev_rewards, dtype=np.float32), device=device)
             if inputs.prev_rewards else None)
         return outputs, values, {f"{SampleBatch.STATE_OUT}{i}": s.detach().cpu().numpy()
                                  for i, s in enumerate(state_out)}

@@ -27,6 +27,11 @@ Recurrent models (``model: {use_lstm: true}``, or a custom model implementing it
         ``forward_rnn`` without the state out, which training unrolls do not need (the
         catalog's LSTM then skips packing the sequences); without it they call
         ``forward_rnn``.
+    ``forward_step(obs, state, prev_actions, prev_rewards) -> (outputs, values, state_out)``
+        (Optional.) One step of ``B`` envs without the time axis: ``obs`` ``[B, *obs]``,
+        ``prev_actions`` / ``prev_rewards`` as read (else None); returns ``[B, n]``,
+        ``[B]`` and the state after the step. Acting uses it when present (the catalog's
+        LSTM has it), else ``forward_rnn`` with ``T = 1``; it must equal that.
 
     Policies act with ``T = 1`` (one step of every env of a worker in one call) and learn
     by unrolling over the recorded sequences (:mod:`actorrl.policy.recurrent`).
@@ -447,6 +452,44 @@ class LSTMActorCriticModel(RecurrentModel):
         an LSTM's output at a step depends only on the steps before it)."""
         outputs, values, _ = self._forward(inputs, state, None, need_state=False)
         return outputs, values
+
+    def forward_step(self, obs: torch.Tensor, state: Sequence[torch.Tensor],
+                     prev_actions: torch.Tensor | None = None,
+                     prev_rewards: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """One step of ``B`` envs (acting): ``obs`` ``[B, *obs]``, ``state`` ``[B, ...]`` per
+        tensor, ``prev_actions`` / ``prev_rewards`` ``[B, ...]`` when the model reads them.
+        Returns ``(outputs [B, n], values [B], state_out)``: what :meth:`forward_rnn` gives
+        for sequences of length 1, without its time axis and generic inputs."""
+        extra: list[torch.Tensor] = []
+        if self.use_prev_action:
+            assert prev_actions is not None
+            extra.append(self._prev_action_features(prev_actions[:, None])[:, 0])
+        if self.use_prev_reward:
+            assert prev_rewards is not None
+            extra.append(prev_rewards.float().reshape(-1, 1))
+        h, c = self._step_branch(self.encoder, self.lstm, obs, state[0], state[1], extra)
+        outputs = self.policy_head(h)
+        state_out = [h, c]
+        if self.value_lstm is not None:
+            assert self.value_encoder is not None
+            h, c = self._step_branch(self.value_encoder, self.value_lstm, obs, state[2],
+                                     state[3], extra)
+            state_out += [h, c]
+        return outputs, self.value_head(h).squeeze(-1), state_out
+
+    @staticmethod
+    def _step_branch(encoder: nn.Module, lstm: nn.LSTM, obs: torch.Tensor, h: torch.Tensor,
+                     c: torch.Tensor, extra: Sequence[torch.Tensor]
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One encoder + LSTM cell step: the new ``(h, c)``, ``[B, cell]`` each."""
+        x = encoder(obs)
+        if extra:
+            x = torch.cat([x, *extra], dim=-1)
+        # The cell function, without nn.LSTM's per-call weight checks (~1.7x faster for
+        # small cells; equal to float rounding).
+        return torch.lstm_cell(x, (h, c), lstm.weight_ih_l0, lstm.weight_hh_l0,
+                               lstm.bias_ih_l0, lstm.bias_hh_l0)
 
     def _forward(self, inputs: Mapping[str, torch.Tensor], state: Sequence[torch.Tensor],
                  lengths: torch.Tensor | None, need_state: bool

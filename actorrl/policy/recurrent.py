@@ -50,7 +50,13 @@ def initial_state(model: nn.Module) -> list[np.ndarray]:
 def step_model(model: nn.Module, obs: torch.Tensor, state: Sequence[torch.Tensor],
                prev_actions: torch.Tensor | None, prev_rewards: torch.Tensor | None
                ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-    """One step of ``B`` envs: ``(outputs [B, n], values [B], state_out)``."""
+    """One step of ``B`` envs: ``(outputs [B, n], values [B], state_out)``. Uses the
+    model's ``forward_step`` when it has one (no time axis, no ``seq_lens``), else
+    ``forward_rnn`` on sequences of length 1."""
+    forward_step = getattr(model, "forward_step", None)
+    if forward_step is not None:
+        outputs, values, state_out = forward_step(obs, state, prev_actions, prev_rewards)
+        return outputs, values, list(state_out)
     inputs = {SampleBatch.OBS: obs.unsqueeze(1)}
     if prev_actions is not None:
         inputs[SampleBatch.PREV_ACTIONS] = prev_actions.unsqueeze(1)

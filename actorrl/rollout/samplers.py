@@ -202,15 +202,21 @@ class _RecurrentSlots:
     def advance(self, actions: np.ndarray, rewards: np.ndarray, dones: np.ndarray) -> None:
         """Move to the next step: the state outputs become the inputs; slots whose episode
         ended start again from the initial state."""
-        # New arrays every step: the stored rows of this step keep viewing the old ones.
-        self.state = [np.array(s, copy=True) for s in self._next_state]
-        self.prev_actions = np.array(actions, dtype=self.prev_actions.dtype, copy=True)
-        self.prev_rewards = np.array(rewards, dtype=np.float32, copy=True)
-        for i in np.flatnonzero(dones).tolist():
+        # The stored rows of this step view the current arrays, so nothing is written into
+        # them: the next step's arrays are the policy's outputs (and this step's actions and
+        # rewards) as they are, copied only where an ended episode's slot must be reset.
+        self.state = self._next_state
+        self.prev_actions = np.asarray(actions, dtype=self.prev_actions.dtype)
+        self.prev_rewards = np.asarray(rewards, dtype=np.float32)
+        ended = np.flatnonzero(dones)
+        if len(ended):
+            self.state = [s.copy() for s in self.state]
+            self.prev_actions = self.prev_actions.copy()
+            self.prev_rewards = self.prev_rewards.copy()
             for state, start in zip(self.state, self.initial):
-                state[i] = start
-            self.prev_actions[i] = 0
-            self.prev_rewards[i] = 0.0
+                state[ended] = start
+            self.prev_actions[ended] = 0
+            self.prev_rewards[ended] = 0.0
 
 
 @dataclass
