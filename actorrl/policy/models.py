@@ -517,23 +517,33 @@ class LSTMActorCriticModel(RecurrentModel):
         if self.use_prev_reward:
             parts.append(inputs["prev_rewards"].float().reshape(batch, horizon, 1))
         x = torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
-        if horizon == 1:
-            # One step (acting in a worker): the cell function, without nn.LSTM's per-call
-            # weight checks (~1.7x faster for small cells; equal to float rounding).
-            h, c = torch.lstm_cell(x[:, 0], (state[0], state[1]), lstm.weight_ih_l0,
-                                   lstm.weight_hh_l0, lstm.bias_ih_l0, lstm.bias_hh_l0)
-            return h.unsqueeze(1), [h, c]
-        h0, c0 = state[0].unsqueeze(0).contiguous(), state[1].unsqueeze(0).contiguous()
-        if lengths is None or bool((lengths == horizon).all()):
-            out, (h, c) = lstm(x, (h0, c0))
-        else:
-            # Packed: the state out is the state after each sequence's last real step.
-            packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True,
-                                                       enforce_sorted=False)
-            packed_out, (h, c) = lstm(packed, (h0, c0))
-            out, _ = nn.utils.rnn.pad_packed_sequence(packed_out, batch_first=True,
-                                                      total_length=horizon)
-        return out, [h[0], c[0]]
+        return run_lstm(lstm, x, state, lengths)
+
+
+def run_lstm(lstm: nn.LSTM, x: torch.Tensor, state: Sequence[torch.Tensor],
+             lengths: torch.Tensor | None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """``lstm`` (batch first) over ``x`` ``[B, T, in]`` from ``state`` (``[h, c]``, ``[B,
+    cell]`` each): ``(out [B, T, cell], [h, c])``. With ``lengths`` (``[B]``, on the CPU)
+    the state out is the one after each sequence's last real step; with None, after the
+    last (possibly padded) step. Outputs past a sequence's length are padding."""
+    horizon = x.shape[1]
+    if horizon == 1:
+        # One step (acting in a worker): the cell function, without nn.LSTM's per-call
+        # weight checks (~1.7x faster for small cells; equal to float rounding).
+        h, c = torch.lstm_cell(x[:, 0], (state[0], state[1]), lstm.weight_ih_l0,
+                               lstm.weight_hh_l0, lstm.bias_ih_l0, lstm.bias_hh_l0)
+        return h.unsqueeze(1), [h, c]
+    h0, c0 = state[0].unsqueeze(0).contiguous(), state[1].unsqueeze(0).contiguous()
+    if lengths is None or bool((lengths == horizon).all()):
+        out, (h, c) = lstm(x, (h0, c0))
+    else:
+        # Packed: the state out is the state after each sequence's last real step.
+        packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True,
+                                                   enforce_sorted=False)
+        packed_out, (h, c) = lstm(packed, (h0, c0))
+        out, _ = nn.utils.rnn.pad_packed_sequence(packed_out, batch_first=True,
+                                                  total_length=horizon)
+    return out, [h[0], c[0]]
 
 
 def make_model(obs_space: gym.Space, action_space: gym.Space, num_outputs: int,

@@ -30,32 +30,8 @@ from torch import nn
 
 from actorrl.batch import SampleBatch
 from actorrl.policy.model_config import resolve_model_config
-from actorrl.policy.models import RecurrentModel, build_encoder, build_mlp
+from actorrl.policy.models import RecurrentModel, build_encoder, build_mlp, run_lstm
 from actorrl.policy.recurrent import SequenceLayout, state_column_names
-
-
-def run_lstm(lstm: nn.LSTM, x: torch.Tensor, state: Sequence[torch.Tensor],
-             seq_lens: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """``lstm`` (batch first) over ``x`` ``[B, T, in]`` from ``state`` (``[h, c]``,
-    ``[B, cell]`` each): ``(out [B, T, cell], [h, c] after each sequence's last real
-    step)``. Steps past ``seq_lens`` are padding (their outputs are not used)."""
-    horizon = x.shape[1]
-    if horizon == 1:
-        # One step (acting): the cell function, without nn.LSTM's per-call checks.
-        h, c = torch.lstm_cell(x[:, 0], (state[0], state[1]), lstm.weight_ih_l0,
-                               lstm.weight_hh_l0, lstm.bias_ih_l0, lstm.bias_hh_l0)
-        return h.unsqueeze(1), [h, c]
-    h0, c0 = state[0].unsqueeze(0).contiguous(), state[1].unsqueeze(0).contiguous()
-    lengths = seq_lens.detach().cpu()
-    if bool((lengths == horizon).all()):
-        out, (h, c) = lstm(x, (h0, c0))
-    else:  # packed: the state out is the state after each sequence's last real step
-        packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True,
-                                                   enforce_sorted=False)
-        packed_out, (h, c) = lstm(packed, (h0, c0))
-        out, _ = nn.utils.rnn.pad_packed_sequence(packed_out, batch_first=True,
-                                                  total_length=horizon)
-    return out, [h[0], c[0]]
 
 
 class RecurrentQNetwork(RecurrentModel):
@@ -99,7 +75,7 @@ class RecurrentQNetwork(RecurrentModel):
         if self.use_prev_reward:
             parts.append(inputs[SampleBatch.PREV_REWARDS].float().reshape(batch, horizon, 1))
         x = torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
-        out, state_out = run_lstm(self.lstm, x, state, seq_lens)
+        out, state_out = run_lstm(self.lstm, x, state, seq_lens.detach().cpu())
         advantages = self.advantage(out)
         if self.value is None:
             q = advantages
