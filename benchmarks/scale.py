@@ -182,12 +182,16 @@ class Bench:
         self.coordinator.start()
         self.address = self.runtime.server.endpoints[-1]
         self.nodes = NodeAgents(self.address, self.root)
-        self.nodes.start("learner", 2)
         self.worker_nodes = [f"workers-{i}" for i in range(WORKER_NODES)]
-        for name in self.worker_nodes:
-            self.nodes.start(name, NODE_CPUS)
-        await self.wait_nodes(1 + WORKER_NODES)
-        await self.warm_up()
+        try:
+            self.nodes.start("learner", 2)
+            for name in self.worker_nodes:
+                self.nodes.start(name, NODE_CPUS)
+            await self.wait_nodes(1 + WORKER_NODES)
+            await self.warm_up()
+        except BaseException:  # a failed start leaves no node agent behind
+            await self.close()
+            raise
         self.lost: list[tuple[float, str]] = []
         self.coordinator.on_node_lost.append(
             lambda node, reason: self.lost.append((time.perf_counter(), node.name)))
