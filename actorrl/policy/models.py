@@ -443,14 +443,14 @@ class LSTMActorCriticModel(RecurrentModel):
                     seq_lens: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         """See :class:`RecurrentModel`."""
-        return self._forward(inputs, state, seq_lens.detach().cpu(), need_state=True)
+        return self._forward(inputs, state, seq_lens.detach().cpu())
 
     def forward_rnn_outputs(self, inputs: Mapping[str, torch.Tensor],
                             state: Sequence[torch.Tensor], seq_lens: torch.Tensor
                             ) -> tuple[torch.Tensor, torch.Tensor]:
         """See :class:`RecurrentModel`: the LSTMs run over the padded steps too (no packing;
         an LSTM's output at a step depends only on the steps before it)."""
-        outputs, values, _ = self._forward(inputs, state, None, need_state=False)
+        outputs, values, _ = self._forward(inputs, state, None)
         return outputs, values
 
     def forward_step(self, obs: torch.Tensor, state: Sequence[torch.Tensor],
@@ -492,7 +492,7 @@ class LSTMActorCriticModel(RecurrentModel):
                                lstm.bias_ih_l0, lstm.bias_hh_l0)
 
     def _forward(self, inputs: Mapping[str, torch.Tensor], state: Sequence[torch.Tensor],
-                 lengths: torch.Tensor | None, need_state: bool
+                 lengths: torch.Tensor | None
                  ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         out, state_out = self._branch(self.encoder, self.lstm, inputs, state[0:2], lengths)
         outputs = self.policy_head(out)
