@@ -39,3 +39,27 @@ def test_training_never_imports_torch_in_the_driver() -> None:
     lines = out.stdout.split("\n")
     assert "apex True False" in lines, out.stdout
     assert "a2c True False" in lines, out.stdout
+
+
+GRADIENT_WORKER = textwrap.dedent("""
+    import sys
+    from actorrl.algorithms import get_algorithm
+    from actorrl.config import load_config
+    from actorrl.rollout.worker import RolloutWorker
+
+    spec = get_algorithm("a3c")
+    config = load_config(spec.config_cls, {"rollout_fragment_length": 20, "seed": 0})
+    worker = RolloutWorker("CartPole-v1", spec.policy, config.worker_config())
+    grads, info = worker.compute_gradients(worker.sample())
+    print(len(grads) > 0, "torch._dynamo" in sys.modules, flush=True)
+""")
+
+
+def test_a_gradient_worker_never_imports_the_compiler_stack() -> None:
+    """An A3C worker samples and computes gradients without building an optimizer, so it
+    never imports ``torch._dynamo`` (seconds of CPU and ~70 MB per worker); only the
+    process that applies gradients steps an optimizer."""
+    out = subprocess.run([sys.executable, "-c", GRADIENT_WORKER], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "False"], out.stdout

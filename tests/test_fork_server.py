@@ -46,6 +46,15 @@ async def test_forked_actors_are_children_of_one_server_that_imported_torch():
             assert Path(f"/proc/{process.pid}/comm").read_text().strip() == "arl:ProcessInfo"
 
 
+async def test_the_preload_list_comes_from_the_environment_when_set(monkeypatch):
+    """``ACTORRL_FORK_PRELOAD`` replaces what the server imports: with ``json`` only, an
+    actor starts without torch; unset, with it (the previous test)."""
+    monkeypatch.setenv("ACTORRL_FORK_PRELOAD", "json")
+    async with Driver.start(start_method="fork") as driver:
+        actor = await driver.create_actor(INFO)
+        assert not await driver.get(actor.had_torch_before_first_call.remote(), timeout_s=30)
+
+
 async def test_forked_actors_share_the_servers_memory_spawned_ones_do_not():
     """A forked actor shares the server's written pages (the imported modules): tens of MB
     of shared dirty memory, against next to none for a spawned interpreter."""

@@ -17,6 +17,8 @@ from actorrl.runtime.node import log_label
 from transport.codec import EXT_ARRAY, DecodeError, decode
 from transport.rpc import RpcClient
 
+pytestmark = pytest.mark.usefixtures("light_fork_server")  # test actors need no torch
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

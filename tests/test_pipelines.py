@@ -5,6 +5,7 @@ process and event loop)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import numpy as np
@@ -338,6 +339,16 @@ async def test_apex_priorities_never_reach_a_replacement_shard_it_did_not_replay
         trained = pipeline.num_steps_trained
         await _until(lambda: pipeline.num_steps_trained >= trained + 32 * 30, pipeline,
                      timeout_s=120)
+
+        async def until_the_replacement_is_updated() -> None:
+            # Under load the replacement may still be filling to learning_starts after the
+            # rows above (trained from the other shard): go on until it has been replayed.
+            while not (await driver.get(replacements[0].record.remote(),
+                                        timeout_s=30))["updates"]:
+                await pipeline.step(timeout_s=0.5)
+
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(until_the_replacement_is_updated(), 120)
         await pipeline.stop()
         record = await driver.get(replacements[0].record.remote(), timeout_s=30)
         served = set(record["served"])

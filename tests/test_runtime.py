@@ -18,6 +18,8 @@ from tests.helpers.procs import pids_alive
 from tests.helpers.waiting import wait_until
 from transport.codec import EncodeError
 
+pytestmark = pytest.mark.usefixtures("light_fork_server")  # test actors need no torch
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

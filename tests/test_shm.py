@@ -28,7 +28,8 @@ from transport.codec import _SHM_HEAD, EXT_SHM_ARRAY, Codec, DecodeError
 from transport.rpc import LOCAL_ID_BIT, RpcClient, RpcServer
 from transport.timeouts import wait_for
 
-pytestmark = pytest.mark.skipif(not shm.available(), reason="no writable /dev/shm")
+pytestmark = [pytest.mark.skipif(not shm.available(), reason="no writable /dev/shm"),
+              pytest.mark.usefixtures("light_fork_server")]  # test actors need no torch
 
 BIG = 2 * 2**20  # bytes per big array: above the 256 KiB threshold
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -196,7 +196,9 @@ class TorchPolicy:
         """Gradients of the loss on ``batch`` as numpy arrays (one per parameter), and info
         with ``batch_count`` and ``learner_stats``."""
         self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
+        # The model's zero_grad, not the optimizer's: a worker that only computes gradients
+        # (A3C) never builds an optimizer, and so never imports torch's compiler stack.
+        self.model.zero_grad(set_to_none=True)
         out = self.loss(self.model, self.batch_to_tensors(batch))
         out.loss.backward()
         grads = [

@@ -34,7 +34,7 @@ import socket
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
 from actorrl.runtime import fork_protocol as protocol
@@ -56,6 +56,20 @@ PRELOAD_MODULES: tuple[str, ...] = (
 )
 """What the server imports before its first fork (each best-effort: one that fails to
 import is skipped, and the actor that needs it imports it itself)."""
+
+PRELOAD_ENV = "ACTORRL_FORK_PRELOAD"
+"""Environment variable replacing :data:`PRELOAD_MODULES`: comma-separated module names
+(empty: only the actor entry point), for nodes whose actors need less than an RL stack."""
+
+
+def preload_modules(environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
+    """The modules to preload: ``ACTORRL_FORK_PRELOAD``'s list when set (the actor entry
+    point always included), else :data:`PRELOAD_MODULES`."""
+    listed = environ.get(PRELOAD_ENV)
+    if listed is None:
+        return PRELOAD_MODULES
+    names = [name.strip() for name in listed.split(",") if name.strip()]
+    return tuple(dict.fromkeys([*names, "actorrl.runtime.actor_main"]))
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
@@ -227,7 +241,7 @@ def main() -> None:
     control_fd, lifeline_fd = int(sys.argv[1]), int(sys.argv[2])
     control = socket.socket(fileno=control_fd)
     started = time.monotonic()
-    loaded = preload(PRELOAD_MODULES)
+    loaded = preload(preload_modules())
     gc.collect()
     gc.freeze()  # children never write GC headers of the preloaded objects
     server = ForkServer(control, lifeline_fd)
