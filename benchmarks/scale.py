@@ -71,11 +71,15 @@ from actorrl.config import load_config  # noqa: E402
 from actorrl.runtime.cluster_driver import ClusterDriver  # noqa: E402
 from actorrl.runtime.coordinator import Coordinator  # noqa: E402
 from actorrl.runtime.core import Runtime  # noqa: E402
+from actorrl.runtime.fork_server import PRELOAD_ENV, PRELOAD_MODULES  # noqa: E402
 from actorrl.runtime.network import Network  # noqa: E402
 from transport.sockets import new_event_loop  # noqa: E402
 
-SIM_WORKER = "tests.actors.simulated:SimulatedWorker"
-SINK_LEARNER = "tests.actors.simulated:SinkLearner"
+SIM_MODULE = "tests.actors.simulated"
+"""Preloaded by the nodes' fork servers besides the usual modules: the stand-ins' prebuilt
+fragments then reach every forked worker in shared pages."""
+SIM_WORKER = f"{SIM_MODULE}:SimulatedWorker"
+SINK_LEARNER = f"{SIM_MODULE}:SinkLearner"
 CLI = [sys.executable, "-m", "actorrl.cli_cluster"]
 FRAGMENT = 50
 WORKER_NODES = 4
@@ -119,7 +123,8 @@ class NodeAgents:
     def start(self, name: str, cpus: float) -> None:
         """Start node ``name`` offering ``cpus`` CPUs."""
         self.count += 1
-        env = {**os.environ, "PYTHONPATH": str(REPO), "ACTORRL_LOG_LEVEL": "WARNING"}
+        env = {**os.environ, "PYTHONPATH": str(REPO), "ACTORRL_LOG_LEVEL": "WARNING",
+               PRELOAD_ENV: ",".join([*PRELOAD_MODULES, SIM_MODULE])}
         with open(os.path.join(self.root, f"{name}.log"), "ab") as log:
             self.procs[name] = subprocess.Popen(
                 [*CLI, "node", "join", self.address, "--host", f"127.0.0.{10 + self.count}",

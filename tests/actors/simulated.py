@@ -92,10 +92,16 @@ def cartpole_fragment(seed: int = 0, steps: int = FRAGMENT_STEPS) -> SampleBatch
 
 FRAGMENTS = {"pong": pong_fragment, "cartpole": cartpole_fragment}
 
+PREBUILT: dict[str, SampleBatch] = {kind: build() for kind, build in FRAGMENTS.items()}
+"""One fragment of each kind, built when this module is imported. A node whose fork server
+preloads this module (``ACTORRL_FORK_PRELOAD``, as ``benchmarks/scale.py`` sets it) hands
+them to every worker it forks in shared pages, so a simulated worker's start costs what the
+runtime does to start an actor, not building ~1.4 MB of frames (half its start CPU)."""
+
 
 class SimulatedWorker:
-    """A rollout worker that samples nothing: ``sample_ref`` keeps a prebuilt fragment
-    here (a fresh object each call, as a real worker's) and replies with its ref.
+    """A rollout worker that samples nothing: ``sample_ref`` keeps the prebuilt fragment
+    (:data:`PREBUILT`) here and replies with its ref.
     Constructor as :class:`~actorrl.rollout.actor.RolloutWorkerActor`."""
 
     def __init__(self, env: str, policy: str, config: Mapping[str, Any] | ConfigSection,
@@ -106,7 +112,7 @@ class SimulatedWorker:
         if kind not in FRAGMENTS:
             raise ValueError(f"env_config sim_batch must be one of {sorted(FRAGMENTS)}, "
                              f"got {kind!r}")
-        self.batch = FRAGMENTS[kind](worker_index)
+        self.batch = PREBUILT[kind]
         rate = float(settings.get("sim_rate_hz", 0.0))
         self.interval_s = 1.0 / rate if rate > 0 else 0.0
         self.next_at = 0.0
