@@ -18,8 +18,8 @@ GROUPS = ("unit", "process", "cluster", "learning")
 UNIT_MODULES = {
     "test_actor_critic", "test_atari", "test_codec", "test_config_components", "test_dqn",
     "test_envs", "test_experiment", "test_frame_replay", "test_frames", "test_impala_policy",
-    "test_layering", "test_learner", "test_metrics", "test_models", "test_readme",
-    "test_replay", "test_rollout", "test_timeouts", "test_vtrace"}
+    "test_layering", "test_learner", "test_metrics", "test_models", "test_paired_lstm",
+    "test_readme", "test_replay", "test_rollout", "test_timeouts", "test_vtrace"}
 """Modules whose tests run in this process only (no child processes)."""
 CLUSTER_MODULES = {"test_cluster", "test_node_join"}
 """Modules that start coordinators and node agents."""

@@ -100,7 +100,7 @@ class ActorCriticPolicy(TorchPolicy):
         return make_model(self.observation_space, self.action_space, num_outputs,
                           self.config.model)
 
-    @torch.no_grad()
+    @torch.inference_mode()  # cheaper per op than no_grad; nothing here trains
     def compute_actions(self, obs: np.ndarray, explore: bool = True, *,
                         state: list[np.ndarray] | None = None,
                         prev_actions: np.ndarray | None = None,

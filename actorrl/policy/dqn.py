@@ -256,7 +256,7 @@ class DQNPolicy(TorchPolicy):
         :mod:`actorrl.policy.base`)."""
         obs_t = torch.as_tensor(np.asarray(obs), device=self.device)
         extras: dict[str, np.ndarray] = {}
-        with torch.no_grad():
+        with torch.inference_mode():  # cheaper per op than no_grad; nothing here trains
             if self.is_recurrent:
                 q_values, _, extras = self.recurrent_step(obs_t, state, prev_actions,
                                                           prev_rewards)

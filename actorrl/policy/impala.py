@@ -117,7 +117,7 @@ class ImpalaPolicy(TorchPolicy):
         :mod:`actorrl.policy.base`)."""
         obs_t = torch.as_tensor(np.asarray(obs), device=self.device)
         state_out: dict[str, np.ndarray] = {}
-        with torch.no_grad():
+        with torch.inference_mode():  # cheaper per op than no_grad; nothing here trains
             if self.is_recurrent:
                 dist_inputs, _, state_out = self.recurrent_step(obs_t, state, prev_actions,
                                                                 prev_rewards)

@@ -69,6 +69,7 @@ from torch import nn
 
 from actorrl.classpath import resolve_callable
 from actorrl.policy.model_config import missing_recurrent_methods, resolve_model_config
+from actorrl.policy.paired_lstm import PairedBranches
 from actorrl.spaces import needs_flattening
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {
@@ -426,6 +427,14 @@ class LSTMActorCriticModel(RecurrentModel):
             self.value_encoder, _ = build_encoder(obs_space, cfg)
             self.value_lstm = nn.LSTM(in_dim, self.cell_size, batch_first=True)
         self.value_head = normc_init_(nn.Linear(self.cell_size, 1), 1.0)
+        self.paired: PairedBranches | None = None
+        """Both branches stepped as one network when acting (see
+        :mod:`actorrl.policy.paired_lstm`); None: stepped one after the other."""
+        if self.value_lstm is not None and PairedBranches.supports(
+                self.encoder, self.value_encoder, self.lstm, self.value_lstm):
+            # Acting steps both small branches as one network (half the ops).
+            self.paired = PairedBranches(self.encoder, self.value_encoder, self.lstm,
+                                          self.value_lstm)
 
     def get_initial_state(self) -> list[torch.Tensor]:
         """Zero hidden and cell states, ``[lstm_cell_size]`` each (the value branch's own
@@ -468,6 +477,10 @@ class LSTMActorCriticModel(RecurrentModel):
         if self.use_prev_reward:
             assert prev_rewards is not None
             extra.append(prev_rewards.float().reshape(-1, 1))
+        if self.paired is not None and not torch.is_grad_enabled():
+            state_out = self.paired.step(obs, state, extra)
+            return (self.policy_head(state_out[0]), self.value_head(state_out[2]).squeeze(-1),
+                    state_out)
         h, c = self._step_branch(self.encoder, self.lstm, obs, state[0], state[1], extra)
         outputs = self.policy_head(h)
         state_out = [h, c]
