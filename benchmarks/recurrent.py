@@ -2,8 +2,9 @@
 
 Prints one JSON object. In the same run, IMPALA with and without ``use_lstm`` on CartPole-v1
 and on Pong (``examples/pong-impala.yaml`` and ``examples/pong-impala-lstm.yaml``), each
-trained for a fixed time through ``actorrl train`` as a user runs it: env steps/s after
-the first result (start-up excluded), and ``lstm_over_ff_cartpole`` /
+trained for a fixed time through ``actorrl train`` as a user runs it, twice, alternating
+feed-forward and LSTM: mean env steps/s after the first result (start-up excluded),
+each round's ratio in ``lstm_over_ff_per_round``, and ``lstm_over_ff_cartpole`` /
 ``lstm_over_ff_pong``, the LSTM's rate over the feed-forward one (aim: >= 0.7). Then
 ``examples/stateless-cartpole-impala-lstm.yaml`` trains until a mean return of 150:
 ``stateless_steps_to_150`` and ``stateless_seconds_to_150`` (null if not reached in the
@@ -75,6 +76,24 @@ def first_reaching(results: list[dict[str, Any]], threshold: float) -> dict[str,
     return None
 
 
+def interleaved(ff_args: list[str], lstm_args: list[str], seconds: float, work: Path,
+                rounds: int = 2) -> tuple[float | None, float | None, list[float | None]]:
+    """Feed-forward and LSTM runs of ``seconds`` each, alternated ``rounds`` times (this
+    machine's speed drifts from minute to minute; alternating spreads the drift over both):
+    the mean env steps/s of each, and each round's LSTM-over-FF ratio."""
+    ff_rates, lstm_rates = [], []
+    for _ in range(rounds):
+        ff_rates.append(steps_per_s(train(ff_args, seconds, work)))
+        lstm_rates.append(steps_per_s(train(lstm_args, seconds, work)))
+
+    def mean(values: list[float | None]) -> float | None:
+        known = [v for v in values if v]
+        return sum(known) / len(known) if len(known) == len(values) else None
+
+    return (mean(ff_rates), mean(lstm_rates),
+            [ratio(lstm, ff) for ff, lstm in zip(ff_rates, lstm_rates, strict=True)])
+
+
 def ratio(numerator: float | None, denominator: float | None) -> float | None:
     """``numerator / denominator`` rounded, or None when either is missing."""
     return round(numerator / denominator, 3) if numerator and denominator else None
@@ -88,21 +107,20 @@ def main() -> None:
                         help="run only this part (repeatable); the others' keys are null")
     args = parser.parse_args()
     parts = set(args.only or PARTS)
-    cartpole_s, pong_s, stateless_cap_s = (25, 40, 100) if args.quick else (60, 120, 300)
+    cartpole_s, pong_s, stateless_cap_s = (15, 25, 100) if args.quick else (30, 60, 300)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="recurrent-bench-") as tmp:
         work = Path(tmp)
         rates: dict[str, float | None] = dict.fromkeys(
             ("cartpole_ff", "cartpole_lstm", "pong_ff", "pong_lstm"))
+        pair_ratios: dict[str, list[float | None]] = {"cartpole": [], "pong": []}
         if "cartpole" in parts:
-            rates["cartpole_ff"] = steps_per_s(train(CARTPOLE, cartpole_s, work))
-            rates["cartpole_lstm"] = steps_per_s(train(CARTPOLE + CARTPOLE_LSTM, cartpole_s,
-                                                       work))
+            rates["cartpole_ff"], rates["cartpole_lstm"], pair_ratios["cartpole"] = \
+                interleaved(CARTPOLE, CARTPOLE + CARTPOLE_LSTM, cartpole_s, work)
         if "pong" in parts:
-            rates["pong_ff"] = steps_per_s(train(["--config", "examples/pong-impala.yaml"],
-                                                 pong_s, work))
-            rates["pong_lstm"] = steps_per_s(train(
-                ["--config", "examples/pong-impala-lstm.yaml"], pong_s, work))
+            rates["pong_ff"], rates["pong_lstm"], pair_ratios["pong"] = interleaved(
+                ["--config", "examples/pong-impala.yaml"],
+                ["--config", "examples/pong-impala-lstm.yaml"], pong_s, work)
         stateless = train(["--config", "examples/stateless-cartpole-impala-lstm.yaml"],
                           stateless_cap_s, work, stop_reward="150") \
             if "stateless" in parts else []
@@ -114,6 +132,7 @@ def main() -> None:
         "env_steps_per_s": {k: round(v, 1) if v else None for k, v in rates.items()},
         "lstm_over_ff_cartpole": ratio(rates["cartpole_lstm"], rates["cartpole_ff"]),
         "lstm_over_ff_pong": ratio(rates["pong_lstm"], rates["pong_ff"]),
+        "lstm_over_ff_per_round": pair_ratios,
         "target_lstm_over_ff": 0.7,
         "stateless_steps_to_150": reached["timesteps_total"] if reached else None,
         "stateless_seconds_to_150": round(reached["time_total_s"], 1) if reached else None,

@@ -230,7 +230,7 @@ class DQNPolicy(TorchPolicy):
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         """Adam with ``lr`` and ``adam_epsilon``."""
         return torch.optim.Adam(model.parameters(), lr=self.config.lr,
-                                eps=self.config.adam_epsilon)
+                                eps=self.config.adam_epsilon, foreach=True)
 
     def current_epsilon(self) -> float:
         """The exploration epsilon now: Ape-X's fixed per-worker value (0 on the learner,

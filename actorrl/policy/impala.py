@@ -104,8 +104,8 @@ class ImpalaPolicy(TorchPolicy):
         cfg = self.config
         if cfg.opt_type == "rmsprop":
             return torch.optim.RMSprop(model.parameters(), lr=cfg.lr, alpha=cfg.decay,
-                                       momentum=cfg.momentum, eps=cfg.epsilon)
-        return torch.optim.Adam(model.parameters(), lr=cfg.lr)
+                                       momentum=cfg.momentum, eps=cfg.epsilon, foreach=True)
+        return torch.optim.Adam(model.parameters(), lr=cfg.lr, foreach=True)
 
     def compute_actions(self, obs: np.ndarray, explore: bool = True, *,
                         state: list[np.ndarray] | None = None,
