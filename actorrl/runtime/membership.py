@@ -117,7 +117,8 @@ class Membership:
         self._changed()
 
     def suspect(self, node: NodeState, why: str) -> None:
-        """The control connection dropped or a call failed: ping once, lose it if silent."""
+        """The control connection dropped, a call failed or the heartbeats stopped: ping
+        once, lose it if silent (an answer counts as a heartbeat)."""
         if not node.alive or node.probing or self.closing or isinstance(node.conn,
                                                                         InProcessNode):
             return
@@ -129,6 +130,8 @@ class Membership:
                 await client.call("__ping__", timeout_s=1.5)
             except Exception as exc:
                 self.node_lost(node, f"{why}; ping failed: {exc}")
+            else:
+                node.last_heartbeat = time.monotonic()  # it answered: alive
             finally:
                 client.close()
                 node.probing = False
@@ -149,4 +152,7 @@ class Membership:
             if isinstance(node.conn, InProcessNode):
                 continue
             if now - node.last_heartbeat > self.heartbeat_timeout_s:
-                self.node_lost(node, f"no heartbeat for {now - node.last_heartbeat:.1f} s")
+                # Silent is not yet dead: a node agent starved of CPU (hundreds of actors
+                # on a saturated host, a node's actors dying at once) misses heartbeats
+                # while alive, and losing it would kill its actors. One ping decides.
+                self.suspect(node, f"no heartbeat for {now - node.last_heartbeat:.1f} s")
