@@ -402,9 +402,14 @@ def main() -> None:
     asyncio.set_event_loop(loop)
     try:
         result = loop.run_until_complete(run(args, root))
+    except BaseException:
+        print(f"scale: failed; the node agents' and actors' logs are kept in {root}",
+              file=sys.stderr)
+        raise
+    else:
+        shutil.rmtree(root, ignore_errors=True)
     finally:
         loop.close()
-        shutil.rmtree(root, ignore_errors=True)
     if args.plot:
         plot(result, args.plot)
     print(json.dumps(result, indent=2))

@@ -4,7 +4,10 @@ node that is really gone is lost with the ping's failure in the reason."""
 
 from __future__ import annotations
 
+import asyncio
 import time
+
+import pytest
 
 from actorrl.runtime import Driver, Runtime
 from actorrl.runtime.coordinator import Coordinator
@@ -32,7 +35,41 @@ async def test_heartbeat_silence_is_decided_by_one_ping(tmp_path) -> None:
             await wait_until(lambda: lost and not starved.probing, 10, "the pings' answers")
             assert [name for name, _ in lost] == ["gone"]
             assert "no heartbeat for" in lost[0][1] and "ping failed" in lost[0][1], lost
+            # nothing listens there: refused at once, not after the 1.5 s connect timeout
+            assert "refused the connection" in lost[0][1], lost
             assert set(coordinator.nodes) == {"n1"}
             assert starved.last_heartbeat > silent_since
         finally:
             starved_agent.close()
+
+
+async def test_a_probe_connection_fails_at_once_when_refused_and_a_plain_one_waits() -> None:
+    """``refused_is_lost`` (what membership probes use): a tcp port nobody listens on fails
+    the call with "refused" long before the connect timeout; a plain connection to the
+    same port keeps retrying, and reaches a server that starts listening there later."""
+    import socket
+
+    from transport.errors import PeerLostError
+    from transport.rpc import RpcClient, RpcServer
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    endpoint = f"tcp://127.0.0.1:{port}"
+    prober = RpcClient(endpoint, connect_timeout_s=60, refused_is_lost=True)
+    patient = RpcClient(endpoint, connect_timeout_s=60)
+    try:
+        # Decided by the refusal: a timeout would raise CallTimeoutError, not this.
+        with pytest.raises(PeerLostError, match="refused the connection"):
+            await prober.call("ping", timeout_s=30)
+        server = RpcServer(lambda request: request.reply("pong"))
+        reply = asyncio.ensure_future(patient.call("ping", timeout_s=30))
+        server.bind(endpoint)
+        server.start()
+        try:
+            assert await reply == "pong"
+        finally:
+            server.close()
+    finally:
+        prober.close()
+        patient.close()

@@ -648,11 +648,14 @@ class RpcClient:
                  curve_keys: tuple[bytes, bytes, bytes] | None = None,
                  heartbeat_s: float = 1.0, heartbeat_timeout_s: float = 5.0,
                  max_frame_bytes: int | None = DEFAULT_MAX_FRAME_BYTES,
-                 shm: bool = False) -> None:
+                 shm: bool = False, refused_is_lost: bool = False) -> None:
         """``max_frame_bytes``: ``ZMQ_MAXMSGSIZE``, the largest reply frame libzmq reads
         (a server sending more is disconnected; None: no limit). ``shm``: over ipc, say
         so in every request (:data:`LOCAL_ID_BIT`) and accept shared-memory handles in the
-        replies (:mod:`transport.shm`)."""
+        replies (:mod:`transport.shm`). ``refused_is_lost``: a refused connect attempt
+        (nothing listens at the endpoint) fails the calls at once instead of being retried
+        until ``connect_timeout_s``; for probing a peer believed to be there, not for
+        connecting to one that may still be starting."""
         self.endpoint = endpoint
         self.local = shm and endpoint.startswith("ipc://")
         """Request ids carry LOCAL_ID_BIT and replies may carry shm handles."""
@@ -679,7 +682,8 @@ class RpcClient:
             monitor = sock.get_monitor_socket(
                 zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
                 | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-                | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+                | zmq.EVENT_HANDSHAKE_SUCCEEDED
+                | (zmq.EVENT_CONNECT_RETRIED if refused_is_lost else 0))
             monitor_async = AsyncSocket(monitor, self._on_monitor_event)
             sock.connect(endpoint)
         except BaseException:
@@ -714,6 +718,12 @@ class RpcClient:
                 event == zmq.EVENT_CONNECTED and not self._curve):
             self.connected = True
             self._connect_timer.cancel()
+        elif event == zmq.EVENT_CONNECT_RETRIED and not self.connected:
+            # Only monitored with refused_is_lost: the attempt failed (refused on a live
+            # host), and libzmq would retry it silently until the connect timeout.
+            self._fail_all(PeerLostError(
+                f"{self.endpoint} refused the connection: nothing listens there (the peer "
+                "process is gone)"))
         elif event == zmq.EVENT_DISCONNECTED and self.connected:
             self.connected = False
             self._async.drain()  # replies received before the disconnect still count

@@ -125,7 +125,10 @@ class Membership:
         node.probing = True
 
         async def probe() -> None:
-            client = self.runtime.connect(node.endpoint, connect_timeout_s=1.5)
+            # A refused connect (the agent's process is gone, its host still up) decides
+            # at once; a silent host takes the connect timeout.
+            client = self.runtime.connect(node.endpoint, connect_timeout_s=1.5,
+                                          refused_is_lost=True)
             try:
                 await client.call("__ping__", timeout_s=1.5)
             except Exception as exc:

@@ -86,18 +86,20 @@ class Peers:
         client = self.clients.get(endpoint)
         return endpoint in self.dead or (client is not None and client.lost is not None)
 
-    def connect(self, endpoint: str, connect_timeout_s: float = 30.0) -> RpcClient:
+    def connect(self, endpoint: str, connect_timeout_s: float = 30.0,
+                refused_is_lost: bool = False) -> RpcClient:
         """A new, uncached connection to ``endpoint``: ipc to processes of this node,
-        CURVE tcp where the endpoint carries a server key, plain otherwise."""
+        CURVE tcp where the endpoint carries a server key, plain otherwise.
+        ``refused_is_lost``: see :class:`~transport.rpc.RpcClient` (for probes)."""
         if not is_composite(endpoint):
             return RpcClient(endpoint, codec=self.codec, connect_timeout_s=connect_timeout_s,
-                             shm=self.shm)
+                             shm=self.shm, refused_is_lost=refused_is_lost)
         parsed = Endpoint.parse(endpoint)
         network = self.network
         address, server_key = parsed.route(network.node_tag if network else None)
         if server_key is None:
             return RpcClient(address, codec=self.codec, connect_timeout_s=connect_timeout_s,
-                             shm=self.shm)
+                             shm=self.shm, refused_is_lost=refused_is_lost)
         security = network.security if network is not None else None
         if security is None:
             client = RpcClient(address, codec=self.codec, connect_timeout_s=connect_timeout_s)
@@ -106,7 +108,8 @@ class Peers:
                 "with a keys directory)"), notify=False)
             return client
         return RpcClient(address, codec=self.codec, connect_timeout_s=connect_timeout_s,
-                         curve_keys=security.client_keys(server_key))
+                         curve_keys=security.client_keys(server_key),
+                         refused_is_lost=refused_is_lost)
 
     def traffic(self) -> dict[str, int]:
         """Bytes the open connections have sent and received (shared-memory payloads
