@@ -336,11 +336,13 @@ def plot(result: dict[str, Any], path: str) -> None:
               ("coordinator_cpu_ms_per_batch", "coordinator CPU ms / batch"),
               ("start_s", "start of N workers (s)"),
               ("node_loss_detect_s", "lost node noticed (s)")]
+    colors = {series: f"C{i}" for i, series in enumerate(SERIES)}  # the same in each panel
     for ax, (key, label) in zip(axes, panels, strict=True):
         for series, rows in result["series"].items():
             points = [(r["workers"], r[key]) for r in rows if r.get(key) is not None]
             if points:
-                ax.plot(*zip(*points, strict=True), marker="o", label=series)
+                ax.plot(*zip(*points, strict=True), marker="o", label=series,
+                        color=colors[series])
         ax.set_xscale("log", base=2)
         ax.set_xlabel("simulated workers N")
         ax.set_title(label, fontsize=10)
