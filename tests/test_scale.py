@@ -231,8 +231,9 @@ def test_cluster_commands_take_address_and_keys_from_the_environment(tmp_path: P
     node = None
     try:
         assert address.startswith("tcp://127.0.0.1:")
-        node = start_node(tmp_path, node_env(tmp_path, address, "from-env", "127.0.0.23", 3,
-                                             keys))
+        # Everything from the environment; its fork server preloads no torch (no actors).
+        node = start_node(tmp_path, {**node_env(tmp_path, address, "from-env", "127.0.0.23", 3,
+                                                keys), "ACTORRL_FORK_PRELOAD": "numpy"})
         client_env = {**base, "ACTORRL_ADDRESS": address, "ACTORRL_KEYS_DIR": keys}
         deadline = time.monotonic() + 90
         listed: list[dict[str, Any]] = []
