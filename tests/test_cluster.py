@@ -94,8 +94,10 @@ class Cluster:
         self.pids: set[int] = {self.coordinator.pid}
         self.client = Client(self.address, keys_dir=keys)
 
-    def join(self, host: str, name: str, cpus: float) -> subprocess.Popen:
-        node = join_node(self.tmp, self.address, self.keys, host, name, cpus, self.sessions)
+    def join(self, host: str, name: str, cpus: float, preload: str | None = None
+             ) -> subprocess.Popen:
+        node = join_node(self.tmp, self.address, self.keys, host, name, cpus, self.sessions,
+                         preload)
         self.nodes[name] = node
         self.pids.add(node.pid)
         want = len([n for n in self.nodes.values() if n.poll() is None])
@@ -228,7 +230,8 @@ def test_a_keyless_cluster_is_private_to_the_user(tmp_path):
         assert run_dir.stat().st_mode & 0o777 == 0o700
         assert run_dir.stat().st_uid == os.getuid()
         assert tcp_listeners(proc.pid) == 0
-        node = join_node(str(tmp_path), address, None, None, "private", 1, sessions)
+        node = join_node(str(tmp_path), address, None, None, "private", 1, sessions,
+                         preload="numpy")  # it runs no actor
         with Client(address) as client:
             assert client.wait_for_nodes(1, 60) == 1
             info = client.nodes()[0]
@@ -720,6 +723,7 @@ def test_daemon_and_job_commands_from_the_shell(tmp_path, keys):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.usefixtures("light_fork_server")  # its actors are test actors
 def test_local_client_runs_actors_in_process():
     """``Client.local()``: coordinator and node in this process; the raw actor API works
     and closing leaves no actor process."""
@@ -733,6 +737,7 @@ def test_local_client_runs_actors_in_process():
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.usefixtures("light_fork_server")  # its actors are test actors
 def test_client_errors_arrive_typed():
     """Through the cluster client, a coordinator's refusals keep their type (and are
     RemoteErrors without the coordinator's traceback): a failed actor creation is an
@@ -761,7 +766,7 @@ def test_a_node_stopped_with_sigterm_leaves(tmp_path, keys):
     as having left (it used to be declared lost after the heartbeat timeout)."""
     c = Cluster(str(tmp_path), keys)
     try:
-        node = c.join("127.0.0.4", "leaver", 1)
+        node = c.join("127.0.0.4", "leaver", 1, preload="numpy")  # it runs no actor
         node.send_signal(signal.SIGTERM)
         assert node.wait(30) == 0
         status = c.client.status()

@@ -22,6 +22,9 @@ from actorrl.learner.minibatch_buffer import LearnerStarvedError, MinibatchBuffe
 from actorrl.runtime import ActorDiedError, Driver
 
 DEADLINE_S = 120.0
+SHORT_STEPS = {"a3c": {"grads_per_step": 10}}
+"""Per algorithm, what keeps one pipeline step short where a test needs steps, not
+learning (A3C's default of 100 gradients is ~12,800 env steps a step)."""
 
 
 async def _train_until_it_raises(trainer: Trainer) -> None:
@@ -70,7 +73,7 @@ async def test_a_killed_learner_process_fails_the_step_naming_the_learner(algori
     from its checkpoint)."""
     spec = get_algorithm(algorithm)
     config = load_config(spec.config_cls, {"num_workers": 1, "min_iter_time_s": 0.5,
-                                           "seed": 0})
+                                           "seed": 0, **SHORT_STEPS.get(algorithm, {})})
     async with Driver.start(str(tmp_path / "session")) as driver:
         trainer = await Trainer.create(spec, config, driver)
         await trainer.train()
@@ -88,7 +91,8 @@ async def test_reset_swaps_the_workers_of_a_running_pipeline(algorithm, tmp_path
     config = load_config(spec.config_cls, {"num_workers": 2, "min_iter_time_s": 0.5,
                                            "seed": 0, "learning_starts": 200}
                          if algorithm == "apex" else
-                         {"num_workers": 2, "min_iter_time_s": 0.5, "seed": 0})
+                         {"num_workers": 2, "min_iter_time_s": 0.5, "seed": 0,
+                          **SHORT_STEPS.get(algorithm, {})})
     async with Driver.start(str(tmp_path / "session")) as driver:
         trainer = await Trainer.create(spec, config, driver)
         await trainer.train()

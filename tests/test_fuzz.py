@@ -48,6 +48,8 @@ REPLY_S = 10.0  # bound on waiting for the reply to a hostile request
 FD_SLACK = 16  # fds above baseline tolerated once settled
 RSS_SLACK = 96 << 20  # bytes of RSS above baseline tolerated
 SETTLE_S = 10.0  # bound on waiting for fds/RSS to come back
+NO_TORCH = {"ACTORRL_FORK_PRELOAD": "numpy"}
+"""The targets' fork servers preload no torch: their only actor is a test Counter."""
 
 TARGET_SRC = r"""
 import asyncio, json, os, sys
@@ -83,7 +85,8 @@ class Target:
 
     def __init__(self, directory: Path) -> None:
         self.log_path = directory / "target.log"
-        self.proc = start_python(["-c", TARGET_SRC, str(directory / "s")], self.log_path)
+        self.proc = start_python(["-c", TARGET_SRC, str(directory / "s")], self.log_path,
+                                 env=NO_TORCH)
         line = ready_line(self.proc, self.proc.stdout, "READY ", 90, self.log_path)
         info = json.loads(line[len("READY "):])
         self.ipc: str = info["ipc"]
@@ -548,12 +551,12 @@ KEYED_MAX_PEERS = 40
 it."""
 
 
-def _start_cli(args: list[str], log_path: Path, ready: str, timeout_s: float = 90
-               ) -> tuple[subprocess.Popen, str]:
-    """Start ``python -m actorrl.cli_cluster ARGS`` and wait for a stdout line starting
-    with ``ready``; returns the process and that line."""
+def _start_cli(args: list[str], log_path: Path, ready: str, timeout_s: float = 90,
+               env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+    """Start ``python -m actorrl.cli_cluster ARGS`` (``env``: variables set for it) and
+    wait for a stdout line starting with ``ready``; returns the process and that line."""
     proc = start_python(["-m", "actorrl.cli_cluster", *args], log_path,
-                        stdin=subprocess.DEVNULL)
+                        stdin=subprocess.DEVNULL, env=env)
     try:
         line = ready_line(proc, proc.stdout, ready, timeout_s, log_path)
     except AssertionError:
@@ -587,7 +590,8 @@ class KeyedTarget:
         self.node, _ = _start_cli(
             ["node", "join", self.tcp, "--keys", self.keys, "--host", "127.0.0.1",
              "--name", "fuzzed", "--cpus", "1", "--gpus", "0", "--session-dir",
-             str(directory / "n")], directory / "node.log", "node fuzzed joined")
+             str(directory / "n")], directory / "node.log", "node fuzzed joined",
+            env=NO_TORCH)
         self.procs.append(self.node)
         self.pids = {"coordinator": self.coordinator.pid, "node": self.node.pid}
         self.node_tcp = ""

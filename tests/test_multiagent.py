@@ -92,11 +92,14 @@ async def _weights(trainer: Trainer) -> dict[str, dict[str, np.ndarray]]:
 async def test_policies_to_train_leaves_the_other_policy_untouched(algorithm, tmp_path):
     """Training only policy_0: its weights change, policy_1's stay byte-identical (at the
     learner and on the workers), while both policies act and are reported."""
-    spec, config = _config(algorithm, num_workers=1, learning_starts=200,
+    # Short iterations (and A3C steps of 10 gradients, not 100): the loop below trains
+    # only until the first update and the first reported episodes.
+    short = {"min_iter_time_s": 0.3, **({"grads_per_step": 10} if algorithm == "a3c" else {})}
+    spec, config = _config(algorithm, num_workers=1, learning_starts=200, **short,
                            multiagent={**TWO_CARTPOLES_MULTIAGENT,
                                        "policies_to_train": ["policy_0"]}
                            ) if algorithm == "apex" else _config(
-        algorithm, num_workers=1,
+        algorithm, num_workers=1, **short,
         multiagent={**TWO_CARTPOLES_MULTIAGENT, "policies_to_train": ["policy_0"]})
     async with Driver.start(str(tmp_path / "session")) as driver:
         trainer = await Trainer.create(spec, config, driver)

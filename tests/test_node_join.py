@@ -22,6 +22,7 @@ from tests.helpers.cluster import CLUSTER_CLI, REPO, read, run_cli, run_dirs, st
 from transport.auth import generate_keys
 
 BAD_NAME = "tcp://no-such-coordinator.invalid:7000"
+pytestmark = pytest.mark.usefixtures("light_fork_server")  # the nodes here start no actor
 
 
 @pytest.fixture(scope="module")

@@ -171,6 +171,7 @@ async def test_client_and_admin_keys_are_refused_node_methods(cluster, who):
     assert (await cluster.call(who, "coord.status"))["nodes"] == []
 
 
+@pytest.mark.usefixtures("light_fork_server")  # the node starts no actor
 async def test_node_methods_take_only_the_coordinators_key(cluster):
     """``node.*`` on a node agent: client, admin and node keys are refused; the
     coordinator's key (what the coordinator itself uses) is served."""

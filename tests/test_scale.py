@@ -17,9 +17,11 @@ import json
 import os
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,9 @@ REPO = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "actorrl.cli_cluster"]
 FRAGMENT = 50
 NUM_WORKERS = 64
+SIMULATED_PRELOAD = {"ACTORRL_FORK_PRELOAD": "numpy,tests.actors.simulated"}
+"""What the nodes' fork servers preload for simulated actors (which need no torch): what
+those actors import, not the RL stack (~2 s of CPU per fork server for nothing)."""
 
 
 def node_env(tmp: Path, address: str, name: str, host: str, cpus: int,
@@ -104,10 +109,15 @@ async def _scale_and_lose_a_node(tmp: Path) -> dict[str, Any]:
     # Node "a" holds the learner, half the workers and room for the other half's
     # replacements; node "b" holds the even-numbered workers (a soft preference).
     half = NUM_WORKERS // 2
-    nodes = {"a": start_node(tmp, node_env(tmp, address, "a", "127.0.0.21", 1 + 2 * half),
-                             "--insecure-loopback"),
-             "b": start_node(tmp, node_env(tmp, address, "b", "127.0.0.22", half),
-                             "--insecure-loopback")}
+    # The nodes' session folders go to a temp folder of their own: another test run on
+    # this host (or another xdist worker) starting a session would otherwise sweep node
+    # b's stale folder before this test's own sweep below could.
+    node_tmp = tempfile.mkdtemp(prefix="arl-scale-")  # short: ipc paths max ~107 bytes
+    private = {**SIMULATED_PRELOAD, "TMPDIR": node_tmp}
+    nodes = {"a": start_node(tmp, {**node_env(tmp, address, "a", "127.0.0.21", 1 + 2 * half),
+                                   **private}, "--insecure-loopback"),
+             "b": start_node(tmp, {**node_env(tmp, address, "b", "127.0.0.22", half),
+                                   **private}, "--insecure-loopback")}
     out: dict[str, Any] = {"node_pids": [p.pid for p in nodes.values()]}
     trainer = None
     try:
@@ -166,8 +176,14 @@ async def _scale_and_lose_a_node(tmp: Path) -> dict[str, Any]:
                 terminate(proc)
         runtime.close()
         # Node b was SIGKILLed and could not remove its session folder: the next session
-        # started on this host does (make_session_dir), which this stands for.
-        out["stale_removed"] = remove_stale_session_dirs()
+        # started with the nodes' temp folder does (make_session_dir), which this stands for.
+        saved_tempdir, tempfile.tempdir = tempfile.tempdir, node_tmp
+        try:
+            out["stale_removed"] = remove_stale_session_dirs()
+        finally:
+            tempfile.tempdir = saved_tempdir
+            out["node_tmp_left"] = os.listdir(node_tmp)
+            shutil.rmtree(node_tmp, ignore_errors=True)
     return out
 
 
@@ -189,6 +205,7 @@ def test_64_simulated_workers_carry_on_when_a_node_is_killed(tmp_path: Path) -> 
     assert out["restarts"] >= NUM_WORKERS // 2
     assert out["alive_on_b"] == []
     assert any("actorrl-node-" in path for path in out["stale_removed"]), out["stale_removed"]
+    assert out["node_tmp_left"] == [], out["node_tmp_left"]  # node a removed its own
     assert pids_alive(out["b_pids"], 30) == []  # killed with their node
     pids = out["all_pids"] + out["a_children"] + out["node_pids"]
     assert pids_alive(pids, 60) == []
@@ -228,8 +245,9 @@ def test_cluster_commands_take_address_and_keys_from_the_environment(tmp_path: P
     node = None
     try:
         assert address.startswith("tcp://127.0.0.1:")
-        node = start_node(tmp_path, node_env(tmp_path, address, "from-env", "127.0.0.23", 3,
-                                             keys))
+        # Everything from the environment; its fork server preloads no torch (no actors).
+        node = start_node(tmp_path, {**node_env(tmp_path, address, "from-env", "127.0.0.23", 3,
+                                                keys), "ACTORRL_FORK_PRELOAD": "numpy"})
         client_env = {**base, "ACTORRL_ADDRESS": address, "ACTORRL_KEYS_DIR": keys}
         deadline = time.monotonic() + 90
         listed: list[dict[str, Any]] = []

@@ -94,7 +94,9 @@ async def test_training_reports_the_scheduled_values(algorithm, tmp_path) -> Non
         "num_workers": 1, "seed": 0, "min_iter_time_s": 0.3,
         "lr_schedule": [[0, 0.01], [horizon, 0.0001]],
         "entropy_coeff_schedule": [[0, 0.2], [horizon, 0.0]],
-        **({"grads_per_step": 4} if algorithm == "a3c" else {})})
+        # A3C: 32 envs x 16 steps = 512 rows a gradient (under the slack below), one
+        # gradient a step: the horizon's env steps in far fewer forward passes and updates.
+        **({"grads_per_step": 1, "num_envs_per_worker": 32} if algorithm == "a3c" else {})})
     lrs = []
     async with Driver.start(str(tmp_path / "s")) as driver:
         trainer = await Trainer.create(spec, config, driver)

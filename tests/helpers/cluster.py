@@ -53,10 +53,12 @@ def read(path: str | Path) -> str:
     return Path(path).read_text(errors="replace")
 
 
-def spawn(args: list[str], log_path: str, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
-    """``actorrl.cli_cluster ARGS`` as a subprocess with its output in ``log_path``."""
+def spawn(args: list[str], log_path: str, pass_fds: tuple[int, ...] = (),
+          env: dict[str, str] | None = None) -> subprocess.Popen:
+    """``actorrl.cli_cluster ARGS`` as a subprocess with its output in ``log_path``
+    (``env``: variables set for it)."""
     return start_python(["-m", "actorrl.cli_cluster", *args], log_path,
-                        stdin=subprocess.DEVNULL, stdout=None, pass_fds=pass_fds)
+                        stdin=subprocess.DEVNULL, stdout=None, pass_fds=pass_fds, env=env)
 
 
 def start_coordinator(tmp: str, keys: str | None, bind: str | None = "tcp://127.0.0.1:0",
@@ -84,10 +86,13 @@ def start_coordinator(tmp: str, keys: str | None, bind: str | None = "tcp://127.
 
 
 def join_node(tmp: str, address: str, keys: str | None, host: str | None, name: str,
-              cpus: float, sessions: list[str]) -> subprocess.Popen:
+              cpus: float, sessions: list[str], preload: str | None = None
+              ) -> subprocess.Popen:
     """Start ``actorrl node join`` on loopback address ``host`` (None: the node's default,
     ipc only for an ipc coordinator); its log is ``tmp/node-NAME.log`` and its session
-    directory is appended to ``sessions`` (for the test to remove, even after a SIGKILL)."""
+    directory is appended to ``sessions`` (for the test to remove, even after a SIGKILL).
+    ``preload``: what its fork server imports (``ACTORRL_FORK_PRELOAD``), for a node that
+    starts no RL actor: e.g. ``numpy`` instead of torch (~2 s of CPU for nothing)."""
     session = tempfile.mkdtemp(prefix="arl-node-")  # short: ipc paths max ~107 bytes
     sessions.append(session)
     args = ["node", "join", address, "--name", name, "--cpus", str(cpus),
@@ -96,7 +101,8 @@ def join_node(tmp: str, address: str, keys: str | None, host: str | None, name: 
         args += ["--host", host]
     if keys:
         args += ["--keys", keys]
-    return spawn(args, os.path.join(tmp, f"node-{name}.log"))
+    return spawn(args, os.path.join(tmp, f"node-{name}.log"),
+                 env=None if preload is None else {"ACTORRL_FORK_PRELOAD": preload})
 
 
 __all__ = ["CLI", "CLUSTER_CLI", "REPO", "cli_env", "join_node", "read", "run_cli",

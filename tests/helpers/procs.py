@@ -8,7 +8,7 @@ import select
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -28,11 +28,13 @@ def child_env(**extra: str) -> dict[str, str]:
 def start_python(args: Sequence[str], log_path: Path | str, *, stdin: int | None =
                  subprocess.PIPE, stdout: int | None = subprocess.PIPE,
                  pass_fds: tuple[int, ...] = (),
-                 preexec_fn: Callable[[], None] | None = None) -> subprocess.Popen:
+                 preexec_fn: Callable[[], None] | None = None,
+                 env: Mapping[str, str] | None = None) -> subprocess.Popen:
     """``python ARGS`` in the repository with its stderr (and, unless piped, stdout) in
-    ``log_path``."""
+    ``log_path``; ``env``: variables set for it over :func:`child_env`'s."""
     with open(log_path, "ab") as log:
-        return subprocess.Popen([sys.executable, *args], cwd=REPO, env=child_env(),
+        return subprocess.Popen([sys.executable, *args], cwd=REPO,
+                                env=child_env(**(env or {})),
                                 stdin=stdin, stdout=log if stdout is None else stdout,
                                 stderr=log if stdout is not None else subprocess.STDOUT,
                                 pass_fds=pass_fds, preexec_fn=preexec_fn)
