@@ -28,6 +28,29 @@ LEARNING_MODULES = {"test_learning", "test_learning_pixels"}
 ``learning`` (or ``slow``, its older name) itself; any other module is ``process``."""
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``-n N``), give each worker a temp folder of its own (``TMPDIR``,
+    inherited by every process its tests start): runtimes sweep the folders of dead owners
+    in their temp folder, and the leak check below looks there, so one worker neither
+    sweeps another's session folders nor counts them as its own leaks."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and not hasattr(config, "arl_worker_tmpdir"):
+        # Short (ipc socket paths must fit 107 bytes) and not matching ``actorrl-*``.
+        folder = tempfile.mkdtemp(prefix=f"arlx-{worker}-")
+        os.environ["TMPDIR"] = folder
+        tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+        config.arl_worker_tmpdir = folder  # type: ignore[attr-defined]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Remove a worker's temp folder (what is left in it was reported as a leak)."""
+    folder = getattr(config, "arl_worker_tmpdir", None)
+    if folder:
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Give every test exactly one group marker of :data:`GROUPS` (an explicit one wins)."""
     for item in items:
