@@ -7,13 +7,16 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import actorrl.runtime as rt
 from actorrl.runtime import Driver
+from actorrl.runtime.sessions import remove_stale_session_dirs
 from tests.helpers.procs import pids_alive
 from tests.helpers.waiting import wait_until
 from transport.codec import EncodeError
@@ -228,6 +231,12 @@ def test_children_exit_when_parent_is_sigkilled(tmp_path):
         parent.kill()
         parent.wait(timeout=10)
         assert pids_alive(pids, timeout_s=10) == []
+        # The killed driver could not remove its session folder; the next session started
+        # on this host removes it (here, not left to whichever test starts one next).
+        owned = [str(path.parent) for path in Path(tempfile.gettempdir()).glob(
+            "actorrl-*/owner.pid") if path.read_text().strip() == str(parent.pid)]
+        assert len(owned) == 1, owned
+        assert owned[0] in remove_stale_session_dirs() and not os.path.exists(owned[0])
     finally:
         parent.kill()
         parent.wait(timeout=10)

@@ -215,6 +215,15 @@ def ipc_address(address_dir: str, name: str) -> str:
     return f"ipc://{path}"
 
 
+def _ipc_root() -> str:
+    """Where fallback socket folders go: the temp folder, or ``/tmp`` when ``TMPDIR`` is
+    too long for a socket path inside it (a job scheduler's per-job scratch folder)."""
+    root = tempfile.gettempdir()
+    if len(root.encode()) > 30 and os.path.isdir("/tmp"):
+        return "/tmp"
+    return root
+
+
 def ipc_fallback_dir(address_dir: str, create: bool = True) -> str:
     """The short socket folder standing in for ``address_dir``: one per user and
     directory (every process of a session finds the same one), created mode 0700 and
@@ -222,7 +231,7 @@ def ipc_fallback_dir(address_dir: str, create: bool = True) -> str:
     otherwise plant or read sockets there). Removed by :func:`remove_ipc_fallback`."""
     absolute = os.path.abspath(address_dir)
     digest = hashlib.blake2b(absolute.encode(), digest_size=6).hexdigest()
-    path = os.path.join(tempfile.gettempdir(), f"{IPC_FALLBACK_PREFIX}{os.getuid()}-{digest}")
+    path = os.path.join(_ipc_root(), f"{IPC_FALLBACK_PREFIX}{os.getuid()}-{digest}")
     if not create:
         return path
     try:
@@ -247,7 +256,7 @@ def remove_ipc_fallback(address_dir: str) -> None:
     one of this user whose session directory no longer exists (left by a killed run)."""
     shutil.rmtree(ipc_fallback_dir(address_dir, create=False), ignore_errors=True)
     prefix = f"{IPC_FALLBACK_PREFIX}{os.getuid()}-"
-    root = tempfile.gettempdir()
+    root = _ipc_root()
     for entry in os.listdir(root):
         if not entry.startswith(prefix):
             continue
