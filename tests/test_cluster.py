@@ -632,7 +632,11 @@ def test_jobs_follow_reattaches_across_a_coordinator_restart(tmp_path, keys):
     follower = None
     try:
         c.join("127.0.0.7", "f", 4)
-        job = c.client.submit({**APEX_TINY, "stop": {"training_iteration": 6},
+        # 1 s iterations to 12: the follower (a fresh interpreter, slow to start on a
+        # loaded machine) attaches while the job still runs; with 0.5 s iterations to 6
+        # the job once finished first, and there was no coordinator loss to follow.
+        job = c.client.submit({**APEX_TINY, "min_iter_time_s": 1.0,
+                               "stop": {"training_iteration": 12},
                                "job": {"checkpoint_interval_s": 0}})
         next_result(job, 0, lambda r: r["training_iteration"] >= 2, 150)
         c.remember(job)
@@ -642,7 +646,7 @@ def test_jobs_follow_reattaches_across_a_coordinator_restart(tmp_path, keys):
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         seen: list[str] = []
         _read_until(follower.stdout, "iter ", 60, seen)
-        assert f"following job {job.id}" in "".join(seen)
+        assert f"following job {job.id} (running" in "".join(seen), "".join(seen)
         c.client.close()
         c.coordinator.kill()
         c.coordinator.wait(10)
@@ -656,7 +660,7 @@ def test_jobs_follow_reattaches_across_a_coordinator_restart(tmp_path, keys):
         _read_until(follower.stdout, f"job {job.id} finished", 200, seen)
         assert follower.wait(30) == 0, "".join(seen)
         iterations = [int(line.split()[1]) for line in seen if line.startswith("iter ")]
-        assert iterations[-1] >= 6 and iterations == sorted(iterations), "".join(seen)
+        assert iterations[-1] >= 12 and iterations == sorted(iterations), "".join(seen)
     finally:
         if follower is not None and follower.poll() is None:
             follower.kill()
