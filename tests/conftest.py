@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.procs import descendants, pids_alive
+from tests.helpers.procs import NO_TORCH_PRELOAD, descendants, pids_alive
 
 GROUPS = ("unit", "process", "cluster", "learning")
 """What a test proves, one marker each (registered in pyproject.toml): ``pytest -m unit``,
@@ -34,7 +34,7 @@ def pytest_configure(config: pytest.Config) -> None:
     in their temp folder, and the leak check below looks there, so one worker neither
     sweeps another's session folders nor counts them as its own leaks."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if worker and not hasattr(config, "arl_worker_tmpdir"):
+    if worker:
         # Short (ipc socket paths must fit 107 bytes) and not matching ``actorrl-*``.
         folder = tempfile.mkdtemp(prefix=f"arlx-{worker}-")
         os.environ["TMPDIR"] = folder
@@ -131,7 +131,8 @@ def light_fork_server(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fork servers started by the test preload numpy only, not torch (``ACTORRL_FORK_PRELOAD``):
     for modules whose actors are plain test actors, so each runtime starts in a fraction of
     a second instead of importing torch (~2 s of CPU) for nothing."""
-    monkeypatch.setenv("ACTORRL_FORK_PRELOAD", "numpy")
+    for name, value in NO_TORCH_PRELOAD.items():
+        monkeypatch.setenv(name, value)
 
 
 @pytest.fixture(autouse=True)

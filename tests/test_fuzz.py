@@ -33,7 +33,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from actorrl.runtime.core import check_request
-from tests.helpers.procs import ready_line, start_python, terminate
+from tests.helpers.procs import NO_TORCH_PRELOAD, ready_line, start_python, terminate
 from tests.helpers.wire import PREFIX, colliding_key_map
 from tests.helpers.wire import collect_replies as raw_collect_replies
 from transport.codec import EXT_ARRAY, EXT_TENSOR, Codec, DecodeError
@@ -48,8 +48,7 @@ REPLY_S = 10.0  # bound on waiting for the reply to a hostile request
 FD_SLACK = 16  # fds above baseline tolerated once settled
 RSS_SLACK = 96 << 20  # bytes of RSS above baseline tolerated
 SETTLE_S = 10.0  # bound on waiting for fds/RSS to come back
-NO_TORCH = {"ACTORRL_FORK_PRELOAD": "numpy"}
-"""The targets' fork servers preload no torch: their only actor is a test Counter."""
+NO_TORCH = NO_TORCH_PRELOAD  # the targets' only actor is a test Counter
 
 TARGET_SRC = r"""
 import asyncio, json, os, sys

@@ -35,10 +35,11 @@ from actorrl.config import load_config
 from actorrl.runtime.cluster_driver import ClusterDriver
 from actorrl.runtime.coordinator import Coordinator
 from actorrl.runtime.core import Runtime
+from actorrl.runtime.fork_server import PRELOAD_ENV
 from actorrl.runtime.network import Network
 from actorrl.runtime.process import descendant_pids
 from actorrl.runtime.sessions import remove_stale_session_dirs
-from tests.helpers.procs import pids_alive, terminate
+from tests.helpers.procs import NO_TORCH_PRELOAD, pids_alive, terminate
 from transport.auth import generate_keys
 from transport.sockets import new_event_loop
 
@@ -46,7 +47,7 @@ REPO = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "actorrl.cli_cluster"]
 FRAGMENT = 50
 NUM_WORKERS = 64
-SIMULATED_PRELOAD = {"ACTORRL_FORK_PRELOAD": "numpy,tests.actors.simulated"}
+SIMULATED_PRELOAD = {PRELOAD_ENV: "numpy,tests.actors.simulated"}
 """What the nodes' fork servers preload for simulated actors (which need no torch): what
 those actors import, not the RL stack (~2 s of CPU per fork server for nothing)."""
 
@@ -247,7 +248,7 @@ def test_cluster_commands_take_address_and_keys_from_the_environment(tmp_path: P
         assert address.startswith("tcp://127.0.0.1:")
         # Everything from the environment; its fork server preloads no torch (no actors).
         node = start_node(tmp_path, {**node_env(tmp_path, address, "from-env", "127.0.0.23", 3,
-                                                keys), "ACTORRL_FORK_PRELOAD": "numpy"})
+                                                keys), **NO_TORCH_PRELOAD})
         client_env = {**base, "ACTORRL_ADDRESS": address, "ACTORRL_KEYS_DIR": keys}
         deadline = time.monotonic() + 90
         listed: list[dict[str, Any]] = []

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from actorrl.runtime.fork_server import PRELOAD_ENV
 from tests.helpers.procs import REPO, child_env, ready_line, start_python
 
 CLI = [sys.executable, "-m", "actorrl.cli"]
@@ -102,7 +103,7 @@ def join_node(tmp: str, address: str, keys: str | None, host: str | None, name: 
     if keys:
         args += ["--keys", keys]
     return spawn(args, os.path.join(tmp, f"node-{name}.log"),
-                 env=None if preload is None else {"ACTORRL_FORK_PRELOAD": preload})
+                 env=None if preload is None else {PRELOAD_ENV: preload})
 
 
 __all__ = ["CLI", "CLUSTER_CLI", "REPO", "cli_env", "join_node", "read", "run_cli",

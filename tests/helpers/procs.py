@@ -12,7 +12,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
+from actorrl.runtime.fork_server import PRELOAD_ENV
 from actorrl.runtime.process import descendant_pids
+
+NO_TORCH_PRELOAD = {PRELOAD_ENV: "numpy"}
+"""Environment for a node or driver whose actors are plain test actors: its fork server
+preloads numpy only, not torch (~2 s of CPU per start saved)."""
 
 REPO = Path(__file__).resolve().parent.parent.parent
 """The repository root (children run there, with it on PYTHONPATH)."""
