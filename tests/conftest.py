@@ -5,12 +5,22 @@ from __future__ import annotations
 import glob
 import os
 import re
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
+from actorrl.runtime.forking import KEPT
 from tests.helpers.procs import NO_TORCH_PRELOAD, descendants, pids_alive
+
+# The suite starts hundreds of interpreters (drivers, CLI runs, fork servers, node agents).
+# Where the environment turns bytecode writing off (PYTHONDONTWRITEBYTECODE, as this CI
+# image does), each of them compiles actorrl's modules again (~0.25 s of CPU) and every
+# pytest worker rewrites every test module again: cache the bytecode for this run's
+# processes instead (pytest reads ``sys.dont_write_bytecode`` when it rewrites a module).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 GROUPS = ("unit", "process", "cluster", "learning")
 """What a test proves, one marker each (registered in pyproject.toml): ``pytest -m unit``,
@@ -157,6 +167,7 @@ def nothing_left_behind(tmp_path_factory: pytest.TempPathFactory):
     named with the test after which it first appeared."""
     before = _temp_entries()
     yield
+    KEPT.stop_all()  # fork servers kept for a next runtime that no test will start now
     still_running = pids_alive(sorted(descendants(os.getpid())), EXIT_GRACE_S)
     basetemp = tmp_path_factory.getbasetemp()
     left = sorted(p for p in _temp_entries() - before if not _owned_by_other_live_process(p)

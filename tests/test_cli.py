@@ -103,6 +103,11 @@ def finish(proc: subprocess.Popen, timeout_s: float) -> str:
 
 
 # ---- one shared tiny training ---------------------------------------------------------
+SHARES_THE_TRAINING = pytest.mark.xdist_group("test_cli-trained")
+"""For the tests that read the module's one training: under ``--dist loadgroup`` they run in
+one pytest-xdist worker, so the training runs once, not once per worker."""
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """An Ape-X run of ~1500 env steps with a YAML config file, a --set override, a
@@ -120,6 +125,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict:
             "run": dirs[0] if dirs else None}
 
 
+@SHARES_THE_TRAINING
 def test_train_exits_zero_when_a_stop_criterion_is_met(trained: dict) -> None:
     """The run ends by itself at --stop-timesteps with exit code 0 and prints a summary."""
     proc = trained["proc"]
@@ -131,6 +137,7 @@ def test_train_exits_zero_when_a_stop_criterion_is_met(trained: dict) -> None:
     assert_no_process_left(trained["tag"])
 
 
+@SHARES_THE_TRAINING
 def test_train_writes_a_complete_results_folder(trained: dict) -> None:
     """config.json (resolved, file + --set applied), progress.csv with rows, parseable
     result.jsonl with RLlib keys, a TensorBoard event file, checkpoints, run.json."""
@@ -186,6 +193,7 @@ def test_train_writes_a_complete_results_folder(trained: dict) -> None:
     assert list((run / "logs").glob("worker-1-*.log")) and (run / "logs/driver.log").exists()
 
 
+@SHARES_THE_TRAINING
 def test_restore_continues_the_counters(trained: dict, tmp_path: Path) -> None:
     """A run restored from a checkpoint starts at the next iteration, above the
     checkpoint's timesteps_total, with the checkpoint's config as its base."""
@@ -211,6 +219,7 @@ def test_restore_continues_the_counters(trained: dict, tmp_path: Path) -> None:
     assert final.name == f"checkpoint_{results[-1]['training_iteration']:06d}"
 
 
+@SHARES_THE_TRAINING
 def test_evaluate_prints_mean_and_std(trained: dict) -> None:
     """evaluate rolls out N greedy episodes of a checkpoint and prints mean/std."""
     checkpoint = sorted((trained["run"] / "checkpoints").iterdir())[0]
@@ -221,6 +230,7 @@ def test_evaluate_prints_mean_and_std(trained: dict) -> None:
     assert "return mean" in proc.stdout and "std" in proc.stdout
 
 
+@SHARES_THE_TRAINING
 def test_a_checkpoints_policy_loads_for_analysis_scripts(trained: dict) -> None:
     """load_checkpoint_policy (what benchmarks/pong_probe.py uses) gives the checkpoint's
     greedy policy with its weights, env and step count, from a results folder."""
@@ -240,6 +250,7 @@ def test_a_checkpoints_policy_loads_for_analysis_scripts(trained: dict) -> None:
     assert actions.shape == (2,)
 
 
+@SHARES_THE_TRAINING
 def test_evaluate_json_is_seeded_and_complete(trained: dict) -> None:
     """--json gives every statistic; the same seed gives the same returns."""
     outputs = [run_cli(["evaluate", str(trained["run"]), "--episodes", "4", "--seed", "7",
@@ -255,6 +266,7 @@ def test_evaluate_json_is_seeded_and_complete(trained: dict) -> None:
     assert first["episode_reward_min"] >= 1.0  # CartPole pays 1 per step
 
 
+@SHARES_THE_TRAINING
 def test_plot_overlays_runs_into_a_png(trained: dict, tmp_path: Path) -> None:
     """plot writes a valid PNG for several runs, and next to the run for one."""
     second = tmp_path / "apex_copy"
@@ -377,6 +389,7 @@ def test_actor_crash_is_one_error_line(tmp_path: Path) -> None:
     assert str(run / "logs") in lines[0]
 
 
+@SHARES_THE_TRAINING
 def test_debug_flag_shows_the_traceback(trained: dict, tmp_path: Path) -> None:
     """A failure outside training (a checkpoint whose config breaks the policy) is one
     line without --debug and a traceback with it."""
@@ -438,6 +451,7 @@ def test_bad_input_is_one_message_and_exit_2(tmp_path: Path, args: list[str], me
     assert not run_dirs(output), "bad input left a results folder"
 
 
+@SHARES_THE_TRAINING
 def test_restore_of_another_algorithm_is_refused(trained: dict, tmp_path: Path) -> None:
     """A checkpoint restores only into its own algorithm (exit 2, nothing written)."""
     output = tmp_path / "results"

@@ -154,6 +154,11 @@ def two_node_cluster(tmp: str, keys: str) -> Iterator[Cluster]:
         c.close()
 
 
+SHARES_THE_CLUSTER = pytest.mark.xdist_group("test_cluster-cluster")
+"""For the tests on the module's shared cluster: under ``--dist loadgroup`` they run in one
+pytest-xdist worker, so it starts once, not once per worker."""
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, keys: str) -> Iterator[Cluster]:
     """The module's shared :func:`two_node_cluster` (tests leave it as they found it)."""
@@ -363,6 +368,7 @@ async def test_a_dead_peer_is_a_lost_peer_and_only_a_wrong_key_a_key_problem(tmp
 
 # ---------------------------------------------------------------------------- the cluster
 @pytest.mark.timeout(120)
+@SHARES_THE_CLUSTER
 def test_clients_without_a_valid_key_get_nothing(cluster, tmp_path):
     """A client without keys and one with an unknown key are refused by the coordinator's
     CURVE handshake (the ZAP allow-list); the right key works, and nodes never saw the
@@ -381,6 +387,7 @@ def test_clients_without_a_valid_key_get_nothing(cluster, tmp_path):
 
 
 @pytest.mark.timeout(120)
+@SHARES_THE_CLUSTER
 def test_actors_on_remote_nodes_are_reachable_over_curve_tcp(cluster):
     """The raw actor API: actors created on chosen nodes carry tcp endpoints of their node
     with its key; refs pass between hosts (a ref put by the client is fetched by an actor
@@ -406,6 +413,7 @@ def test_actors_on_remote_nodes_are_reachable_over_curve_tcp(cluster):
 
 
 @pytest.mark.timeout(120)
+@SHARES_THE_CLUSTER
 def test_actors_of_a_client_that_died_are_stopped(cluster):
     """A client process that exits without closing stops pinging its session; the
     coordinator stops the actors it created once the session timeout passes."""
@@ -424,6 +432,7 @@ def test_actors_of_a_client_that_died_are_stopped(cluster):
 
 
 @pytest.mark.timeout(240)
+@SHARES_THE_CLUSTER
 def test_job_runs_across_two_nodes_and_streams_results(cluster):
     """An Ape-X job is placed across both nodes (learner and its replay shard on a, the
     workers on b), results stream to the client in order, and the job finishes at its
@@ -451,6 +460,7 @@ def test_job_runs_across_two_nodes_and_streams_results(cluster):
 
 
 @pytest.mark.timeout(240)
+@SHARES_THE_CLUSTER
 def test_an_lstm_job_trains_on_the_cluster(cluster):
     """A recurrent IMPALA job (``use_lstm`` on StatelessCartPole, RLlib's keys) runs on the
     remote nodes: its workers carry LSTM state, its learner unrolls sequences, and its
@@ -473,6 +483,7 @@ def test_an_lstm_job_trains_on_the_cluster(cluster):
 
 
 @pytest.mark.timeout(300)
+@SHARES_THE_CLUSTER
 def test_killed_worker_and_replay_shard_are_replaced_and_the_job_continues(cluster):
     """SIGKILL of a rollout worker: the pipeline replaces it (on a node with room) and
     results keep coming. SIGKILL of the replay shard: the pipeline replaces it with an empty

@@ -15,7 +15,13 @@ import pytest
 
 from actorrl.runtime.driver import Driver
 from actorrl.runtime.errors import ActorDiedError
-from actorrl.runtime.forking import ForkedProcess, resolve_start_method
+from actorrl.runtime.forking import (
+    KEPT,
+    ForkedProcess,
+    ForkServerClient,
+    KeptForkServers,
+    resolve_start_method,
+)
 from actorrl.runtime.process import ChildProcess
 from tests.helpers.procs import pids_alive
 
@@ -119,13 +125,78 @@ async def test_a_killed_fork_server_takes_its_actors_and_is_restarted():
         assert await driver.get(again.pid.remote(), timeout_s=30) != actor_pid
 
 
-async def test_shutdown_stops_the_server_and_every_forked_actor():
-    """After shutdown neither the server nor any actor it forked is alive."""
+def _running(server: ForkServerClient) -> bool:
+    return server.process.popen.poll() is None
+
+
+async def test_shutdown_stops_every_actor_and_the_next_node_takes_over_the_idle_server():
+    """After shutdown no actor it forked is alive. The server, idle, is kept: the process's
+    next node takes it over (no second torch import), and the server then writes into that
+    node's own log folder. ``KEPT.stop_all`` stops it."""
+    KEPT.stop_all()
     async with Driver.start(start_method="fork") as driver:
         actors = [await driver.create_actor(INFO) for _ in range(3)]
         pids = await driver.get([a.pid.remote() for a in actors], timeout_s=30)
-        server_pid = driver.node.fork_server.process.pid
-    assert pids_alive([*pids, server_pid], timeout_s=10) == []
+        server = driver.node.fork_server
+    assert pids_alive(pids, timeout_s=10) == []
+    assert _running(server) and len(KEPT) == 1
+    async with Driver.start(start_method="fork") as driver:
+        assert driver.node.fork_server is server and len(KEPT) == 0
+        actor = await driver.create_actor(INFO)
+        assert await driver.get(actor.parent.remote(), timeout_s=30) == server.process.pid
+        assert await driver.get(actor.had_torch_before_first_call.remote(), timeout_s=30)
+        server_log = Path(driver.session_dir, "logs", "fork-server.log")
+        assert f"fork server {server.process.pid}: serving a new node" in server_log.read_text()
+    KEPT.stop_all()
+    assert not _running(server) and len(KEPT) == 0
+
+
+async def test_only_a_node_with_the_same_environment_takes_a_kept_server(monkeypatch):
+    """A node whose environment differs (here what the server preloads) starts a server of
+    its own, and both are kept; with ``ACTORRL_KEPT_FORK_SERVERS=0`` a node takes none and
+    its server stops with it."""
+    KEPT.stop_all()
+    async with Driver.start(start_method="fork") as driver:
+        full = driver.node.fork_server
+    monkeypatch.setenv("ACTORRL_FORK_PRELOAD", "json")
+    async with Driver.start(start_method="fork") as driver:
+        light = driver.node.fork_server
+        assert light is not full
+        actor = await driver.create_actor(INFO)
+        assert not await driver.get(actor.had_torch_before_first_call.remote(), timeout_s=30)
+    assert _running(full) and _running(light) and len(KEPT) == 2
+    monkeypatch.setenv("ACTORRL_KEPT_FORK_SERVERS", "0")
+    async with Driver.start(start_method="fork") as driver:
+        own = driver.node.fork_server
+        assert own not in (full, light)
+    assert not _running(own) and len(KEPT) == 2
+    KEPT.stop_all()
+    assert not _running(full) and not _running(light)
+
+
+async def test_a_kept_server_that_died_is_replaced():
+    """A kept server killed while idle is not handed to the next node, which starts a new
+    one and forks its actors from it."""
+    KEPT.stop_all()
+    async with Driver.start(start_method="fork") as driver:
+        server = driver.node.fork_server
+    os.kill(server.process.pid, signal.SIGKILL)
+    assert pids_alive([server.process.pid], timeout_s=10) == []
+    async with Driver.start(start_method="fork") as driver:
+        assert driver.node.fork_server is not server and len(KEPT) == 0
+        actor = await driver.create_actor(INFO)
+        assert await driver.get(actor.parent.remote(), timeout_s=30) == \
+            driver.node.fork_server.process.pid
+    assert not _running(server)
+
+
+def test_the_kept_server_count_must_be_a_count(monkeypatch):
+    """``ACTORRL_KEPT_FORK_SERVERS`` that is no count is refused, naming the variable."""
+    monkeypatch.setenv("ACTORRL_KEPT_FORK_SERVERS", "many")
+    with pytest.raises(ValueError, match="ACTORRL_KEPT_FORK_SERVERS='many' is not a count"):
+        assert KeptForkServers().max_kept is None  # raises first
+    monkeypatch.setenv("ACTORRL_KEPT_FORK_SERVERS", "3")
+    assert KeptForkServers().max_kept == 3
 
 
 def test_start_method_switch(monkeypatch):

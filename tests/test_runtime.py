@@ -504,7 +504,7 @@ async def test_an_actor_given_up_on_at_start_is_not_reported_dead(tmp_path):
         deaths = []
         driver.node.on_death.append(lambda actor_id, reason: deaths.append(actor_id))
         with pytest.raises(rt.ActorCreationError, match="did not start"):
-            await driver.create_actor("tests.actors.basic:Counter", timeout_s=0.05)
+            await driver.create_actor("tests.actors.basic:NeverBuilt", timeout_s=0.5)
         given_up = [r.process for r in driver.node.actors.values()]
         assert len(given_up) == 1
         assert await given_up[0].wait(30) is not None

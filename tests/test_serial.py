@@ -67,7 +67,9 @@ class Probe:
 
 async def test_calls_refs_and_order(tmp_path):
     """Method calls return refs, get/wait resolve them, one caller's calls run in order,
-    and the actor runs in this process."""
+    and the actor runs in this process (no process is started: fork servers an earlier
+    test's runtime left idle for reuse are all that may run below this one)."""
+    before = descendants(os.getpid())
     async with Driver.start(str(tmp_path / "s"), serial=True) as driver:
         probe = await driver.create_actor("tests.test_serial:Probe")
         refs = [probe.record.remote(str(i)) for i in range(4)]
@@ -78,7 +80,7 @@ async def test_calls_refs_and_order(tmp_path):
         assert await driver.get(probe.later.remote("x")) == "x"
         # Arguments cross the codec: the actor gets a read-only copy, like over the wire.
         assert await driver.get(probe.mutate.remote(np.zeros(100_000))) is False
-        assert not descendants(os.getpid())
+        assert descendants(os.getpid()) == before
 
 
 async def test_a_pending_ref_argument_holds_back_the_calls_behind_it(tmp_path):
@@ -178,13 +180,14 @@ async def test_killed_actor_semantics(tmp_path):
 
 def test_sync_api_in_serial_mode(tmp_path):
     """``init(serial=True)``: the synchronous API drives serial actors from this thread."""
+    before = descendants(os.getpid())
     rt.init(str(tmp_path / "s"), serial=True)
     try:
         counter = rt.create_actor("tests.actors.basic:Counter", args=(1,))
         assert rt.get([counter.add.remote(2), counter.add.remote(3)], timeout=10) == [3, 6]
         ref = rt.put({"x": 1})
         assert rt.get(counter.echo.remote(ref), timeout=10) == {"x": 1}
-        assert rt.driver().serial and not descendants(os.getpid())
+        assert rt.driver().serial and descendants(os.getpid()) == before
     finally:
         rt.shutdown()
 
@@ -241,13 +244,14 @@ def test_serial_training_starts_no_child_process(tmp_path):
 @pytest.mark.parametrize("algorithm", ["apex", "a3c", "a2c", "impala"])
 async def test_algorithm_learns_cartpole_serially(algorithm, tmp_path):
     """The same pipelines, serially: each algorithm reaches a mean return of 150 on
-    CartPole-v1 with 2 workers, without a child process."""
+    CartPole-v1 with 2 workers, without a child process of its own."""
     from actorrl.algorithms import Trainer, get_algorithm
     from actorrl.config import load_config
 
     spec = get_algorithm(algorithm)
     config = load_config(spec.config_cls, {"num_workers": 2, "seed": 0,
                                            "min_iter_time_s": 1.0})
+    before = descendants(os.getpid())
     best, history = float("-inf"), []
     async with Driver.start(str(tmp_path / "s"), serial=True) as driver:
         trainer = await Trainer.create(spec, config, driver)
@@ -257,6 +261,6 @@ async def test_algorithm_learns_cartpole_serially(algorithm, tmp_path):
             history.append((result["timesteps_total"], round(result["episode_reward_mean"], 1)))
             if result["episode_reward_mean"] == result["episode_reward_mean"]:  # not NaN
                 best = max(best, result["episode_reward_mean"])
-        assert not descendants(os.getpid())
+        assert descendants(os.getpid()) == before
         await trainer.stop()
     assert best >= 150, f"{algorithm} reached only {best}: {history}"

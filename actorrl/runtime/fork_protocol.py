@@ -1,7 +1,8 @@
 """The messages between a node and its fork server, defined once for both sides.
 
 They travel over a ``SOCK_SEQPACKET`` socket pair, one msgpack list per message: a tag,
-then the message's fields in order. The node sends :class:`ForkRequest`; the server sends
+then the message's fields in order. The node sends :class:`ForkRequest` (and
+:class:`LogTo` when a new node takes over a kept server); the server sends
 :class:`Ready` once its imports finish, :class:`Forked` (with a pidfd of the child attached
 by ``SCM_RIGHTS``) or :class:`ForkFailed` per request, and :class:`Exited` when it reaps a
 child. This module imports only the standard library and msgpack, so the server loads it
@@ -44,6 +45,15 @@ class ForkRequest:
 
 
 @dataclass(frozen=True)
+class LogTo:
+    """Node -> server: append the server's own output to ``log_path`` from now on (a
+    server kept by a process between two of its nodes writes into the new node's logs)."""
+
+    TAG: ClassVar[str] = "log_to"
+    log_path: str
+
+
+@dataclass(frozen=True)
 class Forked:
     """Server -> node: request ``request_id`` runs as ``pid`` (its pidfd is attached)."""
 
@@ -71,11 +81,11 @@ class Exited:
     returncode: int
 
 
-Message = Ready | ForkRequest | Forked | ForkFailed | Exited
+Message = Ready | ForkRequest | LogTo | Forked | ForkFailed | Exited
 """Any message of the protocol."""
 
 _BY_TAG: dict[str, type[Message]] = {cls.TAG: cls for cls in
-                                     (Ready, ForkRequest, Forked, ForkFailed, Exited)}
+                                     (Ready, ForkRequest, LogTo, Forked, ForkFailed, Exited)}
 
 
 class ProtocolError(ValueError):

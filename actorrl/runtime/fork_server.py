@@ -163,6 +163,22 @@ def become_actor(server_pid: int, close_fds: Sequence[int], argv: list[str],
         os._exit(code)
 
 
+def _log_to(log_path: str) -> None:
+    """Point the server's stdout and stderr at ``log_path`` (appending)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError as exc:
+        print(f"fork server: cannot log to {log_path}: {exc}", file=sys.stderr, flush=True)
+        return
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    print(f"fork server {os.getpid()}: serving a new node of its process", file=sys.stderr,
+          flush=True)
+
+
 class ForkServer:
     """The server's loop: fork on request, reap children, report their exits."""
 
@@ -198,6 +214,8 @@ class ForkServer:
                         continue
                     if isinstance(request, protocol.ForkRequest):
                         self.handle(request)
+                    elif isinstance(request, protocol.LogTo):
+                        _log_to(request.log_path)
                     else:
                         print(f"fork server: ignoring {request!r:.100}", file=sys.stderr,
                               flush=True)

@@ -9,6 +9,7 @@ without ``fork``, pidfds or descriptor passing.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import collections
 import contextlib
 import itertools
@@ -25,6 +26,7 @@ from actorrl.runtime.fork_protocol import (
     Forked,
     ForkFailed,
     ForkRequest,
+    LogTo,
     Message,
     ProtocolError,
     Ready,
@@ -129,6 +131,10 @@ class ForkServerClient:
 
     def __init__(self, lifeline: Lifeline, log_path: str, env: dict[str, str]) -> None:
         self._loop = asyncio.get_running_loop()
+        self.lifeline = lifeline
+        """The pipe the server and its children watch: they exit when it reports EOF."""
+        self.kept_key: tuple = ()
+        """What a node must match to take this server over (see :class:`KeptForkServers`)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         server_env = {**env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         try:
@@ -158,6 +164,35 @@ class ForkServerClient:
     def alive(self) -> bool:
         """Whether the server can still take requests."""
         return not self.closed and self.process.returncode is None
+
+    @property
+    def idle(self) -> bool:
+        """Alive, with no child running and no request under way (so it can be kept
+        for a later node of this process)."""
+        return (self.alive and not self._pending and not self._children
+                and not self._outbox)
+
+    def detach(self) -> None:
+        """Stop serving this event loop (the server must be :attr:`idle`): it is kept,
+        unwatched, until :meth:`attach` hands it to another node."""
+        self._loop.remove_reader(self._socket)
+        self._loop.remove_writer(self._socket)
+        self.process.detach()
+
+    def attach(self, log_path: str) -> None:
+        """Serve the running event loop (a new node's), with the server's own output
+        going to ``log_path`` from now on."""
+        self._loop = asyncio.get_running_loop()
+        self.process.attach(self._server_exited)
+        ready = self.ready
+        self.ready = self._loop.create_future()
+        self.ready.add_done_callback(lambda f: f.cancelled() or f.exception())
+        if ready.done() and not ready.cancelled() and ready.exception() is None:
+            self.ready.set_result(ready.result())
+        self.process.log_path = log_path
+        self._loop.add_reader(self._socket, self._readable)
+        self._outbox.append(encode(LogTo(log_path)))
+        self._flush()
 
     def fork(self, argv: list[str], env: dict[str, str], log_path: str,
              on_exit: Callable[[ActorProcess], None] | None) -> ForkedProcess:
@@ -262,9 +297,121 @@ class ForkServerClient:
             log.warning("fork server %d %s", process.pid, exit_description(process.returncode))
         self._channel_closed()
 
+    def stop_detached(self, timeout_s: float = 5.0) -> None:
+        """Stop a detached (kept) server: close its channel, so it exits, and reap it
+        (SIGKILL after ``timeout_s``). Blocks; for use without an event loop."""
+        self.closed = True
+        self._socket.close()
+        self.process.stop_detached(timeout_s)
+
     async def close(self, timeout_s: float = 5.0) -> None:
         """Stop the server (its children should have been stopped first)."""
         self._channel_closed()
         if await self.process.wait(timeout_s) is None:
             self.process.kill()
             await self.process.wait(timeout_s)
+
+
+KEPT_FORK_SERVERS_ENV = "ACTORRL_KEPT_FORK_SERVERS"
+"""Environment variable: how many idle fork servers a process keeps for its next nodes
+(default 2; 0 stops each server with its node)."""
+
+_NOT_READ_AT_IMPORT = frozenset({"PYTEST_CURRENT_TEST", KEPT_FORK_SERVERS_ENV})
+"""Variables that may change between runs of one process and that nothing reads while
+the server imports (pytest sets the first per test phase; the second is read by the
+node): ignored when matching a kept server, since a forked actor gets its whole
+environment with its request anyway."""
+
+
+class KeptForkServers:
+    """The fork servers a process keeps between its nodes.
+
+    A process that runs one training after another (a sweep, a notebook, a test suite)
+    would otherwise start a fork server, importing torch again (~2 s of CPU), for each
+    node. A node that shuts down hands its server here once every child it forked has
+    exited; the next node of the process with the same working directory and
+    environment takes it over (its actors get their own environment with each request,
+    as always). Servers started through here watch a lifeline of the whole process, not
+    of one node, so a kept server and its children still die with the process. At most
+    :attr:`max_kept` idle servers are kept, the oldest stopped first.
+    """
+
+    def __init__(self, max_kept: int | None = None) -> None:
+        self._max_kept = max_kept
+        self._kept: collections.OrderedDict[tuple, ForkServerClient] = \
+            collections.OrderedDict()
+        self._lifeline: Lifeline | None = None
+        self._stop_at_exit = False
+
+    @property
+    def max_kept(self) -> int:
+        """How many idle servers are kept: as constructed, else ``$ACTORRL_KEPT_FORK_SERVERS``
+        (default 2)."""
+        return self._max_kept if self._max_kept is not None else _kept_from_environment()
+
+    @property
+    def lifeline(self) -> Lifeline:
+        """This process's lifeline for the servers it starts (made on first use, closed
+        only by the process's exit)."""
+        if self._lifeline is None:
+            self._lifeline = Lifeline()
+        return self._lifeline
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def take(self, log_path: str, env: dict[str, str]) -> ForkServerClient:
+        """A kept server matching ``env`` and the working directory, now serving the
+        running event loop and logging to ``log_path``; else a new one."""
+        key = (os.getcwd(), tuple(sorted((name, value) for name, value in env.items()
+                                         if name not in _NOT_READ_AT_IMPORT)))
+        # Reading max_kept here also refuses a malformed setting when a node starts.
+        server = self._kept.pop(key, None) if self.max_kept > 0 else None
+        if server is not None:
+            if server.process.popen.poll() is None:
+                server.attach(log_path)
+                return server
+            server.stop_detached()  # died while kept
+        server = ForkServerClient(self.lifeline, log_path, env)
+        server.kept_key = key
+        return server
+
+    async def give_back(self, server: ForkServerClient, timeout_s: float = 5.0) -> None:
+        """A node is done with ``server``: keep it if it is idle and kept servers are
+        wanted, else stop it."""
+        if (self.max_kept <= 0 or not server.idle or not server.kept_key
+                or server.lifeline is not self._lifeline):
+            await server.close(timeout_s)
+            return
+        server.detach()
+        replaced = self._kept.pop(server.kept_key, None)
+        self._kept[server.kept_key] = server
+        if replaced is not None:
+            replaced.stop_detached(timeout_s)
+        while len(self._kept) > self.max_kept:
+            self._kept.popitem(last=False)[1].stop_detached(timeout_s)
+        if not self._stop_at_exit:
+            atexit.register(self.stop_all)
+            self._stop_at_exit = True
+
+    def stop_all(self, timeout_s: float = 5.0) -> None:
+        """Stop every kept server and reap it (blocks; run at interpreter exit, and by
+        whoever must see no child process left, such as a test suite's leak check)."""
+        while self._kept:
+            self._kept.popitem()[1].stop_detached(timeout_s)
+
+
+def _kept_from_environment() -> int:
+    value = os.environ.get(KEPT_FORK_SERVERS_ENV, "2")
+    try:
+        kept = int(value)
+    except ValueError:
+        kept = -1
+    if kept < 0:
+        raise ValueError(f"{KEPT_FORK_SERVERS_ENV}={value!r} is not a count: set it to the "
+                         "number of idle fork servers a process may keep (0 keeps none)")
+    return kept
+
+
+KEPT = KeptForkServers()
+"""This process's kept fork servers."""

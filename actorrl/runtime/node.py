@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from actorrl.runtime.actor import ActorHandle, ActorSpec
 from actorrl.runtime.core import Runtime
 from actorrl.runtime.errors import ActorCreationError
-from actorrl.runtime.forking import ForkServerClient, resolve_start_method
+from actorrl.runtime.forking import KEPT, ForkServerClient, resolve_start_method
 from actorrl.runtime.process import ActorProcess, ChildProcess, Lifeline, exit_description
 from actorrl.runtime.resources import NodeResources
 from transport.rpc import Request
@@ -55,8 +55,8 @@ class LocalNode(NodeResources):
 
     ``start_method`` (see :func:`~actorrl.runtime.forking.resolve_start_method`): ``fork``
     starts a fork server at once (it imports torch while the caller gets on with its own
-    start) and forks every actor from it; ``spawn`` starts each actor as a fresh
-    interpreter.
+    start), or takes over one an earlier node of this process left idle, and forks every
+    actor from it; ``spawn`` starts each actor as a fresh interpreter.
     """
 
     def __init__(self, runtime: Runtime, session_dir: str, num_cpus: float | None = None,
@@ -86,22 +86,28 @@ class LocalNode(NodeResources):
         return self._fork_server
 
     def _start_fork_server(self) -> ForkServerClient:
+        """A fork server for this node: one this process kept from an earlier node, if
+        it matches (:class:`~actorrl.runtime.forking.KeptForkServers`), else a new one."""
         log_path = os.path.join(self.session_dir, "logs", "fork-server.log")
-        return ForkServerClient(self.lifeline, log_path, {**os.environ, **self.child_env})
+        return KEPT.take(log_path, {**os.environ, **self.child_env})
 
     def _new_process(self, actor_id: str, argv: list[str], env: dict[str, str],
                      log_path: str) -> ActorProcess:
-        """Fork (from a fork server, restarted if it died) or spawn the actor's process."""
+        """Fork (from a fork server, restarted if it died) or spawn the actor's process;
+        ``argv`` is completed with the lifeline the process watches."""
 
         def on_exit(process: ActorProcess) -> None:
             self._on_exit(actor_id, process)
 
         if self.start_method == "spawn":
-            return ChildProcess(["-m", "actorrl.runtime.actor_main", *argv], log_path,
+            return ChildProcess(["-m", "actorrl.runtime.actor_main", *argv,
+                                 str(self.lifeline.read_fd)], log_path,
                                 self.lifeline, env=env, on_exit=on_exit)
         if self._fork_server is None or not self._fork_server.alive:
             self._fork_server = self._start_fork_server()
-        return self._fork_server.fork(argv, {**os.environ, **env}, log_path, on_exit)
+        server = self._fork_server
+        return server.fork([*argv, str(server.lifeline.read_fd)], {**os.environ, **env},
+                           log_path, on_exit)
 
     async def start_actor(self, spec: ActorSpec,
                           timeout_s: float = DEFAULT_START_TIMEOUT_S) -> ActorHandle:
@@ -122,8 +128,7 @@ class LocalNode(NodeResources):
         # If the caller gave up (cancelled), a late exit still sets an error: consume it.
         ready.add_done_callback(lambda f: f.cancelled() or f.exception())
         process = self._new_process(
-            actor_id, [self.runtime.address, actor_id, self.session_dir,
-                       str(self.lifeline.read_fd)], env, log_path)
+            actor_id, [self.runtime.address, actor_id, self.session_dir], env, log_path)
         running = self.actors[actor_id] = _Running(spec, process, ready)
         try:
             endpoint = await wait_for(asyncio.shield(ready), timeout_s)
@@ -214,6 +219,6 @@ class LocalNode(NodeResources):
             r.stopping = True
         await asyncio.gather(*(self._stop(r, timeout_s) for r in running))
         if self._fork_server is not None:
-            await self._fork_server.close(timeout_s)
+            await KEPT.give_back(self._fork_server, timeout_s)
         self.lifeline.close()
 

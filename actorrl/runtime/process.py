@@ -171,6 +171,35 @@ class ChildProcess(ActorProcess):
         self.popen.wait()
         self._exited_with(self.popen.returncode)
 
+    def detach(self) -> None:
+        """Stop watching for the exit on this event loop (the process is handed on to
+        another loop with :meth:`attach`, e.g. a kept fork server between two runs)."""
+        if self._returncode is None:
+            self._loop.remove_reader(self._pidfd)
+
+    def stop_detached(self, timeout_s: float) -> None:
+        """While detached (no event loop watching it): wait up to ``timeout_s`` for the
+        process to exit, SIGKILL it if it has not, and reap it. Blocks."""
+        if self._returncode is not None:
+            return
+        try:
+            self.popen.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+        os.close(self._pidfd)
+        self._returncode = self.popen.returncode
+
+    def attach(self, on_exit: Callable[[ActorProcess], None] | None) -> None:
+        """Watch for the exit on the running event loop, reporting it to ``on_exit``;
+        if the process exited while detached, it is reaped and reported at once."""
+        self._loop = asyncio.get_running_loop()
+        self._on_exit = on_exit
+        if self._returncode is not None:
+            return
+        self.exited = self._loop.create_future()
+        self._loop.add_reader(self._pidfd, self._reap)
+
     def send_signal(self, signum: int) -> None:
         """Deliver ``signum`` (no-op once the process was reaped)."""
         if self.popen.returncode is None:

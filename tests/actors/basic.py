@@ -118,6 +118,14 @@ class Broken:
         raise RuntimeError("constructor exploded")
 
 
+class NeverBuilt:
+    """An actor whose constructor does not return for two minutes: a creation its caller
+    gives up on, however fast processes start."""
+
+    def __init__(self) -> None:
+        threading.Event().wait(120)
+
+
 class Putter:
     """Puts a value inside a method and has another actor read it before returning."""
 
