@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from pathlib import Path
 
 import pytest
 
 from actorrl.runtime.driver import Driver
 from actorrl.runtime.errors import ActorDiedError
+from actorrl.runtime.fork_server import preload_for_class
 from actorrl.runtime.forking import (
     KEPT,
     ForkedProcess,
@@ -59,6 +61,22 @@ async def test_the_preload_list_comes_from_the_environment_when_set(monkeypatch)
     async with Driver.start(start_method="fork") as driver:
         actor = await driver.create_actor(INFO)
         assert not await driver.get(actor.had_torch_before_first_call.remote(), timeout_s=30)
+
+
+async def test_the_server_imports_what_an_actor_class_lists_before_forking_it(monkeypatch):
+    """The modules an actor class lists in ``FORK_PRELOAD`` are imported by the server
+    before it forks the first actor of that class, and later forks share them. Only a
+    class whose module the server has loaded is asked (here through the preload list):
+    the server never imports an actor's own code."""
+    monkeypatch.setenv("ACTORRL_FORK_PRELOAD", "tests.actors.process_info")
+    async with Driver.start(start_method="fork") as driver:
+        actors = [await driver.create_actor(f"tests.actors.process_info:{name}")
+                  for name in ("ProcessInfo", "NeedsColorsys", "ProcessInfo")]
+        seen = await driver.get([a.had_module_at_start.remote("colorsys") for a in actors],
+                                timeout_s=30)
+    assert seen == [False, True, True]
+    assert preload_for_class("tests.actors.not_a_loaded_module:Anything") == []
+    assert "tests.actors.not_a_loaded_module" not in sys.modules
 
 
 async def test_forked_actors_share_the_servers_memory_spawned_ones_do_not():

@@ -16,7 +16,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -76,6 +76,11 @@ class LearnerActor:
     the rollout workers, plus the learner's own settings (see :class:`LearnerConfig`).
     ``sampling``: the local worker also samples (A2C with ``num_workers: 0``;
     :meth:`sample_ref`, :meth:`get_metrics`)."""
+
+    FORK_PRELOAD: ClassVar[tuple[str, ...]] = ("torch._dynamo",)
+    """Imported by the fork server before it forks a learner: the policy's optimizer
+    imports torch's compiler stack (~1.5 s of CPU, ~70 MB), so a restarted learner, or
+    the next run of a process that keeps its fork server, shares it instead."""
 
     def __init__(self, env: str, policy: str, worker_config: WorkerConfig | Mapping[str, Any],
                  learner_config: LearnerConfig | Mapping[str, Any],

@@ -35,13 +35,16 @@ class Ready:
 @dataclass(frozen=True)
 class ForkRequest:
     """Node -> server: fork a process running ``actor_main`` with ``argv``, exactly the
-    environment ``environ``, and its output appended to ``log_path``."""
+    environment ``environ``, and its output appended to ``log_path``, for an actor of
+    ``class_path`` (the server first imports what that class lists in ``FORK_PRELOAD``, if
+    the server has the class's module loaded)."""
 
     TAG: ClassVar[str] = "fork"
     request_id: int
     argv: list[str]
     environ: dict[str, str]
     log_path: str
+    class_path: str = ""
 
 
 @dataclass(frozen=True)

@@ -78,9 +78,10 @@ _PR_SET_NAME = 15
 def preload(modules: Sequence[str]) -> list[str]:
     """Import ``modules`` (skipping those that fail); returns the ones imported.
 
-    torch's compiler stack (``torch._dynamo``, ~1.2 s and ~70 MB), which the first
-    optimizer step in a process imports, is left out on purpose: only a learner steps an
-    optimizer, so preloading it here would cost every start that time for no memory saved.
+    torch's compiler stack (``torch._dynamo``, ~1.5 s of CPU and ~70 MB), which the first
+    optimizer a process builds imports, is not in :data:`PRELOAD_MODULES`: only a learner
+    builds one, so nodes that host none would pay that at every start. The learner class
+    lists it in ``FORK_PRELOAD`` instead (see :func:`preload_for_class`).
     """
     loaded = []
     for name in modules:
@@ -90,6 +91,28 @@ def preload(modules: Sequence[str]) -> list[str]:
             print(f"fork server: not preloading {name}: {exc!r}", file=sys.stderr)
             continue
         loaded.append(name)
+    return loaded
+
+
+def preload_for_class(class_path: str) -> list[str]:
+    """Import the modules the actor class ``class_path`` lists in ``FORK_PRELOAD`` and
+    that are not loaded yet (once: later forks share them); returns those imported.
+
+    Only a class whose module the server already loaded is asked: the server never
+    imports an actor's own code, which might start threads that a fork cannot carry.
+    """
+    module_name, sep, attr = class_path.partition(":")
+    if not sep:
+        module_name, _, attr = class_path.rpartition(".")
+    owner: object = sys.modules.get(module_name)
+    for part in attr.split(".") if owner is not None and attr else ():
+        owner = getattr(owner, part, None)
+    wanted = [name for name in getattr(owner, "FORK_PRELOAD", ()) if name not in sys.modules]
+    if not wanted:
+        return []
+    loaded = preload(wanted)
+    gc.collect()
+    gc.freeze()  # as after the first imports: children never write their GC headers
     return loaded
 
 
@@ -227,6 +250,7 @@ class ForkServer:
 
     def handle(self, request: protocol.ForkRequest) -> None:
         """Answer one fork request."""
+        preload_for_class(request.class_path)
         sys.stdout.flush()
         sys.stderr.flush()
         close_fds = [self.control.fileno(), self.selector.fileno(), *self.children]

@@ -195,17 +195,19 @@ class ForkServerClient:
         self._flush()
 
     def fork(self, argv: list[str], env: dict[str, str], log_path: str,
-             on_exit: Callable[[ActorProcess], None] | None) -> ForkedProcess:
+             on_exit: Callable[[ActorProcess], None] | None,
+             class_path: str = "") -> ForkedProcess:
         """Ask for a new actor process running ``actor_main`` with ``argv`` and exactly
-        the environment ``env``, its output appended to ``log_path``. Returns at once (if
-        the server cannot fork it, it exits with code 255 and the reason in its log)."""
+        the environment ``env``, its output appended to ``log_path``, for an actor of
+        ``class_path``. Returns at once (if the server cannot fork it, it exits with code
+        255 and the reason in its log)."""
         process = ForkedProcess(log_path, on_exit)
         if not self.alive:
             process._not_forked("the fork server is not running")
             return process
         request_id = next(self._request_ids)
         try:
-            data = encode(ForkRequest(request_id, argv, env, log_path))
+            data = encode(ForkRequest(request_id, argv, env, log_path, class_path))
         except ProtocolError as exc:
             process._not_forked(str(exc))
             return process

@@ -92,7 +92,7 @@ class LocalNode(NodeResources):
         return KEPT.take(log_path, {**os.environ, **self.child_env})
 
     def _new_process(self, actor_id: str, argv: list[str], env: dict[str, str],
-                     log_path: str) -> ActorProcess:
+                     log_path: str, class_path: str) -> ActorProcess:
         """Fork (from a fork server, restarted if it died) or spawn the actor's process;
         ``argv`` is completed with the lifeline the process watches."""
 
@@ -107,7 +107,7 @@ class LocalNode(NodeResources):
             self._fork_server = self._start_fork_server()
         server = self._fork_server
         return server.fork([*argv, str(server.lifeline.read_fd)], {**os.environ, **env},
-                           log_path, on_exit)
+                           log_path, on_exit, class_path)
 
     async def start_actor(self, spec: ActorSpec,
                           timeout_s: float = DEFAULT_START_TIMEOUT_S) -> ActorHandle:
@@ -128,7 +128,8 @@ class LocalNode(NodeResources):
         # If the caller gave up (cancelled), a late exit still sets an error: consume it.
         ready.add_done_callback(lambda f: f.cancelled() or f.exception())
         process = self._new_process(
-            actor_id, [self.runtime.address, actor_id, self.session_dir], env, log_path)
+            actor_id, [self.runtime.address, actor_id, self.session_dir], env, log_path,
+            spec.class_path)
         running = self.actors[actor_id] = _Running(spec, process, ready)
         try:
             endpoint = await wait_for(asyncio.shield(ready), timeout_s)

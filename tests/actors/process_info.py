@@ -14,6 +14,7 @@ class ProcessInfo:
 
     def __init__(self, message: str = "") -> None:
         self._torch_at_start = "torch" in sys.modules
+        self._modules_at_start = set(sys.modules)
         if message:
             print(message, flush=True)  # lands in the actor's log file
 
@@ -45,6 +46,10 @@ class ProcessInfo:
         """Whether torch was already imported when the actor was built."""
         return self._torch_at_start
 
+    def had_module_at_start(self, name: str) -> bool:
+        """Whether module ``name`` was already imported when the actor was built."""
+        return name in self._modules_at_start
+
     def shared_dirty_kb(self) -> int:
         """Dirty memory this process shares with others (kB): written pages inherited
         through fork and not yet copied."""
@@ -53,3 +58,10 @@ class ProcessInfo:
                 if line.startswith("Shared_Dirty:"):
                     return int(line.split()[1])
         return 0
+
+
+class NeedsColorsys(ProcessInfo):
+    """A :class:`ProcessInfo` whose class asks the fork server to import ``colorsys``
+    (a module nothing else loads) before forking it."""
+
+    FORK_PRELOAD = ("colorsys",)
