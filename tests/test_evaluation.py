@@ -34,13 +34,17 @@ def test_evaluation_workers_do_not_explore_unless_told() -> None:
     assert config.worker_config().rollout.explore is True  # training workers unchanged
 
 
-@pytest.mark.parametrize("unit,duration", [("episodes", 5), ("timesteps", 300)])
+@pytest.mark.parametrize("unit,duration", [
+    pytest.param("episodes", 5, marks=pytest.mark.learning),  # trains to a return of 150
+    ("timesteps", 300)])
 async def test_impala_cartpole_reports_evaluation_every_interval(unit, duration, tmp_path):
     """IMPALA learns CartPole while a greedy evaluation worker reports every second
-    iteration; the greedy policy's mean return reaches 150 within the budget."""
+    iteration; counted in episodes, the greedy policy's mean return reaches 150 within the
+    budget (a learning test); counted in timesteps, four iterations show the reports."""
     spec = get_algorithm("impala")
     config = load_config(spec.config_cls, {
-        "num_workers": 2, "seed": 0, "min_iter_time_s": 1.0, "evaluation_interval": 2,
+        "num_workers": 2, "seed": 0, "evaluation_interval": 2,
+        "min_iter_time_s": 1.0 if unit == "episodes" else 0.5,
         "evaluation_duration": duration, "evaluation_duration_unit": unit})
     results = []
     async with Driver.start(str(tmp_path / "s")) as driver:
