@@ -588,40 +588,6 @@ def test_lost_node_actors_are_recreated_on_the_remaining_nodes(cluster_to_lose_c
 
 
 # ---------------------------------------------------------------------------- restarts
-@pytest.mark.timeout(300)
-def test_restarted_coordinator_resumes_the_job_from_its_checkpoint(tmp_path, keys):
-    """SIGKILL of the coordinator mid-job: the node stops the orphaned actors and waits;
-    a coordinator restarted on the same address and state directory gets the node back
-    and resumes the job from its checkpoint, counters continuing."""
-    c = Cluster(str(tmp_path), keys)
-    try:
-        c.join("127.0.0.5", "n", 4)
-        job = c.client.submit({**APEX_TINY, "job": {"checkpoint_interval_s": 0}})
-        first, _ = next_result(job, 0, lambda r: r["training_iteration"] >= 2, 150)
-        job_id = job.id
-        c.remember(job)
-        old_actor_pids = [a["pid"] for a in job.actors()]
-        c.client.close()
-        c.coordinator.kill()
-        c.coordinator.wait(10)
-        assert pids_alive(old_actor_pids, 30) == []  # the node released them
-        c.coordinator, address = start_coordinator(str(tmp_path), keys, bind=c.address)
-        assert address == c.address
-        c.pids.add(c.coordinator.pid)
-        c.client = Client(c.address, keys_dir=keys)
-        assert c.client.wait_for_nodes(1, 60) == 1
-        job = c.client.job(job_id)
-        seen = job.status()["num_results"]
-        result, _ = next_result(job, seen, lambda r: True, 150)
-        assert result["training_iteration"] > first["training_iteration"]
-        assert result["timesteps_total"] >= first["timesteps_total"]
-        assert "resuming from checkpoint" in job.logs()
-        c.remember(job)
-        job.stop()
-    finally:
-        c.close()
-
-
 def _read_until(stream: Any, text: str, timeout_s: float, seen: list[str]) -> None:
     """Read lines of ``stream`` (a pipe) into ``seen`` until one contains ``text``."""
     deadline = time.monotonic() + timeout_s
@@ -635,10 +601,12 @@ def _read_until(stream: Any, text: str, timeout_s: float, seen: list[str]) -> No
 
 
 @pytest.mark.timeout(300)
-def test_jobs_follow_reattaches_across_a_coordinator_restart(tmp_path, keys):
-    """``actorrl jobs follow JOB`` re-attaches to a job submitted without --follow: it
-    prints its results, keeps following through a SIGKILL and restart of the coordinator
-    (which resumes the job from its checkpoint), and exits 0 once the job finished."""
+def test_a_restarted_coordinator_resumes_the_job_and_jobs_follow_reattaches(tmp_path, keys):
+    """SIGKILL of the coordinator mid-job: the node stops the orphaned actors and waits; a
+    coordinator restarted on the same address and state directory gets the node back and
+    resumes the job from its checkpoint, counters continuing. ``actorrl jobs follow JOB``,
+    attached before the kill to the job (submitted without --follow), prints its results,
+    keeps following through the loss and the restart, and exits 0 once the job finished."""
     c = Cluster(str(tmp_path), keys)
     follower = None
     try:
@@ -649,26 +617,37 @@ def test_jobs_follow_reattaches_across_a_coordinator_restart(tmp_path, keys):
         job = c.client.submit({**APEX_TINY, "min_iter_time_s": 1.0,
                                "stop": {"training_iteration": 12},
                                "job": {"checkpoint_interval_s": 0}})
-        next_result(job, 0, lambda r: r["training_iteration"] >= 2, 150)
+        first, _ = next_result(job, 0, lambda r: r["training_iteration"] >= 2, 150)
+        job_id = job.id
         c.remember(job)
         follower = subprocess.Popen(
-            [*CLUSTER_CLI, "jobs", "follow", job.id[:10], "--address", c.address, "--keys", keys,
+            [*CLUSTER_CLI, "jobs", "follow", job_id[:10], "--address", c.address, "--keys", keys,
              "--reconnect-timeout", "120", "--timeout", "5"], cwd=REPO,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         seen: list[str] = []
         _read_until(follower.stdout, "iter ", 60, seen)
-        assert f"following job {job.id} (running" in "".join(seen), "".join(seen)
+        assert f"following job {job_id} (running" in "".join(seen), "".join(seen)
+        old_actor_pids = [a["pid"] for a in job.actors()]
         c.client.close()
         c.coordinator.kill()
         c.coordinator.wait(10)
+        assert pids_alive(old_actor_pids, 30) == []  # the node released them
         # Noticed by the disconnect or, at the latest, when the pending results call times
         # out (poll 10 s + 15 s); under a loaded machine that took over 60 s once.
         _read_until(follower.stdout, "lost the coordinator", 150, seen)
         c.coordinator, address = start_coordinator(str(tmp_path), keys, bind=c.address)
+        assert address == c.address
         c.pids.add(c.coordinator.pid)
         c.client = Client(c.address, keys_dir=keys)
+        assert c.client.wait_for_nodes(1, 60) == 1
+        job = c.client.job(job_id)
+        result, _ = next_result(job, job.status()["num_results"], lambda r: True, 150)
+        assert result["training_iteration"] > first["training_iteration"]
+        assert result["timesteps_total"] >= first["timesteps_total"]
+        assert "resuming from checkpoint" in job.logs()
+        c.remember(job)
         _read_until(follower.stdout, "reconnected", 60, seen)
-        _read_until(follower.stdout, f"job {job.id} finished", 200, seen)
+        _read_until(follower.stdout, f"job {job_id} finished", 200, seen)
         assert follower.wait(30) == 0, "".join(seen)
         iterations = [int(line.split()[1]) for line in seen if line.startswith("iter ")]
         assert iterations[-1] >= 12 and iterations == sorted(iterations), "".join(seen)
