@@ -89,7 +89,7 @@ async def test_training_reports_the_scheduled_values(algorithm, tmp_path) -> Non
     """Over a short run, ``cur_lr`` and ``entropy_coeff`` in the learner stats
     fall as the schedules say at the run's timestep (within one train batch)."""
     spec = get_algorithm(algorithm)
-    horizon = 30_000
+    horizon = 8_000  # about 16 train batches of either algorithm, past the schedules end
     config = load_config(spec.config_cls, {
         "num_workers": 1, "seed": 0, "min_iter_time_s": 0.3,
         "lr_schedule": [[0, 0.01], [horizon, 0.0001]],
