@@ -376,7 +376,7 @@ def test_an_lstm_run_trains_serially_restores_in_processes_and_evaluates(tmp_pat
     trained further) and its checkpoint evaluates greedily, state carried per episode."""
     example = str(REPO / "examples" / "stateless-cartpole-impala-lstm.yaml")
     small = ["--set", "min_iter_time_s=0.5", "--stop-time", "120"]
-    first = run_cli(["train", "--config", example, "--serial", "--stop-timesteps", "4000",
+    first = run_cli(["train", "--config", example, "--serial", "--stop-timesteps", "2000",
                      *small, "--output", str(tmp_path / "first")], cwd=tmp_path,
                     timeout_s=240)
     assert first.returncode == 0, first.stderr[-3000:]
@@ -386,7 +386,7 @@ def test_an_lstm_run_trains_serially_restores_in_processes_and_evaluates(tmp_pat
     lstm_keys = [key for key in saved if "lstm" in key]
     assert lstm_keys, sorted(saved)
 
-    target = state["timesteps_total"] + 2000
+    target = state["timesteps_total"] + 1000
     second = run_cli(["train", "--restore", str(run), "--stop-timesteps", str(target), *small,
                       "--output", str(tmp_path / "second")], cwd=tmp_path, timeout_s=240)
     assert second.returncode == 0, second.stderr[-3000:]
