@@ -88,6 +88,8 @@ class ForkedProcess(ActorProcess):
     def _forked_as(self, pid: int, pidfd: int) -> None:
         """The server forked this process."""
         self.pid, self._pidfd = pid, pidfd
+        if not self.started.done():
+            self.started.set_result(pid)
         if self._pending_signal is not None:
             self.send_signal(self._pending_signal)
 

@@ -133,6 +133,9 @@ class LocalNode(NodeResources):
         running = self.actors[actor_id] = _Running(spec, process, ready)
         try:
             endpoint = await wait_for(asyncio.shield(ready), timeout_s)
+            # A forked actor can be ready before this loop reads its server's report of
+            # the fork: wait for that too, so the handle's process has its pid.
+            await wait_for(asyncio.shield(process.started), timeout_s)
         except BaseException as exc:
             # Given up: a late "ready" is ignored and the exit is no actor's death.
             running.stopping = True

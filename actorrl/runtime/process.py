@@ -93,6 +93,11 @@ class ActorProcess:
         self.log_path = log_path
         self._loop = asyncio.get_running_loop()
         self.exited: asyncio.Future[int] = self._loop.create_future()
+        self.started: asyncio.Future[int] = self._loop.create_future()
+        """Resolves to the pid once the process is known to exist (at once for a spawned
+        one; a forked one when its server reports the fork), or to 0 if it never started."""
+        if pid:
+            self.started.set_result(pid)
         self._on_exit = on_exit
         self._returncode: int | None = None
 
@@ -106,6 +111,8 @@ class ActorProcess:
         if self._returncode is not None:
             return
         self._returncode = returncode
+        if not self.started.done():
+            self.started.set_result(self.pid)
         if not self.exited.done():
             self.exited.set_result(returncode)
         if self._on_exit is not None:
