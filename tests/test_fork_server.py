@@ -192,6 +192,21 @@ async def test_only_a_node_with_the_same_environment_takes_a_kept_server(monkeyp
     assert not _running(full) and not _running(light)
 
 
+async def test_past_the_kept_count_the_oldest_kept_server_stops(monkeypatch):
+    """With ``ACTORRL_KEPT_FORK_SERVERS=1``, keeping a second idle server (another
+    environment) stops the one kept before."""
+    KEPT.stop_all()
+    monkeypatch.setenv("ACTORRL_KEPT_FORK_SERVERS", "1")
+    async with Driver.start(start_method="fork") as driver:
+        first = driver.node.fork_server
+    monkeypatch.setenv("ACTORRL_FORK_PRELOAD", "json")
+    async with Driver.start(start_method="fork") as driver:
+        second = driver.node.fork_server
+    assert not _running(first) and _running(second) and len(KEPT) == 1
+    KEPT.stop_all()
+    assert not _running(second)
+
+
 async def test_a_kept_server_that_died_is_replaced():
     """A kept server killed while idle is not handed to the next node, which starts a new
     one and forks its actors from it."""

@@ -388,12 +388,12 @@ class KeptForkServers:
             await server.close(timeout_s)
             return
         server.detach()
-        replaced = self._kept.pop(server.kept_key, None)
+        stopped = [self._kept.pop(server.kept_key, None)]
         self._kept[server.kept_key] = server
-        if replaced is not None:
-            replaced.stop_detached(timeout_s)
         while len(self._kept) > self.max_kept:
-            self._kept.popitem(last=False)[1].stop_detached(timeout_s)
+            stopped.append(self._kept.popitem(last=False)[1])
+        for old in filter(None, stopped):  # reaping waits: not on the event loop
+            await asyncio.to_thread(old.stop_detached, timeout_s)
         if not self._stop_at_exit:
             atexit.register(self.stop_all)
             self._stop_at_exit = True
