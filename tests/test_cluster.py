@@ -313,12 +313,17 @@ async def test_curve_listener_admits_only_allowed_keys(tmp_path):
 
 
 SILENT_LISTENER = r"""
-import socket, sys
+import select, socket, sys
 listener = socket.socket()
 listener.bind(("127.0.0.1", 0))
 listener.listen(8)
 print("READY", listener.getsockname()[1], flush=True)
 conn, _ = listener.accept()  # accepted, never read: a handshake nobody answers
+# Announced once the client's greeting is here, unread (as in a node killed mid-handshake):
+# killed before it arrived, the close would be a clean one that the client's next write
+# meets with EPIPE, which is also what a server that read the greeting and dropped it
+# (a wrong key) gives.
+select.select([conn], [], [], 60)
 print("ACCEPTED", flush=True)
 sys.stdin.read()
 """
@@ -326,9 +331,10 @@ sys.stdin.read()
 
 async def test_a_dead_peer_is_a_lost_peer_and_only_a_wrong_key_a_key_problem(tmp_path):
     """A CURVE client given the wrong server key fails with AuthenticationError saying the
-    server key is likely wrong. A client whose peer process is SIGKILLed mid-handshake (as
-    a coordinator probing a killed node meets it) fails with a plain PeerLostError that
-    says nobody answered, and nothing about keys (it used to blame the key)."""
+    server key is likely wrong. A client whose peer process is SIGKILLed mid-handshake,
+    its greeting unread (as a coordinator probing a killed node meets it), fails with a
+    plain PeerLostError that says nobody answered, and nothing about keys (it used to blame
+    the key)."""
     generate_keys(str(tmp_path / "k"))
     security = Security.from_dir(str(tmp_path / "k"), "coordinator")
     ensure_authenticator(security.allowed)
