@@ -31,6 +31,7 @@ Nothing here knows about reinforcement learning; jobs are served by a layer abov
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -89,6 +90,9 @@ class Coordinator:
         self.session_timeout_s = session_timeout_s
         self.sessions: dict[str, float] = {}
         """Client sessions owning actors -> when they last pinged (monotonic)."""
+        self._creating: collections.Counter[str] = collections.Counter()
+        """Client sessions -> their actor creations under way (a session waiting on one is
+        not silent: its pings start once its first creation returns)."""
         self.owner_keys: dict[str, str | None] = {}
         """Owner (``client:SESSION``, ``job:ID``) -> the public key that created it (None:
         a trusted caller); a client key may act only on owners created with it."""
@@ -214,7 +218,7 @@ class Coordinator:
 
     def _expire_sessions(self, now: float) -> None:
         for session, pinged in list(self.sessions.items()):
-            if now - pinged > self.session_timeout_s:
+            if now - pinged > self.session_timeout_s and not self._creating[session]:
                 # The client went away without closing: its actors go too.
                 del self.sessions[session]
                 log.warning("client session %s silent for %.0f s; stopping its actors",
@@ -445,9 +449,19 @@ class Coordinator:
         self._check_session(session)
         self.owner_keys.setdefault(f"client:{session}", current_caller().key)
         self.sessions[session] = time.monotonic()
-        handle = await self.create_actor(
-            spec_from_wire(spec), f"client:{session}", node=node, colocate_with=colocate_with,
-            timeout_s=min(float(timeout_s), 600.0))
+        self._creating[session] += 1
+        try:
+            handle = await self.create_actor(
+                spec_from_wire(spec), f"client:{session}", node=node,
+                colocate_with=colocate_with, timeout_s=min(float(timeout_s), 600.0))
+        finally:
+            # A creation slower than the session timeout must not end the session under
+            # it (its actor would then belong to no session and outlive a dead client).
+            self._creating[session] -= 1
+            if not self._creating[session]:
+                del self._creating[session]
+            if session in self.sessions:
+                self.sessions[session] = time.monotonic()
         return [handle.actor_id, handle.endpoint, handle.class_path, handle.name]
 
     async def _rpc_kill_actor(self, session: str, actor_id: str, signal_kill: bool = False

@@ -126,6 +126,15 @@ class NeverBuilt:
         threading.Event().wait(120)
 
 
+class SlowBuilt(Counter):
+    """A :class:`Counter` whose constructor takes ``seconds`` (a creation slower than a
+    client session's timeout)."""
+
+    def __init__(self, seconds: float) -> None:
+        threading.Event().wait(seconds)
+        super().__init__(0)
+
+
 class Putter:
     """Puts a value inside a method and has another actor read it before returning."""
 
