@@ -10,7 +10,8 @@ The wrappers, outermost last (each one switchable through ``env_config``, see
 3. ``episodic_life``: a lost life ends the episode for learning, but the game goes on
    (the next ``reset`` is a no-op step); episode metrics are recorded on real game ends;
 4. ``fire_reset``: FIRE (and the move after it) on reset in games that wait for it;
-5. ``frame_size``/``grayscale``: 84x84 single-channel frames (``cv2.INTER_AREA``);
+5. ``frame_size``/``grayscale``: 84x84 single-channel frames (``cv2.INTER_AREA``; with
+   ``grayscale=False`` three RGB channels);
 6. ``clip_rewards``: learning sees ``sign(reward)`` while the reported episode returns stay
    game scores;
 7. ``frame_stack``: the last 4 frames stacked on the channel axis, HWC ``(84, 84, 4)``
@@ -18,6 +19,11 @@ The wrappers, outermost last (each one switchable through ``env_config``, see
 
 Reported returns: the wrappers put the unclipped reward in ``info["game_reward"]`` and the
 real end of a game in ``info["game_over"]``; :class:`actorrl.envs.VectorEnv` reads both.
+
+RLlib's model keys for these wrappers (``model.dim``, ``model.grayscale``,
+``model.framestack``; RLlib passes them to its ``wrap_deepmind``) are folded into
+``env_config`` by :func:`model_env_config` when an algorithm config is built, so
+``model: {dim: 42}`` is ``env_config: {frame_size: 42}``.
 """
 
 from __future__ import annotations
@@ -138,6 +144,70 @@ def make_atari(env_id: str, env_config: dict[str, Any] | None = None) -> gym.Env
     return wrap_deepmind(env, options)
 
 
+MODEL_ENV_KEYS = {"dim": "frame_size", "grayscale": "grayscale", "framestack": "frame_stack"}
+"""RLlib ``model`` keys that set DeepMind preprocessing -> the ``env_config`` key each sets."""
+RLLIB_DIM = 84
+"""RLlib's ``model.dim`` default (a no-op on envs that are not Atari ids, as in RLlib)."""
+
+
+def model_env_config(env: Any, env_config: dict[str, Any] | None,
+                     model: dict[str, Any] | None) -> tuple[dict[str, Any], list[str]]:
+    """``env_config`` with the RLlib ``model`` keys of :data:`MODEL_ENV_KEYS` folded in, and
+    the problems that prevent it (then ``env_config`` comes back unchanged).
+
+    On an Atari id (:func:`is_atari_id`): ``dim`` sets ``frame_size``, ``grayscale`` sets
+    ``grayscale``, ``framestack: false`` sets ``frame_stack: 1`` (``true`` keeps the stack
+    of 4, or the ``frame_stack`` given). A key is written only where it changes the
+    effective value, so a config is folded once and folding again changes nothing. A
+    ``model`` key that contradicts the same setting given in ``env_config`` is a problem
+    naming both. Elsewhere ``grayscale`` and ``framestack`` do nothing (as in RLlib, whose
+    preprocessors read them for Atari frames only), and ``dim`` other than 84 is refused:
+    it would resize nothing. Without any of these keys nothing is checked (no ale-py
+    import): the default path costs nothing.
+    """
+    env_config = dict(env_config or {})
+    given = {key: value for key, value in (model or {}).items() if key in MODEL_ENV_KEYS}
+    if not given:
+        return env_config, []
+    problems: list[str] = []
+    if not is_atari_id(env):
+        dim = given.get("dim", RLLIB_DIM)
+        if dim != RLLIB_DIM:
+            problems.append(
+                f"model.dim={dim!r} resizes the frames of Atari ids (DeepMind preprocessing), "
+                f"but env {env!r} is not one: drop model.dim, or resize the observations in "
+                f"your own env (e.g. gymnasium.wrappers.ResizeObservation in a "
+                f"'pkg.module:factory' env)")
+        return env_config, problems
+    defaults = AtariOptions()
+    wanted: dict[str, Any] = {}
+    if "dim" in given:
+        wanted["frame_size"] = given["dim"]
+    if "grayscale" in given:
+        wanted["grayscale"] = given["grayscale"]
+    if "framestack" in given and not given["framestack"]:
+        wanted["frame_stack"] = 1
+    for key, value in wanted.items():
+        model_key = next(k for k, v in MODEL_ENV_KEYS.items() if v == key)
+        if key in env_config and env_config[key] != value:
+            problems.append(
+                f"model.{model_key}={given[model_key]!r} (which sets env_config.{key}="
+                f"{value!r}) and env_config.{key}={env_config[key]!r} disagree: set only one "
+                f"of them, or make them agree")
+    if given.get("framestack") is True and env_config.get("frame_stack") == 1:
+        problems.append("model.framestack=True and env_config.frame_stack=1 disagree: set "
+                        "model.framestack to false, or env_config.frame_stack above 1")
+    changes = {key: value for key, value in wanted.items()
+               if env_config.get(key, getattr(defaults, key)) != value}
+    if changes and env_config.get("preprocessing", defaults.preprocessing) == "none":
+        problems.append(f"model.{', model.'.join(sorted(given))} set DeepMind preprocessing, "
+                        f"but env_config.preprocessing is 'none' (the raw ALE env): drop "
+                        f"those model keys or env_config.preprocessing")
+    if problems:
+        return env_config, problems
+    return {**env_config, **changes}, []
+
+
 def wrap_deepmind(env: gym.Env, options: AtariOptions) -> gym.Env:
     """Apply the DeepMind wrappers that ``options`` switch on, in the order of the module
     docstring, to an ALE env that skips no frames itself."""
@@ -149,7 +219,7 @@ def wrap_deepmind(env: gym.Env, options: AtariOptions) -> gym.Env:
     if options.fire_reset and "FIRE" in env.unwrapped.get_action_meanings():
         env = FireReset(env)
     if options.frame_size > 0 or options.grayscale:
-        env = WarpFrame(env, options.frame_size)
+        env = WarpFrame(env, options.frame_size, grayscale=options.grayscale)
     env = ClipReward(env, enabled=options.clip_rewards)
     if options.frame_stack > 1 or options.channels_first:
         env = FrameStack(env, options.frame_stack, channels_first=options.channels_first)
@@ -253,19 +323,22 @@ class FireReset(gym.Wrapper):
 
 
 class WarpFrame(gym.ObservationWrapper):
-    """Resize to ``size`` x ``size`` (area interpolation), grayscale if not already;
-    the output keeps a channel axis: ``(H, W, C)`` uint8."""
+    """Resize to ``size`` x ``size`` (area interpolation; 0: keep the size), grayscale if
+    not already (``grayscale=False`` keeps RGB frames RGB); the output keeps a channel
+    axis: ``(H, W, C)`` uint8."""
 
-    def __init__(self, env: gym.Env, size: int) -> None:
+    def __init__(self, env: gym.Env, size: int, grayscale: bool = True) -> None:
         super().__init__(env)
         import cv2
 
         self._cv2 = cv2
         shape = env.observation_space.shape
-        self._rgb = len(shape) == 3 and shape[-1] == 3
+        rgb = len(shape) == 3 and shape[-1] == 3
+        self._rgb = rgb and grayscale
         self.size = size
         height, width = (size, size) if size > 0 else shape[:2]
-        self.observation_space = gym.spaces.Box(0, 255, (height, width, 1), np.uint8)
+        channels = 3 if rgb and not grayscale else 1
+        self.observation_space = gym.spaces.Box(0, 255, (height, width, channels), np.uint8)
 
     def observation(self, observation: np.ndarray) -> np.ndarray:
         frame = observation
@@ -274,7 +347,7 @@ class WarpFrame(gym.ObservationWrapper):
         if self.size > 0:
             frame = self._cv2.resize(frame, (self.size, self.size),
                                      interpolation=self._cv2.INTER_AREA)
-        return frame[:, :, None]
+        return frame[:, :, None] if frame.ndim == 2 else frame
 
 
 class ClipReward(gym.Wrapper):
@@ -293,21 +366,24 @@ class ClipReward(gym.Wrapper):
 
 class FrameStack(gym.Wrapper):
     """The last ``k`` frames on the channel axis (HWC, or CHW with ``channels_first``);
-    after a reset the first frame fills the stack."""
+    after a reset the first frame fills the stack. RGB frames (``grayscale=False``) stack
+    their channels frame after frame: ``(H, W, 3k)``."""
 
     def __init__(self, env: gym.Env, k: int, channels_first: bool = False) -> None:
         super().__init__(env)
         self.k = k
         self.channels_first = channels_first
         height, width, channels = env.observation_space.shape
-        if channels != 1:
-            raise ValueError("frame stacking needs single-channel frames (grayscale=True)")
+        self._channels = channels
         self._frames: deque[np.ndarray] = deque(maxlen=k)
-        shape = (k, height, width) if channels_first else (height, width, k)
+        depth = k * channels
+        shape = (depth, height, width) if channels_first else (height, width, depth)
         self.observation_space = gym.spaces.Box(0, 255, shape, np.uint8)
 
     def _observation(self) -> np.ndarray:
         axis = 0 if self.channels_first else -1
+        if self.channels_first and self._channels != 1:
+            return np.concatenate([np.moveaxis(f, -1, 0) for f in self._frames], axis=0)
         return np.concatenate([f.reshape(1, *f.shape[:2]) if self.channels_first else f
                                for f in self._frames], axis=axis)
 

@@ -384,7 +384,8 @@ _POLICY_KEYS = (
     "per_worker_exploration", "vtrace", "vtrace_clip_rho_threshold",
     "vtrace_clip_pg_rho_threshold", "vf_loss_coeff", "entropy_coeff", "opt_type", "decay",
     "momentum", "epsilon", "use_gae", "use_critic", "lambda", "lr_schedule",
-    "entropy_coeff_schedule")
+    "entropy_coeff_schedule", "clip_param", "vf_clip_param", "use_kl_loss", "kl_coeff",
+    "kl_target", "target_update_frequency")
 _ROLLOUT_KEYS = ("num_envs_per_worker", "rollout_fragment_length", "batch_mode", "explore",
                  "clip_actions", "observation_filter", "multiagent")
 _REPLAY_KEYS = ("buffer_size", "learning_starts", "prioritized_replay",
@@ -392,14 +393,16 @@ _REPLAY_KEYS = ("buffer_size", "learning_starts", "prioritized_replay",
                 "num_replay_buffer_shards", "batch_replay", "worker_side_prioritization",
                 "compress_observations")
 _LEARNER_KEYS = ("num_sgd_iter", "minibatch_buffer_size", "learner_queue_size",
-                 "learner_queue_timeout", "num_multi_gpu_tower_stacks", "num_data_load_threads")
+                 "learner_queue_timeout", "num_multi_gpu_tower_stacks", "num_data_load_threads",
+                 "sgd_minibatch_size", "shuffle_sequences")
 _TOP_LEVEL_KEYS = (
     "env", "env_config", "num_workers", "train_batch_size", "seed", "num_gpus", "_fake_gpus",
     "min_iter_time_s", "timesteps_per_iteration", "metrics_smoothing_episodes", "debug",
     "max_weight_sync_delay", "training_intensity", "max_sample_requests_in_flight_per_worker",
     "broadcast_interval", "grads_per_step", "microbatch_size", "num_cpus_per_worker",
     "num_cpus_for_driver", "callbacks", "evaluation_interval", "evaluation_duration",
-    "evaluation_duration_unit", "evaluation_num_workers", "evaluation_config")
+    "evaluation_duration_unit", "evaluation_num_workers", "evaluation_config",
+    "preprocessor_pref")
 
 FLAT_KEYS: dict[str, str] = {
     **{key: key for key in _TOP_LEVEL_KEYS},
@@ -635,8 +638,25 @@ class AlgorithmConfig(ConfigSection):
     evaluation_config: dict[str, Any] = field(default_factory=dict)
     """Config keys overridden for the evaluation workers (rollout and policy keys, e.g.
     ``env_config``, ``explore``); ``explore`` is false unless set here."""
+    preprocessor_pref: str | None = "deepmind"
+    """Atari ids always get DeepMind preprocessing (``actorrl.atari``): ``deepmind``;
+    ``rllib`` or null (RLlib's generic preprocessor or none) are accepted with a warning
+    that DeepMind preprocessing is used anyway; no effect on other envs."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """How the rollout workers sample."""
+
+    def __post_init__(self) -> None:
+        """Fold RLlib's Atari ``model`` keys (``dim``, ``grayscale``, ``framestack``) into
+        ``env_config`` (:func:`actorrl.atari.model_env_config`), so workers, evaluation
+        and checkpoints all build the env the model was made for; then validate."""
+        model = getattr(getattr(self, "policy", None), "model", None)
+        if model:
+            from actorrl.atari import model_env_config
+
+            env_config, problems = model_env_config(self.env, self.env_config, model)
+            if not problems:  # validate() reports them
+                object.__setattr__(self, "env_config", env_config)
+        super().__post_init__()
 
     def __getattr__(self, name: str) -> Any:
         dotted = FLAT_KEYS.get(name) or FLAT_KEYS.get(_key_name(name))
@@ -671,11 +691,36 @@ class AlgorithmConfig(ConfigSection):
 
         problems += check_callbacks(self.callbacks)
         problems += self._evaluation_problems()
+        problems += self._preprocessor_problems()
         if self.rollout.multiagent.get("policies") and self.num_gpus > 1:
             problems.append(
                 f"multiagent.policies cannot be used with num_gpus > 1 (got {self.num_gpus:g}): "
                 "the multi-tower learner trains one policy, as in RLlib; set num_gpus <= 1 "
                 "or drop multiagent.policies")
+        return problems
+
+    def _preprocessor_problems(self) -> list[str]:
+        """``preprocessor_pref`` and the Atari ``model`` keys (see ``__post_init__``).
+        ``rllib``/null on an Atari id warn rather than fail: ported RLlib configs keep
+        working, with the frames actorrl's DeepMind wrappers make."""
+        problems = []
+        pref = self.preprocessor_pref
+        if pref not in ("deepmind", "rllib", None):
+            problems.append(f"preprocessor_pref must be 'deepmind', 'rllib' or null, got "
+                            f"{pref!r}")
+        model = getattr(getattr(self, "policy", None), "model", None)
+        needs_atari_check = pref in ("rllib", None) or model
+        if not needs_atari_check:
+            return problems
+        from actorrl.atari import is_atari_id, model_env_config
+
+        if model:
+            problems += model_env_config(self.env, self.env_config, model)[1]
+        if pref in ("rllib", None) and is_atari_id(self.env):
+            warnings.warn(f"preprocessor_pref={pref!r}: actorrl always uses DeepMind "
+                          f"preprocessing for Atari ids like {self.env!r}; set "
+                          f"preprocessor_pref: deepmind to silence this", UserWarning,
+                          stacklevel=2)
         return problems
 
     def _evaluation_problems(self) -> list[str]:

@@ -2,9 +2,10 @@
 
 ``python -m actorrl.config_reference`` prints, per algorithm, every key with its RLlib
 (flat) name, where it lives (``replay.buffer_size``), its default and the docstring of its
-field; ``--check README.md`` fails when the README's copy differs (a test runs it), and
-``--write README.md`` replaces that copy. The section sits between the two markers
-:data:`BEGIN` and :data:`END`.
+field, then the ``model`` options (``actorrl.policy.model_config``: each key's default and
+its line in ``MODEL_KEY_DOCS``); ``--check README.md`` fails when the README's copy
+differs (a test runs it), and ``--write README.md`` replaces that copy. The section sits
+between the two markers :data:`BEGIN` and :data:`END`.
 """
 
 from __future__ import annotations
@@ -87,8 +88,22 @@ def reference() -> str:
             shown = f"`{flat}`" if flat else "-"
             lines.append(f"| {shown} | `{location}` | {default} | {doc.replace('|', '/')} |")
         lines.append("")
+    lines += model_reference()
     lines.append(END)
     return "\n".join(lines)
+
+
+def model_reference() -> list[str]:
+    """The table of ``model`` options (RLlib's names): key, default and one line each."""
+    from actorrl.policy.model_config import MODEL_DEFAULTS, MODEL_KEY_DOCS
+
+    lines = ["### `model` options (`policy.model`; unset keys take these defaults)", "",
+             "| key | default | meaning |", "|---|---|---|"]
+    for key, value in MODEL_DEFAULTS.items():
+        doc = MODEL_KEY_DOCS.get(key, "")
+        lines.append(f"| `model.{key}` | {_default(value)} | {doc.replace('|', '/')} |")
+    lines.append("")
+    return lines
 
 
 def _split(text: str) -> tuple[str, str, str]:

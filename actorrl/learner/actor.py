@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
 from actorrl.batch import MultiAgentBatch, SampleBatch, as_multi_agent
@@ -26,7 +27,7 @@ from actorrl.config import WorkerConfig, load_worker_config
 from actorrl.envs import EpisodeMetrics
 from actorrl.learner.config import LearnerConfig
 from actorrl.learner.thread import LearnerResult, make_learner_thread
-from actorrl.learner.towers import move_policy_to
+from actorrl.learner.towers import TowerSet, epoch_minibatches, move_policy_to
 from actorrl.messages import (
     EnqueueReply,
     GradientsApplied,
@@ -113,6 +114,10 @@ class LearnerActor:
         self.puts_waiting = 0
         """Puts waiting on the loop for room in the full in-queue."""
         self._accumulated: dict[str, tuple[list[Any] | None, int]] = {}
+        self._sgd_towers: dict[str, TowerSet] = {}
+        """Single-device towers of :meth:`learn_on_train_batch` (multi-tower: the thread's)."""
+        self._sgd_rng = np.random.default_rng(torch.initial_seed() % 2**32)
+        """Shuffles :meth:`learn_on_train_batch`'s minibatches (seeded with the job)."""
         if start_thread:
             self.thread.start()
 
@@ -386,6 +391,70 @@ class LearnerActor:
             self._accumulated = {}
             self.weights_version += 1
         return {"rows": applied, "version": self.current_version()}
+
+    async def learn_on_train_batch_refs(self, refs: list[ObjectRef]) -> dict[str, Any]:
+        """PPO's synchronous learner step: fetch the sample batches straight from their
+        owners (freeing them there), then :meth:`learn_on_train_batch` off the event loop.
+        Returns the rows trained, the fetch time and the learner stats per policy."""
+        started = time.perf_counter()
+        batches = await Runtime.current().get_and_free_async(refs)
+        fetch_time_s = time.perf_counter() - started
+        result = await asyncio.to_thread(self.learn_on_train_batch, batches)
+        return {**result, "fetch_time_s": fetch_time_s}
+
+    def learn_on_train_batch(self, batches: list[Any]) -> dict[str, Any]:
+        """Minibatch SGD epochs on the concatenation of ``batches`` (RLlib's PPO step),
+        under the update lock. Per trainable policy: ``advantages`` standardised over its
+        whole train batch (mean 0, std 1), the batch pre-loaded once on the tower devices
+        (:meth:`TowerSet.preload`), then ``num_sgd_iter`` epochs of
+        :func:`~actorrl.learner.towers.epoch_minibatches` (``sgd_minibatch_size`` rows,
+        ``shuffle_sequences``), one SGD step on the towers each; the stats are the means
+        over the step's minibatches, and a policy with ``update_kl`` (PPO) adapts its KL
+        coefficient from their mean ``kl`` (``cur_kl_coeff`` reports the new value)."""
+        batch = as_multi_agent(SampleBatch.concat_samples(batches))
+        config = self.config
+        num_sgd_iter = int(config.num_sgd_iter)
+        minibatch_size = int(getattr(config, "sgd_minibatch_size", config.train_batch_size))
+        shuffle = bool(getattr(config, "shuffle_sequences", True))
+        towers_of: dict[str, TowerSet] = getattr(self.thread, "towers", None) or \
+            self._sgd_towers
+        rng = self._sgd_rng
+        stats: dict[str, Any] = {}
+        trainable = set(self.worker.policies_to_train)
+        with self.thread.update_lock:
+            for pid, policy_batch in batch.policy_batches.items():
+                if pid not in trainable or policy_batch.count == 0:
+                    continue
+                policy = self.worker.get_policy(pid)
+                towers = towers_of.get(pid)
+                if towers is None:
+                    towers = towers_of[pid] = TowerSet(policy, [policy.device])
+                policy_batch = SampleBatch(dict(policy_batch))
+                advantages = policy_batch[SampleBatch.ADVANTAGES].astype(np.float64)
+                policy_batch[SampleBatch.ADVANTAGES] = (
+                    (advantages - advantages.mean()) / max(1e-4, float(advantages.std()))
+                ).astype(np.float32)
+                towers.preload(policy_batch)
+                seq_lens = (policy_batch[SampleBatch.SEQ_LENS] if policy_batch.is_sequenced
+                            else None)
+                results = []
+                try:
+                    for _ in range(num_sgd_iter):
+                        for indices in epoch_minibatches(policy_batch.count, minibatch_size,
+                                                         rng, shuffle=shuffle,
+                                                         seq_lens=seq_lens):
+                            results.append(towers.learn_on_minibatch(indices)["learner_stats"])
+                finally:
+                    towers.release_preloaded()
+                means = {key: float(np.mean([r[key] for r in results])) for key in results[0]}
+                update_kl = getattr(policy, "update_kl", None)
+                if update_kl is not None and "kl" in means:
+                    means["cur_kl_coeff"] = float(update_kl(means["kl"]))
+                means["num_sgd_steps"] = len(results)
+                stats[pid] = means
+            self.weights_version += 1
+        self.num_steps_trained += batch.count
+        return {"count": batch.count, "learner_stats": stats}
 
     def set_global_timestep(self, timestep: int) -> None:
         """Tell the policies the global env-step count (schedules)."""

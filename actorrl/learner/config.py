@@ -80,3 +80,27 @@ class LearnerConfig(ConfigSection):
     def multi_tower(self) -> bool:
         """True when the multi-tower (MultiGPULearnerThread) learner is used."""
         return self.num_gpus > 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class PPOLearnerConfig(LearnerConfig):
+    """The ``learner`` section of PPO: minibatch SGD epochs over each synchronous train
+    batch (RLlib's PPO defaults)."""
+
+    num_sgd_iter: int = 30
+    """Epochs over each train batch."""
+    sgd_minibatch_size: int = 128
+    """Rows per SGD step (split across the towers); each epoch takes
+    ``rows // sgd_minibatch_size`` minibatches and drops the partial rest, as RLlib's
+    multi-GPU loader does (a recurrent policy's minibatches are whole sequences, at least
+    ``sgd_minibatch_size`` rows each)."""
+    shuffle_sequences: bool = True
+    """Shuffle the rows (a recurrent policy's: whole sequences) before every epoch."""
+
+    def validate(self) -> list[str]:
+        """The learner's checks plus sgd_minibatch_size >= 1 (the algorithm checks it
+        against train_batch_size and the towers, values this section only derives)."""
+        problems = super().validate()
+        if self.sgd_minibatch_size < 1:
+            problems.append(f"sgd_minibatch_size must be >= 1, got {self.sgd_minibatch_size}")
+        return problems

@@ -246,6 +246,57 @@ class ImpalaPolicyConfig(PolicyConfig):
                            for name, ok, allowed in checks if not ok]
 
 
+@dataclass(frozen=True, kw_only=True)
+class APPOPolicyConfig(ImpalaPolicyConfig):
+    """The settings of ``actorrl.policy.appo.APPOPolicy`` (RLlib's APPO defaults)."""
+
+    clip_param: float = 0.4
+    """PPO clip of the probability ratio of the learner policy over the old (target)
+    policy: the surrogate uses ``clip(ratio, 1 - clip_param, 1 + clip_param)``."""
+    use_kl_loss: bool = False
+    """Add ``kl_coeff * KL(old policy || learner policy)`` to the loss (adapted toward
+    ``kl_target`` at every target-network update)."""
+    kl_coeff: float = 1.0
+    """Initial weight of the KL term."""
+    kl_target: float = 0.01
+    """The KL the adaptive coefficient steers toward (x1.5 above twice it, x0.5 below half)."""
+    lambda_: float = 1.0
+    """GAE lambda (key ``lambda``), with ``vtrace: false``."""
+    use_gae: bool = True
+    """GAE advantages with ``vtrace: false`` (else discounted returns minus the baseline)."""
+    use_critic: bool = True
+    """Learn a value baseline (needed by GAE), with ``vtrace: false``."""
+    target_update_frequency: int = 0
+    """Learner updates between two syncs of the old-policy (target) network from the
+    learner's; 0 (default): ``num_sgd_iter * minibatch_buffer_size``, RLlib's rule."""
+    num_sgd_iter: int = derived(1, "learner.num_sgd_iter")
+    """Passes over each train batch (sets the default target-update period)."""
+    minibatch_buffer_size: int = derived(1, "learner.minibatch_buffer_size")
+    """Batches the learner cycles through (sets the default target-update period)."""
+
+    def validate(self) -> list[str]:
+        """Ranges of the surrogate and KL settings."""
+        problems = super().validate()
+        checks = [
+            ("clip_param", self.clip_param, self.clip_param > 0, "> 0"),
+            ("kl_coeff", self.kl_coeff, self.kl_coeff >= 0, ">= 0"),
+            ("kl_target", self.kl_target, self.kl_target > 0, "> 0"),
+            ("lambda", self.lambda_, 0.0 <= self.lambda_ <= 1.0, "in [0, 1]"),
+            ("target_update_frequency", self.target_update_frequency,
+             self.target_update_frequency >= 0, ">= 0 (0: num_sgd_iter * minibatch_buffer_size)"),
+        ]
+        problems += [f"{name} must be {allowed}, got {value!r}"
+                     for name, value, ok, allowed in checks if not ok]
+        if not self.vtrace and self.use_gae and not self.use_critic:
+            problems.append("use_gae=True needs use_critic=True (got use_critic=False)")
+        return problems
+
+    @property
+    def target_update_period(self) -> int:
+        """Learner updates between two target-network syncs."""
+        return self.target_update_frequency or self.num_sgd_iter * self.minibatch_buffer_size
+
+
 # ---- A2C / A3C ----------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class ActorCriticPolicyConfig(PolicyConfig):
@@ -278,3 +329,44 @@ class ActorCriticPolicyConfig(PolicyConfig):
             problems.append("use_gae=True needs use_critic=True (got use_critic=False)")
         problems += check_schedule("entropy_coeff_schedule", self.entropy_coeff_schedule)
         return problems
+
+
+# ---- PPO ----------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class PPOPolicyConfig(ActorCriticPolicyConfig):
+    """The settings of ``actorrl.policy.ppo.PPOPolicy`` (RLlib's PPO defaults)."""
+
+    lr: float = 5e-5
+    """Adam learning rate (unless ``lr_schedule`` is set)."""
+    grad_clip: float | None = None
+    """Global gradient-norm clip; ``None`` (RLlib's PPO default) disables it."""
+    vf_loss_coeff: float = 1.0
+    """Weight of the (clamped) value loss."""
+    entropy_coeff: float = 0.0
+    """Weight of the entropy bonus (unless ``entropy_coeff_schedule`` is set)."""
+    clip_param: float = 0.3
+    """PPO clip: the probability ratio is clipped to ``[1 - clip_param, 1 + clip_param]``."""
+    vf_clip_param: float = 10.0
+    """The squared value error is clamped to ``[0, vf_clip_param]`` (RLlib's clamp of the
+    squared error, not PPO2's clipping of the value change): scale it to the returns."""
+    kl_coeff: float = 0.2
+    """Initial weight of the KL(behaviour || current) penalty; adapted after every train
+    step towards ``kl_target`` (0: no KL term)."""
+    kl_target: float = 0.01
+    """The KL the adaptive ``kl_coeff`` aims at (x1.5 above twice it, x0.5 below half)."""
+    use_kl_loss: bool = True
+    """Whether the loss has the KL term at all (with ``kl_coeff > 0``)."""
+
+    def validate(self) -> list[str]:
+        """The actor-critic checks plus positive clips, kl_coeff >= 0, kl_target > 0,
+        entropy_coeff >= 0."""
+        problems = super().validate()
+        checks = [
+            ("clip_param", self.clip_param > 0, "> 0"),
+            ("vf_clip_param", self.vf_clip_param > 0, "> 0"),
+            ("kl_coeff", self.kl_coeff >= 0, ">= 0"),
+            ("kl_target", self.kl_target > 0, "> 0"),
+            ("entropy_coeff", self.entropy_coeff >= 0, ">= 0"),
+        ]
+        return problems + [f"{name} must be {allowed}, got {getattr(self, name)!r}"
+                           for name, ok, allowed in checks if not ok]

@@ -26,6 +26,7 @@ Loss (means over the batch rows; RLlib sums, which only rescales the gradient be
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
@@ -69,6 +70,18 @@ def to_time_major(x: torch.Tensor, horizon: int) -> torch.Tensor:
 def from_time_major(x: torch.Tensor, count: int) -> torch.Tensor:
     """Inverse of :func:`to_time_major`: ``[T, B]`` -> ``[count]``."""
     return x.t().reshape(-1)[:count]
+
+
+@dataclass
+class TrainForward:
+    """A model's outputs on a train batch's rows: action-distribution inputs and values
+    (with gradients); for a sequenced batch also its layout and the value after each
+    sequence's last step."""
+
+    dist_inputs: torch.Tensor
+    values: torch.Tensor
+    layout: SequenceLayout | None = None
+    bootstrap: torch.Tensor | None = None
 
 
 class ImpalaPolicy(TorchPolicy):
@@ -138,42 +151,83 @@ class ImpalaPolicy(TorchPolicy):
 
     def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput:
         """The V-trace actor-critic loss on ``batch`` (layout: see the module docstring)."""
-        if SampleBatch.SEQ_LENS in batch:
-            return self._recurrent_loss(model, batch)
-        cfg = self.config
-        count = batch[SampleBatch.OBS].shape[0]
-        horizon = cfg.rollout_fragment_length
-        dist_inputs, values = model(batch[SampleBatch.OBS])
+        forward = self.forward_train(model, batch)
         target_logp, entropy, behaviour_logp, terminated, ends = self._logps_and_ends(
-            batch, dist_inputs)
+            batch, forward.dist_inputs)
+        log_rhos = target_logp.detach() - behaviour_logp
+        vs, pg_advantages = self.vtrace_targets(model, batch, forward, log_rhos, terminated,
+                                                ends)
+        return self._loss_output(model, target_logp, entropy, forward.values, vs,
+                                 pg_advantages, log_rhos)
+
+    def forward_train(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> TrainForward:
+        """The model's outputs on every row of a train batch: a sequenced batch is unrolled
+        from each sequence's start state, one step further for the bootstrap value."""
+        if SampleBatch.SEQ_LENS not in batch:
+            dist_inputs, values = model(batch[SampleBatch.OBS])
+            return TrainForward(dist_inputs, values)
+        layout = SequenceLayout(batch[SampleBatch.SEQ_LENS])
+        dist_inputs, values, bootstrap = layout.unroll(model, batch, bootstrap=True)
+        assert bootstrap is not None
+        return TrainForward(dist_inputs, values, layout, bootstrap)
+
+    def vtrace_targets(self, model: nn.Module, batch: dict[str, torch.Tensor],
+                       forward: TrainForward, log_rhos: torch.Tensor, terminated: torch.Tensor,
+                       ends: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """V-trace value targets ``vs`` and policy-gradient advantages per row (no
+        gradients), from the log importance ratios ``log_rhos`` (target over behaviour
+        policy; ignored with ``vtrace: false``). At every row that ends a trajectory or a
+        sequence the trace is cut and the row's bootstrap value folded into its reward."""
+        cfg = self.config
+        values = forward.values
         with torch.no_grad():
-            rows = torch.arange(count, device=values.device)
-            ends |= (rows % horizon) == horizon - 1
-            bootstrap_rows = torch.nonzero(ends & ~terminated).squeeze(1)
+            ends = ends.clone()
             next_values = torch.zeros_like(values)
-            if len(bootstrap_rows) > 0:
-                bootstrap_obs = batch[SampleBatch.NEXT_OBS][bootstrap_rows]
-                next_values[bootstrap_rows] = model(bootstrap_obs)[1]
+            layout = forward.layout
+            if layout is None:
+                count = values.shape[0]
+                horizon = cfg.rollout_fragment_length
+                rows = torch.arange(count, device=values.device)
+                ends |= (rows % horizon) == horizon - 1
+                bootstrap_rows = torch.nonzero(ends & ~terminated).squeeze(1)
+                if len(bootstrap_rows) > 0:
+                    bootstrap_obs = batch[SampleBatch.NEXT_OBS][bootstrap_rows]
+                    next_values[bootstrap_rows] = model(bootstrap_obs)[1]
+
+                def time_major(x: torch.Tensor) -> torch.Tensor:
+                    return to_time_major(x, horizon)
+
+                def flat(x: torch.Tensor) -> torch.Tensor:
+                    return from_time_major(x, count)
+
+                num_seqs = -(-count // horizon)
+            else:
+                # Inside a sequence a trajectory ends only at a terminal row (sequences are
+                # cut from one episode's fragment); its last row bootstraps from the
+                # unrolled value.
+                assert forward.bootstrap is not None
+                ends[layout.last_rows] = True
+                next_values[layout.last_rows] = forward.bootstrap.detach()
+                next_values = torch.where(terminated, torch.zeros_like(next_values),
+                                          next_values)
+                time_major, flat, num_seqs = (layout.time_major, layout.from_time_major,
+                                              layout.num_seqs)
             rewards = batch[SampleBatch.REWARDS].float()
             rewards = torch.where(ends, rewards + cfg.gamma * next_values, rewards)
             discounts = torch.where(ends, torch.zeros_like(rewards),
                                     torch.full_like(rewards, cfg.gamma))
-            log_rhos = target_logp.detach() - behaviour_logp
             if not cfg.vtrace:  # importance ratios taken as 1: on-policy n-step targets
                 log_rhos = torch.zeros_like(log_rhos)
             vtrace = vtrace_from_importance_weights(
-                log_rhos=to_time_major(log_rhos, horizon),
-                discounts=to_time_major(discounts, horizon),
-                rewards=to_time_major(rewards, horizon),
-                values=to_time_major(values.detach(), horizon),
-                bootstrap_value=values.new_zeros(-(-count // horizon)),
+                log_rhos=time_major(log_rhos),
+                discounts=time_major(discounts),
+                rewards=time_major(rewards),
+                values=time_major(values.detach()),
+                bootstrap_value=values.new_zeros(num_seqs),
                 clip_rho_threshold=cfg.vtrace_clip_rho_threshold,
                 clip_pg_rho_threshold=cfg.vtrace_clip_pg_rho_threshold,
             )
-            vs = from_time_major(vtrace.vs, count)
-            pg_advantages = from_time_major(vtrace.pg_advantages, count)
-        return self._loss_output(model, target_logp, entropy, values, vs, pg_advantages,
-                                 log_rhos)
+            return flat(vtrace.vs), flat(vtrace.pg_advantages)
 
     def _logps_and_ends(self, batch: dict[str, torch.Tensor], dist_inputs: torch.Tensor
                         ) -> tuple[torch.Tensor, ...]:
@@ -198,46 +252,6 @@ class ImpalaPolicy(TorchPolicy):
         if SampleBatch.ACTION_LOGP in batch:
             return batch[SampleBatch.ACTION_LOGP].float()
         return self.dist_class(batch[SampleBatch.ACTION_DIST_INPUTS].float()).logp(actions)
-
-    def _recurrent_loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput:
-        """V-trace over a sequenced batch: the model unrolls every sequence from its start
-        state (one step further for the bootstrap value); each sequence is one V-trace
-        trace, cut where an episode ends inside it."""
-        cfg = self.config
-        layout = SequenceLayout(batch[SampleBatch.SEQ_LENS])
-        dist_inputs, values, bootstrap = layout.unroll(model, batch, bootstrap=True)
-        assert bootstrap is not None
-        target_logp, entropy, behaviour_logp, terminated, ends = self._logps_and_ends(
-            batch, dist_inputs)
-        with torch.no_grad():
-            seq_ends = torch.zeros_like(ends)
-            seq_ends[layout.last_rows] = True
-            # Inside a sequence a trajectory ends only at a terminal row (sequences are cut
-            # from one episode's fragment); its last row bootstraps from the unrolled value.
-            next_values = torch.zeros_like(values)
-            next_values[layout.last_rows] = bootstrap.detach()
-            next_values = torch.where(terminated, torch.zeros_like(next_values), next_values)
-            ends |= seq_ends
-            rewards = batch[SampleBatch.REWARDS].float()
-            rewards = torch.where(ends, rewards + cfg.gamma * next_values, rewards)
-            discounts = torch.where(ends, torch.zeros_like(rewards),
-                                    torch.full_like(rewards, cfg.gamma))
-            log_rhos = target_logp.detach() - behaviour_logp
-            if not cfg.vtrace:
-                log_rhos = torch.zeros_like(log_rhos)
-            vtrace = vtrace_from_importance_weights(
-                log_rhos=layout.time_major(log_rhos),
-                discounts=layout.time_major(discounts),
-                rewards=layout.time_major(rewards),
-                values=layout.time_major(values.detach()),
-                bootstrap_value=values.new_zeros(layout.num_seqs),
-                clip_rho_threshold=cfg.vtrace_clip_rho_threshold,
-                clip_pg_rho_threshold=cfg.vtrace_clip_pg_rho_threshold,
-            )
-            vs = layout.from_time_major(vtrace.vs)
-            pg_advantages = layout.from_time_major(vtrace.pg_advantages)
-        return self._loss_output(model, target_logp, entropy, values, vs, pg_advantages,
-                                 log_rhos)
 
     def _loss_output(self, model: nn.Module, target_logp: torch.Tensor,
                      entropy: torch.Tensor, values: torch.Tensor, vs: torch.Tensor,

@@ -7,7 +7,7 @@ import difflib
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["MODEL_DEFAULTS", "RECURRENT_METHODS", "missing_recurrent_methods",
+__all__ = ["MODEL_DEFAULTS", "MODEL_KEY_DOCS", "RECURRENT_METHODS", "missing_recurrent_methods",
            "model_value_problems", "resolve_model_config"]
 
 MODEL_DEFAULTS: dict[str, Any] = {
@@ -49,9 +49,54 @@ MODEL_DEFAULTS: dict[str, Any] = {
     "lstm_use_prev_action": False,
     # Feed the previous reward to the LSTM with the features.
     "lstm_use_prev_reward": False,
+    # RLlib's Atari preprocessor keys. On Atari ids they set the DeepMind wrappers
+    # (actorrl.atari.model_env_config folds them into env_config): frames of dim x dim
+    # (84: RLlib's 84x84 conv stack; 42: its 42x42 one). Elsewhere only dim=84 (a no-op)
+    # is accepted.
+    "dim": 84,
+    # Atari ids: one gray channel per frame (False: RGB, 3 channels per stacked frame).
+    # RLlib's default False is its generic preprocessor's; its DeepMind wrappers (and
+    # actorrl's) are gray. No effect on other envs.
+    "grayscale": True,
+    # uint8 image inputs enter the conv stack scaled to [-1, 1] (x/127.5 - 1) instead of
+    # [0, 1] (x/255). RLlib's default True belongs to its generic preprocessor, which
+    # DeepMind-wrapped Atari frames skip; float images are never scaled.
+    "zero_mean": False,
+    # Atari ids: stack the last 4 frames (or env_config.frame_stack); False: 1 frame.
+    # No effect on other envs.
+    "framestack": True,
 }
 
-_POSITIVE_INT_OPTIONS = ("max_seq_len", "lstm_cell_size")
+MODEL_KEY_DOCS: dict[str, str] = {
+    "fcnet_hiddens": "Hidden layer sizes of the MLP for flat observations.",
+    "fcnet_activation": "Activation of those layers: tanh, relu, elu, swish or linear.",
+    "conv_filters": "Conv stack for image observations: [[out_channels, kernel, stride], "
+                    "...], or rllib (RLlib's stack for the image size, 84x84 or 42x42) or "
+                    "nature (Nature-DQN); null: rllib.",
+    "channels_first": "Image axis order: true CHW, false HWC, null tells it from the shape.",
+    "conv_activation": "Activation of the conv layers.",
+    "vf_share_layers": "Actor-critic: the value head shares the policy's encoder.",
+    "custom_model": "pkg.module:Class of a custom torch.nn.Module.",
+    "custom_model_config": "Free-form options for the custom model.",
+    "use_lstm": "Wrap the encoder in an LSTM (recurrent policy).",
+    "max_seq_len": "Longest sequence the loss unrolls the LSTM over.",
+    "lstm_cell_size": "Size of the LSTM's hidden and cell states.",
+    "lstm_use_prev_action": "Feed the previous action to the LSTM.",
+    "lstm_use_prev_reward": "Feed the previous reward to the LSTM.",
+    "dim": "Atari ids: frames resized to dim x dim (env_config.frame_size); 42 picks "
+           "RLlib's 42x42 conv stack. Other envs: only 84 (no-op).",
+    "grayscale": "Atari ids: gray frames (false: RGB, 3 channels per frame; "
+                 "env_config.grayscale).",
+    "zero_mean": "uint8 image inputs scaled to [-1, 1] (x/127.5 - 1) instead of [0, 1] "
+                 "(x/255).",
+    "framestack": "Atari ids: stack the last 4 frames (false: 1 frame; "
+                  "env_config.frame_stack).",
+}
+"""One line per ``model`` key (the README's config reference lists them)."""
+
+_POSITIVE_INT_OPTIONS = ("max_seq_len", "lstm_cell_size", "dim")
+_BOOL_OPTIONS = ("use_lstm", "lstm_use_prev_action", "lstm_use_prev_reward", "grayscale",
+                 "zero_mean", "framestack")
 
 def resolve_model_config(model_config: Mapping[str, Any] | None) -> dict[str, Any]:
     """``MODEL_DEFAULTS`` overridden by ``model_config``; unknown keys raise ``ValueError``
@@ -75,13 +120,13 @@ def resolve_model_config(model_config: Mapping[str, Any] | None) -> dict[str, An
 
 def model_value_problems(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
     """``(key, problem)`` for values of a resolved model config that cannot work (the
-    recurrent options' ranges and types)."""
+    recurrent options' and ``dim``'s ranges, the flags' types)."""
     problems = []
     for key in _POSITIVE_INT_OPTIONS:
         value = cfg[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             problems.append((key, f"must be an integer >= 1, got {value!r}"))
-    for key in ("use_lstm", "lstm_use_prev_action", "lstm_use_prev_reward"):
+    for key in _BOOL_OPTIONS:
         if not isinstance(cfg[key], bool):
             problems.append((key, f"must be true or false, got {cfg[key]!r}"))
     return problems

@@ -50,7 +50,10 @@ Images
     shape: the one outer axis strictly smaller than both others (``(84, 84, 4)`` is HWC,
     ``(4, 84, 84)`` CHW). A shape with no such axis (``(84, 84, 84)``, ``(10, 3, 10)``) is
     refused with an error naming the shape and the key. uint8 frames stay uint8 until the
-    first conv layer, which casts and scales them by 1/255.
+    first conv layer, which casts and scales them by 1/255 (to [0, 1]; with the model
+    option ``zero_mean``, x/127.5 - 1, to [-1, 1]). ``dim``, ``grayscale`` and
+    ``framestack`` shape Atari frames on the env side (``actorrl.atari.model_env_config``);
+    the default conv stack then follows the frame size (RLlib's 84x84 or 42x42 stack).
 
 ``model_config`` keys (RLlib names; unknown keys are rejected): see :data:`MODEL_DEFAULTS`.
 """
@@ -203,7 +206,8 @@ class FullExtentConv2d(nn.Conv2d):
 
 
 class ConvEncoder(nn.Module):
-    """Conv net for images (uint8 scaled by 1/255 at the first layer), HWC or CHW: conv
+    """Conv net for images (uint8 scaled by 1/255 at the first layer, or to [-1, 1] with
+    ``zero_mean``), HWC or CHW: conv
     layers ("same" padding except the last, or all "valid"), then flattened features, then
     an optional dense layer.
 
@@ -218,11 +222,15 @@ class ConvEncoder(nn.Module):
 
     def __init__(self, obs_shape: Sequence[int], filters: Sequence[Sequence[Any]],
                  activation: str, scale_uint8: bool, *, channels_first: bool | None = False,
-                 same_padding: bool = True, dense: int | None = None) -> None:
+                 same_padding: bool = True, dense: int | None = None,
+                 zero_mean: bool = False) -> None:
         super().__init__()
         self.channels_first = is_channels_first(obs_shape, channels_first)
         height, width, channels = image_layout(obs_shape, self.channels_first)
-        self.scale = 1.0 / 255.0 if scale_uint8 else 1.0
+        # uint8 frames: x/255 in [0, 1], or with zero_mean (model option) x/127.5 - 1 in
+        # [-1, 1]; other inputs enter as they are.
+        self.scale = (2.0 / 255.0 if zero_mean else 1.0 / 255.0) if scale_uint8 else 1.0
+        self.shift = -1.0 if scale_uint8 and zero_mean else 0.0
         act = activation_class(activation)
         layers: list[nn.Module] = []
         h, w, c = height, width, channels
@@ -268,20 +276,25 @@ class ConvEncoder(nn.Module):
         x = x.to(dtype=torch.float32, memory_format=torch.channels_last)
         if self.scale != 1.0:  # only uint8 frames are scaled: x is the cast's own copy
             x.mul_(self.scale)
+            if self.shift:
+                x.add_(self.shift)
         return self.layers(x)
 
 
 def build_conv_encoder(obs_space: gym.spaces.Box, cfg: Mapping[str, Any]) -> ConvEncoder:
     """The :class:`ConvEncoder` a resolved model config asks for (``conv_filters`` list or
-    name, ``conv_activation``, ``channels_first``)."""
+    name, ``conv_activation``, ``channels_first``, ``zero_mean``: uint8 inputs scaled to
+    [-1, 1] instead of [0, 1]). The default stack follows the image size, so Atari frames
+    of ``model.dim`` 42 get RLlib's 42x42 stack."""
     channels_first = cfg["channels_first"]
     height, width, _ = image_layout(obs_space.shape, channels_first)
     filters = cfg["conv_filters"]
     scale = obs_space.dtype == np.uint8
+    zero_mean = bool(cfg.get("zero_mean", False))
     if filters == "nature":
         return ConvEncoder(obs_space.shape, NATURE_CONV_FILTERS, cfg["conv_activation"], scale,
                            channels_first=channels_first, same_padding=False,
-                           dense=NATURE_DENSE)
+                           dense=NATURE_DENSE, zero_mean=zero_mean)
     if filters is None or filters == "rllib":
         filters = default_conv_filters(height, width)
     elif isinstance(filters, str):
@@ -289,7 +302,7 @@ def build_conv_encoder(obs_space: gym.spaces.Box, cfg: Mapping[str, Any]) -> Con
                          f"use one of {', '.join(map(repr, CONV_STACKS))} or a list of "
                          "[out_channels, kernel, stride]")
     return ConvEncoder(obs_space.shape, filters, cfg["conv_activation"], scale,
-                       channels_first=channels_first)
+                       channels_first=channels_first, zero_mean=zero_mean)
 
 
 def tf_same_padding(size: int, kernel: int, stride: int) -> tuple[tuple[int, int], int]:
