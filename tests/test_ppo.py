@@ -512,6 +512,33 @@ async def test_num_workers_0_samples_with_the_learners_local_worker(tmp_path: Pa
     assert last["num_healthy_workers"] == 0
 
 
+@pytest.mark.process
+async def test_a_dead_worker_is_replaced_and_its_step_goes_on(tmp_path: Path) -> None:
+    """SIGKILL of a rollout worker between steps: the next step's weight broadcast finds it
+    dead, a replacement takes its slot and the step (and the ones after) train on full
+    batches, as in the other pipelines."""
+    spec = get_algorithm("ppo")
+    config = load_config(spec.config_cls, {
+        "num_workers": 2, "seed": 0, "train_batch_size": 512, "sgd_minibatch_size": 128,
+        "num_sgd_iter": 2})
+    async with Driver.start(str(tmp_path / "s")) as driver:
+        trainer = await Trainer.create(spec, config, driver)
+        try:
+            first = await trainer.train()
+            dead = trainer.workers[0]
+            await driver.kill_actor(dead)
+            results = [await trainer.train() for _ in range(2)]
+            assert len(trainer.workers) == 2
+        finally:
+            await trainer.stop()
+    last = results[-1]
+    info = last["info"]
+    assert info["num_worker_restarts"] == 1 and info["num_worker_failures"] == 1
+    assert last["num_healthy_workers"] == 2
+    assert last["timesteps_total"] >= first["timesteps_total"] + 2 * 512
+    assert info["num_steps_trained"] >= 3 * 512
+
+
 @pytest.mark.learning
 async def test_both_policies_of_a_multi_agent_env_learn(tmp_path: Path) -> None:
     """Two CartPoles, one policy each: both trainable policies learn (each its own

@@ -159,7 +159,8 @@ def build_pipeline(trainer: Trainer, config: PPOConfig) -> SyncSamplesOptimizer:
     """The synchronous PPO pipeline."""
     return SyncSamplesOptimizer(trainer.runtime, trainer.workers, trainer.learner_actor,
                                 train_batch_size=config.train_batch_size,
-                                sample_locally=config.num_workers == 0)
+                                sample_locally=config.num_workers == 0,
+                                replace_worker=trainer.replace_worker)
 
 
 PPO = AlgorithmSpec("ppo", PPOConfig, PPO_POLICY, build_pipeline, learner_thread=False)
