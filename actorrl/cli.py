@@ -9,7 +9,7 @@
                        [--start-method fork|spawn] [--debug]
     actorrl evaluate CHECKPOINT [--episodes N] [--render no|human] [--env ENV] [--seed N]
                                 [--json] [--debug]
-    actorrl plot RESULTS_DIR [RESULTS_DIR ...] [-o OUT.png] [--title TEXT]
+    actorrl plot RESULTS_DIR_OR_CSV [...] [-o OUT.png] [--title TEXT]
 
 plus the cluster commands of :mod:`actorrl.cli_cluster` when that module is present (its
 ``register(subparsers)`` adds subparsers that set ``func=handler(args) -> int``).
@@ -199,8 +199,9 @@ def _add_plot(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "plot", help="draw learning curves to a PNG",
         description="Plot episode_reward_mean against timesteps and wall time for one or "
-                    "more results folders (a parent folder stands for the runs in it).")
-    p.add_argument("run_dirs", nargs="+", metavar="RESULTS_DIR")
+                    "more results folders (a parent folder stands for the runs in it) or "
+                    "learning-curve CSVs written by benchmarks/learning.py.")
+    p.add_argument("run_dirs", nargs="+", metavar="RESULTS_DIR_OR_CSV")
     p.add_argument("-o", "--output", metavar="OUT.png",
                    help="output file (default: RESULTS_DIR/learning_curves.png for one run, "
                         "./learning_curves.png for several)")

@@ -1,11 +1,15 @@
-"""Atari throughput: IMPALA or Ape-X on Pong (DeepMind preprocessing), 2 workers, against
-the compute ceiling measured in the same run.
+"""Atari throughput: IMPALA, APPO or Ape-X on Pong (DeepMind preprocessing), 2 workers,
+against the compute ceiling measured in the same run.
 
-    python benchmarks/atari.py [--quick] [--algo impala|apex] [--env ID] [--config FILE]
-                               [--set KEY=VALUE ...]
+    python benchmarks/atari.py [--quick] [--algo impala|appo|apex[,...]] [--env ID]
+                               [--config FILE] [--set KEY=VALUE ...]
 
 Settings come from ``examples/pong-<algo>.yaml`` (read through the code path of
-``actorrl train --config``), then ``--env`` and ``--set``; ``num_workers`` is 2. With
+``actorrl train --config``), then ``--env`` and ``--set``; ``num_workers`` is 2. Several
+algorithms (``--algo impala,appo``) are measured one after the other in the same run, each
+from its own example file (``--config`` then applies to none), and the JSON holds one
+object per algorithm under ``runs`` with ``env_steps_per_s`` and ``compute_efficiency``
+ratios of each to the first. With
 ``--quick`` (under ~2 minutes) Ape-X's replay shard holds at most 20k rows and learns from
 2k steps so training starts within the run.
 
@@ -88,6 +92,10 @@ from transport.codec import decode, encode  # noqa: E402
 NUM_WORKERS = 2
 QUICK_APEX = {"buffer_size": 20_000, "learning_starts": 2_000}
 """Ape-X settings ``--quick`` caps so that training starts within the run."""
+
+
+ALGOS = ("impala", "appo", "apex")
+"""Algorithms this benchmark measures (the asynchronous pipelines with a learner thread)."""
 
 
 def load_settings(algo: str, config_file: str | None, env: str | None,
@@ -218,11 +226,39 @@ async def measure_pipeline(spec: AlgorithmSpec, config: AlgorithmConfig, warmup_
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Ceiling, then pipeline; the JSON object."""
+    """One algorithm (the JSON object of :func:`run_one`) or several, one after the other
+    (``runs`` plus ratios to the first)."""
+    algos = [a.strip() for a in args.algo.split(",") if a.strip()]
+    unknown = [a for a in algos if a not in ALGOS]
+    if not algos or unknown:
+        raise SystemExit(f"--algo takes one or more of {', '.join(ALGOS)} (comma-separated), "
+                         f"got {args.algo!r}")
+    if len(algos) == 1:
+        return run_one(algos[0], args.config, args)
+    if args.config:
+        raise SystemExit("--config names one algorithm's file: with several --algo values "
+                         "each reads examples/pong-ALGO.yaml (drop --config)")
+    runs = {algo: run_one(algo, None, args) for algo in algos}
+    first = runs[algos[0]]
+    return {
+        "benchmark": "atari",
+        "algos": algos,
+        "runs": runs,
+        "env_steps_per_s_vs_first": {
+            a: round(r["env_steps_per_s"] / first["env_steps_per_s"], 3)
+            for a, r in runs.items() if first["env_steps_per_s"]},
+        "compute_efficiency_vs_first": {
+            a: round(r["compute_efficiency"] / first["compute_efficiency"], 3)
+            for a, r in runs.items()
+            if first["compute_efficiency"] and r["compute_efficiency"]},
+    }
+
+
+def run_one(algo: str, config_file: str | None, args: argparse.Namespace) -> dict[str, Any]:
+    """Ceiling, then pipeline, for one algorithm; its JSON object."""
     started = time.perf_counter()
     load_before = os.getloadavg()[0]
-    spec, config = load_settings(args.algo, args.config, args.env, args.overrides,
-                                 args.quick)
+    spec, config = load_settings(algo, config_file, args.env, args.overrides, args.quick)
     probe_s = 6.0 if args.quick else 20.0
     ceiling = measure_ceiling(spec, config, probe_s)
     gc.collect()
@@ -243,6 +279,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     settings = {k: getattr(config, k) for k in (
         "env", "num_workers", "num_envs_per_worker", "rollout_fragment_length",
         "train_batch_size", "lr")}
+    settings["frame_size"] = (config.env_config or {}).get("frame_size", 84)
+    if spec.name == "appo":
+        settings.update({k: getattr(config, k) for k in ("num_sgd_iter",
+                                                          "minibatch_buffer_size")})
     if spec.name == "apex":
         settings.update({k: getattr(config, k) for k in (
             "training_intensity", "buffer_size", "learning_starts",
@@ -281,7 +321,8 @@ def main() -> None:
     """Parse the arguments, run, print one JSON object."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="under ~2 minutes")
-    parser.add_argument("--algo", choices=("impala", "apex"), default="impala")
+    parser.add_argument("--algo", default="impala",
+                        help=f"one or more of {', '.join(ALGOS)}, comma-separated")
     parser.add_argument("--env", help="ALE id (default: the example file's, "
                                       "PongNoFrameskip-v4)")
     parser.add_argument("--config", help="settings file (default: examples/pong-ALGO.yaml)")

@@ -214,3 +214,31 @@ def test_a_config_file_section_merges_over_a_checkpoints(tmp_path) -> None:
     path.write_text("policy:\n  lr: 0.2\n")
     config = resolve_config(spec, base=restored, config_file=str(path))
     assert config.lr == 0.2 and config.gamma == 0.5
+
+
+# ---- plot: learning-curve CSVs -------------------------------------------------------------
+CURVE_CSV = ("env_steps,seconds,episode_reward_mean,episode_reward_min,episode_reward_max,"
+             "episodes_total,entropy\n300,4.0,,,,0,\n1000,7.8,-20.5,-21.0,-19.0,3,1.7\n"
+             "5000,30.0,-18.0,-21.0,-12.0,9,1.6\n")
+
+
+def test_plot_reads_benchmark_learning_csvs(tmp_path: Path) -> None:
+    """``actorrl plot`` overlays the curves benchmarks/learning.py publishes: blank
+    returns read as NaN, the file name is the label; a CSV without the columns is refused
+    naming them."""
+    from actorrl.experiment.errors import UsageError
+    from actorrl.experiment.plot import load_csv_curve, plot_runs
+
+    first, second = tmp_path / "appo-Pong.csv", tmp_path / "ppo-Pong.csv"
+    first.write_text(CURVE_CSV)
+    second.write_text(CURVE_CSV.replace("-18.0", "-15.0"))
+    curve = load_csv_curve(first)
+    assert curve.label == "appo-Pong" and curve.timesteps == [300, 1000, 5000]
+    assert math.isnan(curve.reward_mean[0]) and curve.reward_mean[1:] == [-20.5, -18.0]
+    assert curve.time_s == [4.0, 7.8, 30.0] and curve.reward_max[2] == -12.0
+    out = plot_runs([str(first), str(second)], tmp_path / "both.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bad = tmp_path / "other.csv"
+    bad.write_text("a,b\n1,2\n")
+    with pytest.raises(UsageError, match="needs the columns env_steps, episode_reward_mean"):
+        plot_runs([str(bad)], tmp_path / "bad.png")

@@ -3,12 +3,16 @@
 Two panels: ``episode_reward_mean`` against ``timesteps_total`` and against wall time
 (``time_total_s``), with the min..max band of each iteration shaded; several runs overlaid,
 each labelled with its folder name. A folder that holds no ``result.jsonl`` but has run
-folders inside (``results/``) stands for all of them. Rendering uses matplotlib's Agg
+folders inside (``results/``) stands for all of them. A ``.csv`` learning curve written by
+``benchmarks/learning.py`` (``docs/results/<algo>-<env>.csv``: env steps, seconds, mean,
+min and max return) is drawn the same way, labelled with its file name, so published
+curves overlay each other and live runs. Rendering uses matplotlib's Agg
 backend, so no display is needed.
 """
 
 from __future__ import annotations
 
+import csv
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,12 +60,35 @@ def load_curve(run_dir: Path) -> Curve:
     )
 
 
+def load_csv_curve(path: Path) -> Curve:
+    """The series of a learning-curve CSV (``env_steps``, ``seconds``,
+    ``episode_reward_mean/min/max`` columns); :class:`UsageError` when it lacks them."""
+    with path.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    needed = {"env_steps", "seconds", "episode_reward_mean"}
+    if not rows or not needed <= set(rows[0]):
+        raise UsageError(f"{str(path)!r} is not a learning curve: it needs the columns "
+                         f"{', '.join(sorted(needed))} (benchmarks/learning.py writes them)")
+
+    def column(name: str) -> list[float]:
+        return [float(r[name]) if r.get(name) not in (None, "") else float("nan")
+                for r in rows]
+
+    return Curve(label=path.stem, timesteps=[int(float(r["env_steps"])) for r in rows],
+                 time_s=column("seconds"), reward_mean=column("episode_reward_mean"),
+                 reward_min=column("episode_reward_min"),
+                 reward_max=column("episode_reward_max"), custom={})
+
+
 def expand_run_dirs(paths: list[str]) -> list[Path]:
     """Results folders named by ``paths`` (a parent folder stands for the run folders in
     it); :class:`UsageError` for a path that holds none."""
     found: list[Path] = []
     for raw in paths:
         path = Path(raw)
+        if path.suffix == ".csv" and path.is_file():
+            found.append(path)
+            continue
         if not path.is_dir():
             raise UsageError(f"results folder {raw!r} does not exist")
         if (path / RESULT_FILE).is_file():
@@ -77,7 +104,7 @@ def expand_run_dirs(paths: list[str]) -> list[Path]:
 
 def default_output(run_dirs: list[Path]) -> Path:
     """Inside the run folder for one run, the current folder for several."""
-    if len(run_dirs) == 1:
+    if len(run_dirs) == 1 and run_dirs[0].is_dir():
         return run_dirs[0] / DEFAULT_PLOT_NAME
     return Path(DEFAULT_PLOT_NAME)
 
@@ -86,7 +113,7 @@ def plot_runs(paths: list[str], output: str | os.PathLike[str] | None = None,
               title: str | None = None) -> Path:
     """Draw the learning curves of ``paths`` into a PNG; returns its path."""
     run_dirs = expand_run_dirs(paths)
-    curves = [load_curve(d) for d in run_dirs]
+    curves = [load_csv_curve(d) if d.suffix == ".csv" else load_curve(d) for d in run_dirs]
     out = Path(output) if output is not None else default_output(run_dirs)
     if out.suffix.lower() != ".png":
         raise UsageError(f"output {str(out)!r} must end in .png")
