@@ -369,3 +369,26 @@ def test_appo_defaults_solve_cartpole(tmp_path):
     proc, status = _train_cli(tmp_path, "appo", "--env", "CartPole-v1", "--stop-reward",
                               "450", "--stop-timesteps", "1500000", "--seed", "0")
     assert status["best_reward"] >= 450, (status, proc.stdout[-2000:])
+
+
+def test_the_old_policys_outputs_are_computed_once_per_batch_and_sync():
+    """Served num_sgd_iter times under one old policy, a batch costs one old-policy forward
+    pass; after a sync the next pass recomputes. The losses equal a cache-free policy's."""
+    config = {**CONFIG, "num_sgd_iter": 2, "minibatch_buffer_size": 2}
+    spec = get_algorithm("appo")
+    policy_config = load_config(spec.config_cls, config).component("policy")
+    policy, fresh = APPOPolicy(*_spaces(), policy_config), APPOPolicy(*_spaces(), policy_config)
+    fresh.set_weights(policy.get_weights())
+    calls = []
+    target = policy.target_model(policy.model)
+    target.policy_head.register_forward_pre_hook(lambda *_: calls.append(1))
+    batches = [_sample(CONFIG, 2 * FRAGMENT, seed=s) for s in (1, 2)]
+    order = [0, 1, 0, 1, 0, 1]  # the minibatch buffer's: 2 batches x 2 passes, then a sync
+    for update, index in enumerate(order, start=1):
+        stats = policy.learn_on_batch(batches[index])["learner_stats"]
+        fresh._old_outputs.clear()  # the reference never reuses anything
+        assert stats["policy_loss"] == pytest.approx(
+            fresh.learn_on_batch(batches[index])["learner_stats"]["policy_loss"], rel=1e-5)
+        if update == 4:
+            assert len(calls) == 2  # one forward pass per batch for 4 updates
+    assert policy.num_target_updates == 1 and len(calls) == 4  # recomputed after the sync

@@ -30,6 +30,7 @@ old policy over the same sequences.
 from __future__ import annotations
 
 import copy
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -65,6 +66,12 @@ class APPOPolicy(ImpalaPolicy):
         self._targets: dict[torch.device, nn.Module] = {}
         self._kl_sum = 0.0
         self._kl_count = 0
+        # (obs tensor, old-policy version) -> old-policy outputs: the learner serves each
+        # batch num_sgd_iter times, mostly under one old policy, so the old policy's
+        # forward pass runs once per batch and version. Holding the obs tensor keeps its
+        # memory from being reused by another batch while the entry lives.
+        self._old_outputs: OrderedDict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = \
+            OrderedDict()
 
     # ---- the old (target) policy -----------------------------------------------------
     def target_model(self, model: nn.Module) -> nn.Module:
@@ -81,6 +88,7 @@ class APPOPolicy(ImpalaPolicy):
 
     def update_target(self) -> None:
         """Copy the learner's model into every old-policy copy."""
+        self._old_outputs.clear()
         with torch.no_grad():
             for target in self._targets.values():
                 target.load_state_dict(self.model.state_dict())
@@ -99,13 +107,26 @@ class APPOPolicy(ImpalaPolicy):
 
     def _old_policy_outputs(self, model: nn.Module, batch: dict[str, torch.Tensor],
                             forward: TrainForward) -> torch.Tensor:
+        """The old policy's action-distribution inputs on the batch's rows (cached per
+        observation tensor and old-policy version for feed-forward models)."""
         target = self.target_model(model)
         with torch.no_grad():
             if forward.layout is not None:
                 return forward.layout.unroll(target, batch)[0]
-            policy_outputs = getattr(target, "policy_outputs", None)
             obs = batch[SampleBatch.OBS]
-            return policy_outputs(obs) if policy_outputs is not None else target(obs)[0]
+            key = (obs.device, obs.data_ptr(), tuple(obs.shape), obs.stride(),
+                   self.num_target_updates)
+            cached = self._old_outputs.get(key)
+            if cached is not None and cached[0].data_ptr() == obs.data_ptr():
+                self._old_outputs.move_to_end(key)
+                return cached[1]
+            policy_outputs = getattr(target, "policy_outputs", None)
+            outputs = policy_outputs(obs) if policy_outputs is not None else target(obs)[0]
+            self._old_outputs[key] = (obs, outputs)
+            # One entry per batch the learner cycles through, and one to spare.
+            while len(self._old_outputs) > self.config.minibatch_buffer_size + 1:
+                self._old_outputs.popitem(last=False)
+            return outputs
 
     # ---- acting and postprocessing (GAE with vtrace: false) ---------------------------
     def compute_actions(self, obs: np.ndarray, explore: bool = True, *,
