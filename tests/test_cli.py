@@ -497,8 +497,7 @@ class Client:
     def __init__(self, address, keys_dir=None, *, bind_host="auto", connect_timeout_s=10.0):
         print("FAKE client", address, keys_dir, flush=True)
     def submit(self, config):
-        print("FAKE submit", json.dumps({**{k: config[k] for k in (
-            "algorithm", "env", "stop")}, "lr": config["policy"]["lr"]}), flush=True)
+        print("FAKE submit", json.dumps(config, sort_keys=True, default=repr), flush=True)
         return Job(config)
     def close(self):
         print("FAKE closed", flush=True)
@@ -511,13 +510,32 @@ sys.exit(main(sys.argv[1:]))
 '''
 
 
-def _run_fake_remote(tmp_path: Path, args: list[str], num_results: int
+def _run_fake_remote(tmp_path: Path, args: list[str], num_results: int,
+                     keys: list[str] | None = None, env: dict[str, str] | None = None
                      ) -> subprocess.CompletedProcess:
-    env = {**cli_env(), "FAKE_JOB_RESULTS": str(num_results)}
+    """``train apex --address`` through :data:`FAKE_CLIENT` (``--keys /k`` unless ``keys``
+    says otherwise), its job streaming ``num_results`` results."""
+    full_env = cli_env()
+    full_env.pop("ACTORRL_KEYS_DIR", None)
+    full_env.update(FAKE_JOB_RESULTS=str(num_results), **(env or {}))
     return subprocess.run([sys.executable, "-c", FAKE_CLIENT, "train", "apex", "--address",
-                           "tcp://10.0.0.1:7000", "--keys", "/k", *args, "--output",
-                           str(tmp_path / "results")], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=QUICK_TIMEOUT_S, env=env)
+                           "tcp://10.0.0.1:7000", *(["--keys", "/k"] if keys is None else keys),
+                           *args, "--output", str(tmp_path / "results")], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=QUICK_TIMEOUT_S,
+                          env=full_env)
+
+
+def _fake_calls(stdout: str) -> tuple[list[str], dict]:
+    """The stub's ``FAKE ...`` lines (the submission replaced by ``FAKE submit``) and the
+    submitted mapping."""
+    lines, submitted = [], {}
+    for line in stdout.splitlines():
+        if line.startswith("FAKE submit "):
+            submitted = json.loads(line.removeprefix("FAKE submit "))
+            line = "FAKE submit"
+        if line.startswith("FAKE"):
+            lines.append(line)
+    return lines, submitted
 
 
 @pytest.mark.timeout(300)
@@ -552,6 +570,15 @@ def test_address_trains_on_a_real_cluster_and_records_results(tmp_path: Path) ->
         checkpoint = Path(path)
         assert checkpoint.is_relative_to(tmp_path / "state"), checkpoint
         assert checkpoint.exists(), checkpoint
+        # What the coordinator received: the --set overrides and every stop criterion
+        # (the command's own stop is proved deterministically with the stub client below).
+        submitted = json.loads((tmp_path / "state" / "jobs" / status["job_id"]
+                                / "job.json").read_text())["submission"]
+        assert submitted["algorithm"] == "apex", submitted
+        assert submitted["replay"]["learning_starts"] == 200, submitted
+        assert submitted["min_iter_time_s"] == 0.5 and submitted["num_workers"] == 1, submitted
+        assert submitted["stop"] == {"episode_reward_mean": 450, "timesteps_total": 1500,
+                                     "time_total_s": 90}, submitted
         with Client(address) as client:
             [job] = client.jobs()
             # Stopped by the command, or finished by the same criterion on the coordinator.
@@ -566,6 +593,42 @@ def test_address_trains_on_a_real_cluster_and_records_results(tmp_path: Path) ->
             shutil.rmtree(session, ignore_errors=True)
     log = (tmp_path / "coordinator.log").read_text()
     assert "never retrieved" not in log and "Traceback" not in log, log[-3000:]
+
+
+def test_address_submits_the_resolved_config_and_stops_the_job_it_ended(tmp_path: Path
+                                                                        ) -> None:
+    """With --address the command connects with --keys, submits the resolved config (the
+    --set overrides included) with every stop criterion, and once its own criterion is met
+    it checkpoints the job, stops it and closes the client, in that order."""
+    proc = _run_fake_remote(tmp_path, ["--set", "lr=0.0123", "--set", "learning_starts=321",
+                                       "--stop-reward", "none", "--stop-timesteps", "2000",
+                                       "--stop-time", "77"], 3)
+    assert proc.returncode == 0, proc.stderr
+    calls, submitted = _fake_calls(proc.stdout)
+    assert calls == ["FAKE client tcp://10.0.0.1:7000 /k", "FAKE submit", "FAKE checkpoint",
+                     "FAKE job stopped", "FAKE closed"], proc.stdout
+    assert submitted["algorithm"] == "apex" and submitted["env"] == "CartPole-v1", submitted
+    assert submitted["policy"]["lr"] == 0.0123, submitted
+    assert submitted["replay"]["learning_starts"] == 321, submitted
+    assert submitted["stop"] == {"timesteps_total": 2000, "time_total_s": 77}, submitted
+    [run] = run_dirs(tmp_path / "results")
+    assert [r["timesteps_total"] for r in read_jsonl(run / "result.jsonl")] == [1000, 2000]
+    status = json.loads((run / "run.json").read_text())
+    assert status["status"] == "finished" and status["job_id"] == "job-1", status
+    assert "checkpoint_000002" in status["last_checkpoint"], status
+
+
+@pytest.mark.parametrize("keys, env, expected", [
+    ([], {"ACTORRL_KEYS_DIR": "~/env-keys"}, os.path.expanduser("~/env-keys")),
+    (["--keys", "/flag-keys"], {"ACTORRL_KEYS_DIR": "/env-keys"}, "/flag-keys"),
+    ([], {}, "None")])
+def test_address_keys_come_from_the_flag_then_the_environment(
+        tmp_path: Path, keys: list[str], env: dict[str, str], expected: str) -> None:
+    """The client gets --keys, else $ACTORRL_KEYS_DIR (``~`` expanded), else no keys."""
+    proc = _run_fake_remote(tmp_path, ["--stop-reward", "none"], 1, keys=keys, env=env)
+    assert proc.returncode == 0, proc.stderr
+    calls, _ = _fake_calls(proc.stdout)
+    assert calls[0] == f"FAKE client tcp://10.0.0.1:7000 {expected}", proc.stdout
 
 
 def test_address_job_that_ends_by_itself(tmp_path: Path) -> None:
