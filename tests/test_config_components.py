@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ COMMON = {
     "evaluation_interval": 3, "evaluation_duration": 4, "evaluation_duration_unit": "timesteps",
     "evaluation_num_workers": 2, "evaluation_config": {"explore": True},
     "model": {"fcnet_hiddens": [7], "fcnet_activation": "relu"},
+    "preprocessor_pref": "rllib",
 }
 LEARNER = {"num_sgd_iter": 2, "minibatch_buffer_size": 2, "learner_queue_size": 5,
            "learner_queue_timeout": 9.0, "num_multi_gpu_tower_stacks": 2,
@@ -77,21 +79,26 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
     },
     "a3c": {**COMMON, **ACTOR_CRITIC, "train_batch_size": 40, "grads_per_step": 7},
     "a2c": {**COMMON, **ACTOR_CRITIC, "train_batch_size": 40, "microbatch_size": 20},
+    "appo": {
+        **COMMON, **LEARNER, "train_batch_size": 40, "vtrace": False,
+        "vtrace_clip_rho_threshold": 2.0, "vtrace_clip_pg_rho_threshold": 3.0,
+        "vf_loss_coeff": 0.25, "entropy_coeff": 0.02, "opt_type": "rmsprop", "decay": 0.9,
+        "momentum": 0.1, "epsilon": 0.2, "max_sample_requests_in_flight_per_worker": 3,
+        "entropy_coeff_schedule": [[0.0, 0.3], [10.0, 0.0]], "broadcast_interval": 2,
+        "clip_param": 0.2, "use_kl_loss": True, "kl_coeff": 0.5, "kl_target": 0.02,
+        "lambda": 0.5, "use_gae": False, "use_critic": False, "target_update_frequency": 3,
+    },
+    "ppo": {**COMMON, **LEARNER, **ACTOR_CRITIC, "train_batch_size": 40,
+            "sgd_minibatch_size": 20, "shuffle_sequences": False, "clip_param": 0.2,
+            "vf_clip_param": 5.0, "kl_coeff": 0.3, "kl_target": 0.02, "use_kl_loss": False},
 }
-FIXED = {"impala": {"batch_mode"}}
-"""Keys with one valid value for an algorithm (IMPALA needs truncated fragments)."""
-TRAINER_KEYS = {"env", "num_workers", "seed", "num_gpus", "_fake_gpus", "min_iter_time_s",
-                "timesteps_per_iteration", "metrics_smoothing_episodes", "debug",
-                "evaluation_duration", "evaluation_duration_unit", "evaluation_num_workers",
-                "evaluation_config", "evaluation_interval",
-                "train_batch_size", "max_weight_sync_delay", "training_intensity",
-                "max_sample_requests_in_flight_per_worker", "broadcast_interval",
-                "grads_per_step", "microbatch_size", "learning_starts",
-                "learner_queue_size", "num_replay_buffer_shards", "batch_replay",
-                "num_cpus_per_worker", "num_cpus_for_driver"}
-"""Keys the trainer or the pipeline reads (straight from the algorithm config)."""
-
-
+FIXED = {"impala": {"batch_mode"}, "appo": {"batch_mode"}}
+"""Keys with one valid value for an algorithm (IMPALA and APPO need truncated fragments)."""
+LOAD_ONLY = {"preprocessor_pref"}
+"""Keys read only when the config loads (RLlib's switch between its preprocessors: actorrl
+always preprocesses Atari ids the DeepMind way): no component carries them, so
+:func:`test_load_only_keys_are_read_at_load` proves each read (a bad value is refused, a
+value actorrl does not honour warns)."""
 def plain(value: Any) -> Any:
     """Comparable form: sections as dicts, tuples as lists."""
     if isinstance(value, ConfigSection):
@@ -160,7 +167,10 @@ def test_every_key_reaches_its_component_with_the_same_value(name: str) -> None:
             expected = expected_value(config, section, f, values)
             assert plain(getattr(component, f.name)) == expected, f"{section}.{f.name}"
             reached.add(f.name.rstrip("_") if not f.name.startswith("_") else f.name)
-    assert set(values) - reached - TRAINER_KEYS == set()
+    # What no component carries must be proved read by the trainer test below (through the
+    # actors, learner, pipeline and results the trainer made): no key is exempt.
+    unproved = set(values) - reached - trainer_read_keys(name) - LOAD_ONLY
+    assert unproved == set(), f"{name}: no component or trainer case shows {sorted(unproved)}"
     if "learner" not in type(config).SECTIONS and spec.learner_config is not None:
         # A3C/A2C learners only apply gradients: of their settings only the batch size
         assert spec.learner_config(config).train_batch_size == values["train_batch_size"]
@@ -192,7 +202,9 @@ def test_components_built_from_the_wire_form_keep_every_value(name: str) -> None
     assert policy.config is parts["policy"]
     assert load_worker_config(worker_dict, type(parts["policy"])) == config.worker_config()
     if "learner" in parts:
-        assert LearnerConfig.load(parts["learner"].to_dict()) == parts["learner"]
+        learner_cls = type(parts["learner"])
+        assert issubclass(learner_cls, LearnerConfig)
+        assert learner_cls.load(parts["learner"].to_dict()) == parts["learner"]
     if "replay" in parts:
         assert shard_config(parts["replay"].to_dict()) == parts["replay"]
         shard = ReplayActor(parts["replay"].to_dict(), seed=0)
@@ -215,6 +227,19 @@ def test_the_flat_key_table_matches_the_algorithm_configs() -> None:
                 assert FLAT_KEYS[key] == key
                 used.add(key)
     assert used == set(FLAT_KEYS)
+
+
+def test_load_only_keys_are_read_at_load(recwarn: pytest.WarningsRecorder) -> None:
+    """``preprocessor_pref``: RLlib's values load; one actorrl does not honour on an Atari
+    id warns naming the key; anything else is refused naming it."""
+    impala = get_algorithm("impala").config_cls
+    assert load_config(impala, {"preprocessor_pref": "deepmind"}).preprocessor_pref == \
+        "deepmind"
+    assert not [w for w in recwarn if "preprocessor_pref" in str(w.message)]
+    with pytest.warns(UserWarning, match="preprocessor_pref"):
+        load_config(impala, {"env": "PongNoFrameskip-v4", "preprocessor_pref": "rllib"})
+    with pytest.raises(ConfigError, match="preprocessor_pref"):
+        load_config(impala, {"preprocessor_pref": "pixels"})
 
 
 def test_unknown_keys_are_refused_with_their_path_and_suggestions() -> None:
@@ -264,71 +289,169 @@ def test_no_from_dict_drops_keys() -> None:
 
 # ---- keys the trainer and its pipeline read ----------------------------------------------
 class RecordingDriver:
-    """A serial driver that records each actor the trainer asks it for."""
+    """A serial driver that records each actor the trainer asks it for (a GPU request is
+    recorded, then served on the CPU: the request is what the trainer decided)."""
 
     def __init__(self, driver: Any) -> None:
         self.driver = driver
         self.created: list[dict[str, Any]] = []
+        self.steps = 0
+        """Pipeline steps run by the trainer (counted by the test)."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.driver, name)
 
     async def create_actor(self, class_path: str, args: Any = (), kwargs: Any = None,
                            **options: Any) -> Any:
-        self.created.append({"class_path": class_path, "args": args, **options})
+        self.created.append({"class_path": class_path, "args": args, "kwargs": kwargs,
+                             **options})
+        options = {**options, "num_gpus": 0.0} if options.get("num_gpus") else options
         return await self.driver.create_actor(class_path, args, kwargs, **options)
 
     def made(self, name_prefix: str) -> list[dict[str, Any]]:
         """The recorded creations whose actor name starts with ``name_prefix``."""
         return [c for c in self.created if c.get("name", "").startswith(name_prefix)]
 
+    def instance(self, handle: Any) -> Any:
+        """The object a serial actor runs (built in this process)."""
+        return self.driver.node.actors[handle.actor_id].instance
 
-SMALL = {"env": "Acrobot-v1", "num_workers": 3, "seed": 5, "min_iter_time_s": 0.3,
-         "timesteps_per_iteration": 150, "metrics_smoothing_episodes": 7,
-         "num_cpus_per_worker": 0.5, "num_cpus_for_driver": 0.25, "num_gpus": 1,
+
+TICK_S = 0.125
+"""Each reading of the trainer's iteration clock is this much later (exact in binary)."""
+
+
+class TickingClock:
+    """The trainer module's ``time`` during the trainer test: ``perf_counter`` advances
+    :data:`TICK_S` per reading, so ``min_iter_time_s`` means a known number of pipeline
+    steps however fast the machine is (one reading per step, one at the start)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        self.now += TICK_S
+        return self.now
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+SMALL = {"env": "Acrobot-v1", "num_workers": 3, "seed": 5, "min_iter_time_s": 0.5,
+         "metrics_smoothing_episodes": 7,
+         "num_cpus_per_worker": 0.5, "num_cpus_for_driver": 0.25, "num_gpus": 2,
          "_fake_gpus": True, "rollout_fragment_length": 16, "num_envs_per_worker": 1,
          "model": {"fcnet_hiddens": [8]}, "evaluation_interval": 1,
          "evaluation_duration": 40, "evaluation_duration_unit": "timesteps",
          "evaluation_num_workers": 2, "evaluation_config": {"explore": True}}
-TRAINER_CASES: dict[str, dict[str, Any]] = {
-    "apex": {**SMALL, "debug": True, "train_batch_size": 32, "max_weight_sync_delay": 33,
-             "training_intensity": 2.0, "learning_starts": 64, "learner_queue_size": 5,
-             "num_replay_buffer_shards": 2, "batch_replay": True, "buffer_size": 2000,
-             "prioritized_replay": False, "hiddens": [8]},
-    "impala": {**SMALL, "train_batch_size": 48, "broadcast_interval": 3, "learner_queue_size": 5,
-               "max_sample_requests_in_flight_per_worker": 3},
-    "a3c": {**SMALL, "train_batch_size": 40, "grads_per_step": 3},
-    "a2c": {**SMALL, "train_batch_size": 64, "microbatch_size": 32},
+"""``min_iter_time_s`` 0.5 = 4 ticks = 4 pipeline steps (``timesteps_per_iteration`` stays 0,
+so it cannot hide a missing time bound)."""
+STEPS = {"num_workers": 1, "min_iter_time_s": 0, "timesteps_per_iteration": 400,
+         "rollout_fragment_length": 16, "model": {"fcnet_hiddens": [8]}}
+"""An iteration bounded by env steps only: 400 is more than any one pipeline step samples
+here (at most a few 16-step fragments), so only a read ``timesteps_per_iteration`` gets
+there (and ``min_iter_time_s`` 0 cannot hide it)."""
+COMMON_READ = {"env", "num_workers", "seed", "min_iter_time_s", "metrics_smoothing_episodes",
+               "num_cpus_per_worker", "num_cpus_for_driver", "_fake_gpus", "train_batch_size",
+               "evaluation_interval", "evaluation_duration", "evaluation_duration_unit",
+               "evaluation_num_workers", "evaluation_config"}
+TRAINER_CASES: dict[str, tuple[str, dict[str, Any], set[str]]] = {
+    "apex": ("apex", {**SMALL, "debug": True, "train_batch_size": 32,
+                      "max_weight_sync_delay": 33, "training_intensity": 2.0,
+                      "learning_starts": 64, "learner_queue_size": 5,
+                      "num_replay_buffer_shards": 2, "batch_replay": True,
+                      "buffer_size": 2000, "prioritized_replay": False, "hiddens": [8]},
+             COMMON_READ | {"num_gpus", "debug", "max_weight_sync_delay",
+                            "training_intensity", "learning_starts", "learner_queue_size",
+                            "num_replay_buffer_shards", "batch_replay"}),
+    "impala": ("impala", {**SMALL, "train_batch_size": 64, "broadcast_interval": 3,
+                          "learner_queue_size": 5,
+                          "max_sample_requests_in_flight_per_worker": 3},
+               COMMON_READ | {"num_gpus", "broadcast_interval", "learner_queue_size",
+                              "max_sample_requests_in_flight_per_worker"}),
+    "a3c": ("a3c", {**SMALL, "train_batch_size": 40, "grads_per_step": 3},
+            COMMON_READ | {"grads_per_step"}),
+    "a2c": ("a2c", {**SMALL, "train_batch_size": 64, "microbatch_size": 32},
+            COMMON_READ | {"microbatch_size"}),
+    # A3C and A2C build no towers: num_gpus shows only in the learner's GPU request, which
+    # _fake_gpus (above) zeroes; here it is not faked.
+    "apex-steps": ("apex", {**STEPS, "learning_starts": 10_000}, {"timesteps_per_iteration"}),
+    "impala-steps": ("impala", STEPS, {"timesteps_per_iteration"}),
+    "a3c-steps": ("a3c", {**STEPS, "num_gpus": 1, "grads_per_step": 2},
+                  {"timesteps_per_iteration", "num_gpus"}),
+    "a2c-steps": ("a2c", {**STEPS, "num_gpus": 1, "train_batch_size": 64,
+                          "microbatch_size": 32}, {"timesteps_per_iteration", "num_gpus"}),
+    "appo": ("appo", {**SMALL, "train_batch_size": 64, "broadcast_interval": 3,
+                      "learner_queue_size": 5,
+                      "max_sample_requests_in_flight_per_worker": 3},
+             COMMON_READ | {"num_gpus", "broadcast_interval", "learner_queue_size",
+                            "max_sample_requests_in_flight_per_worker"}),
+    "appo-steps": ("appo", STEPS, {"timesteps_per_iteration"}),
+    "ppo": ("ppo", {**SMALL, "train_batch_size": 96, "sgd_minibatch_size": 32},
+            COMMON_READ | {"num_gpus"}),
+    "ppo-steps": ("ppo", {**STEPS, "train_batch_size": 128, "sgd_minibatch_size": 32},
+                  {"timesteps_per_iteration"}),
 }
-"""Per algorithm: a small config giving every trainer key it has a non-default value."""
+"""Case -> (algorithm, a small config, the trainer keys it proves read). Together an
+algorithm's cases prove every key no component carries (see
+:func:`test_every_key_reaches_its_component_with_the_same_value`), each with a value that
+is not the default."""
+
+
+def trainer_read_keys(algorithm: str) -> set[str]:
+    """The keys the trainer test proves read for ``algorithm``."""
+    return set().union(*(keys for name, _, keys in TRAINER_CASES.values()
+                         if name == algorithm))
+
+
+def _learner(t: Any, d: RecordingDriver) -> Any:
+    return d.instance(t.learner)
+
 
 def _learner_queue_applied(trainer: Any, driver: RecordingDriver) -> bool:
     """The learner's in-queue holds 5, and Ape-X's credit window is one more."""
-    learner_config = driver.made("learner")[0]["args"][3]
+    learner = _learner(trainer, driver)
     credits = getattr(trainer.pipeline, "credits", None)
-    return learner_config.learner_queue_size == 5 and (credits is None
+    return learner.config.learner_queue_size == 5 and (credits is None
                                                           or credits.size == 5 + 1)
 
 
+def _towers(t: Any, d: RecordingDriver) -> list[list[str]]:
+    """The devices of the towers the learner built, per policy (none: not multi-tower)."""
+    towers = getattr(_learner(t, d).thread, "towers", {})
+    return [[str(device) for device in tower_set.devices] for tower_set in towers.values()]
+
+
+def _batch_size_received(t: Any, d: RecordingDriver) -> int:
+    """The train batch size the learner (or A2C's microbatch pipeline) works with."""
+    microbatch = getattr(t.pipeline, "train_batch_size", None)
+    return microbatch if microbatch is not None else _learner(t, d).config.train_batch_size
+
+
 READS: dict[str, Any] = {
-    "env": lambda t, d, r: {c["args"][0] for c in d.made("worker")} == {"Acrobot-v1"},
-    "num_workers": lambda t, d, r: len(d.made("worker")) == 3 == len(t.workers),
-    "seed": lambda t, d, r: t.worker_config.rollout.seed == 5,
-    "num_gpus": lambda t, d, r: d.made("learner")[0]["num_gpus"] == 0.0,
-    "_fake_gpus": lambda t, d, r: d.made("learner")[0]["num_gpus"] == 0.0,
-    "min_iter_time_s": lambda t, d, r: r["time_this_iter_s"] >= 0.3,
-    "timesteps_per_iteration": lambda t, d, r: r["timesteps_this_iter"] >= 150,
+    "env": lambda t, d, r: {c["args"][0] for c in d.made("worker")} == {"Acrobot-v1"}
+    and {d.instance(w).worker.env.observation_space.shape for w in t.workers} == {(6,)},
+    "num_workers": lambda t, d, r: len(d.made("worker")) == 3 == len(t.workers)
+    == r["num_healthy_workers"],
+    "seed": lambda t, d, r: [d.instance(w).worker.seed for w in t.workers] == [5, 5, 5],
+    "num_gpus": lambda t, d, r: (_towers(t, d) == [["cpu", "cpu"]] if t.config._fake_gpus
+                                 else d.made("learner")[0]["num_gpus"] == 1.0),
+    "_fake_gpus": lambda t, d, r: d.made("learner")[0]["num_gpus"] == 0.0
+    and all(device == "cpu" for tower in _towers(t, d) for device in tower),
+    "min_iter_time_s": lambda t, d, r: d.steps == 4,
+    "timesteps_per_iteration": lambda t, d, r: r["timesteps_this_iter"] >= 400,
     "metrics_smoothing_episodes": lambda t, d, r: t.episodes.smoothing_episodes == 7,
     "num_cpus_per_worker": lambda t, d, r: {c["num_cpus"] for c in d.made("worker")} == {0.5},
     "num_cpus_for_driver": lambda t, d, r: d.made("learner")[0]["num_cpus"] == 0.25,
     "debug": lambda t, d, r: t.pipeline.debug is True,
-    "train_batch_size": lambda t, d, r: t.spec.learner_config(t.config).train_batch_size
-    == t.config.train_batch_size != type(t.config)().train_batch_size,
+    "train_batch_size": lambda t, d, r: _batch_size_received(t, d) == t.config.train_batch_size
+    != type(t.config)().train_batch_size,
     "max_weight_sync_delay": lambda t, d, r: t.pipeline.max_weight_sync_delay == 33,
     "training_intensity": lambda t, d, r: t.pipeline.intensity.intensity == 2.0,
     "learning_starts": lambda t, d, r: t.pipeline.intensity.learning_starts == 64,
     "learner_queue_size": lambda t, d, r: _learner_queue_applied(t, d),
-    "num_replay_buffer_shards": lambda t, d, r: len(d.made("replay")) == 2,
+    "num_replay_buffer_shards": lambda t, d, r: len(d.made("replay")) == 2
+    == len(t.learner_side_actors),
     "batch_replay": lambda t, d, r: {c["class_path"] for c in d.made("replay")}
     == {"actorrl.replay.actor:BatchReplayActor"},
     "broadcast_interval": lambda t, d, r: t.pipeline.broadcast_interval == 3,
@@ -345,44 +468,55 @@ READS: dict[str, Any] = {
         c["args"][2].rollout.explore is True for c in d.made("evaluation-worker")),
 }
 """Trainer key -> what shows it reached what reads it: the actors the trainer started
-(count, class, CPUs, GPUs), the pipeline it built, or one training iteration's result.
-What each pipeline setting then changes is shown by the pipeline tests
+(their constructor arguments and the objects they built: count, class, CPUs, GPUs, seeds,
+towers), the pipeline it built, or one training iteration's result (pipeline steps run,
+env steps sampled). What each pipeline setting then changes is shown by the pipeline tests
 (tests/test_pipelines.py: max_weight_sync_delay, training_intensity, learning_starts,
 learner_queue_size, grads_per_step, microbatch_size; tests/test_pipeline_stats.py)."""
 
 
 def test_every_trainer_key_is_read_by_the_trainer_or_pipeline() -> None:
-    """Each exempted trainer key has a check here, and each algorithm's case gives every
-    trainer key it has a non-default value."""
-    assert set(READS) == TRAINER_KEYS
-    for name, values in TRAINER_CASES.items():
+    """Each proved key has a check here, and each case gives every key it proves a value
+    that is not the default."""
+    assert set().union(*(keys for _, _, keys in TRAINER_CASES.values())) == set(READS)
+    for case, (name, values, keys) in TRAINER_CASES.items():
         spec = get_algorithm(name)
         config = load_config(spec.config_cls, values)
         defaults = spec.config_cls()
-        mine = TRAINER_KEYS & leaf_keys(config)
-        assert mine <= set(values), f"{name}: no value for {sorted(mine - set(values))}"
-        for key in mine:
-            assert plain(getattr(config, key)) != plain(getattr(defaults, key)), (name, key)
+        assert keys <= leaf_keys(config) & set(values), (case, keys - set(values))
+        for key in keys:
+            assert plain(getattr(config, key)) != plain(getattr(defaults, key)), (case, key)
 
 
-@pytest.mark.parametrize("name", sorted(TRAINER_CASES))
-async def test_trainer_keys_reach_the_actors_pipeline_and_iterations(name: str,
-                                                                     tmp_path) -> None:
+@pytest.mark.parametrize("case", sorted(TRAINER_CASES))
+async def test_trainer_keys_reach_the_actors_pipeline_and_iterations(
+        case: str, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A trainer built from the case (serial: every actor in this process) started its
-    actors as the keys say, built its pipeline with them, and one iteration respects
-    ``min_iter_time_s`` and ``timesteps_per_iteration``."""
+    actors as the keys say, built its pipeline with them, and one iteration (on a clock
+    that ticks per reading, so it is bounded by pipeline steps, not the machine's speed)
+    respects ``min_iter_time_s`` and ``timesteps_per_iteration``."""
+    import actorrl.algorithms.trainer as trainer_module
     from actorrl.algorithms.trainer import Trainer
     from actorrl.runtime import Driver
 
+    name, values, keys = TRAINER_CASES[case]
     spec = get_algorithm(name)
-    config = load_config(spec.config_cls, TRAINER_CASES[name])
+    config = load_config(spec.config_cls, values)
+    monkeypatch.setattr(trainer_module, "time", TickingClock())
     async with Driver.start(str(tmp_path / "s"), serial=True) as driver:
         recording = RecordingDriver(driver)
         trainer = await Trainer.create(spec, config, recording)  # type: ignore[arg-type]
         try:
+            assert trainer.pipeline is not None
+            step = trainer.pipeline.step
+
+            async def counted_step() -> Any:
+                recording.steps += 1
+                return await step()
+
+            trainer.pipeline.step = counted_step  # type: ignore[method-assign]
             result = await trainer.train()
-            keys = TRAINER_KEYS & leaf_keys(config)
             failed = sorted(k for k in keys if not READS[k](trainer, recording, result))
         finally:
             await trainer.stop()
-    assert failed == [], f"{name}: not applied: {failed}"
+    assert failed == [], f"{case}: not applied: {failed}"

@@ -146,6 +146,14 @@ class PPOConfig(AlgorithmConfig):
             changes["rollout_fragment_length"] = AUTO
         return super().replace(**changes)
 
+    def derived_values(self, section: str) -> dict[str, Any]:
+        """The learner splits minibatches anywhere between rows (recurrent ones between
+        sequences: it reads ``seq_lens``) and has its whole train batch in hand when it
+        starts: no learner-thread wait applies."""
+        if section == "learner":
+            return {"tower_rows_multiple": 1, "wait_for_first_batch": False}
+        return {}
+
     def component(self, section: str) -> Any:
         """As :meth:`AlgorithmConfig.component`; the rollout section goes out as a plain
         :class:`RolloutConfig` (with its fragment length resolved)."""
