@@ -30,13 +30,37 @@ def _separate_step(model, obs, state, prev_actions, prev_rewards):
         model.paired = paired
 
 
+class _Spy:
+    """Wraps the model's paired network and keeps what each of its steps returned."""
+
+    def __init__(self, paired):
+        self.paired = paired
+        self.returned: list[list[torch.Tensor]] = []
+
+    def step(self, *args):
+        out = self.paired.step(*args)
+        self.returned.append(out)
+        return out
+
+
 def _assert_steps_agree(model, generator):
+    """The acting step runs the paired network (its state comes from it) and equals the
+    branches run one after the other."""
     obs = torch.randn(6, 5, generator=generator)
     state = [torch.randn(6, 24, generator=generator) for _ in range(4)]
     prev_actions = torch.randint(0, 3, (6,), generator=generator)
     prev_rewards = torch.randn(6, generator=generator)
+    paired = model.paired
+    spy = model.paired = _Spy(paired)
+    try:
+        with torch.inference_mode():
+            got = model.forward_step(obs, state, prev_actions, prev_rewards)
+    finally:
+        model.paired = paired
+    assert len(spy.returned) == 1, "forward_step did not run the paired network"
+    for got_state, paired_state in zip(got[2], spy.returned[0], strict=True):
+        assert got_state is paired_state
     with torch.inference_mode():
-        got = model.forward_step(obs, state, prev_actions, prev_rewards)
         want = _separate_step(model, obs, state, prev_actions, prev_rewards)
     torch.testing.assert_close(got[0], want[0])
     torch.testing.assert_close(got[1], want[1])

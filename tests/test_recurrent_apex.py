@@ -195,19 +195,33 @@ async def test_a_per_row_replay_shard_refuses_sequences(tmp_path):
     async with Driver.start(str(tmp_path / "s"), serial=True) as driver:
         shard = await driver.create_actor("actorrl.replay.actor:ReplayActor",
                                           args=({"buffer_size": 1000},), num_cpus=0)
-        with pytest.raises(Exception, match="batch_replay: true"):
+        with pytest.raises(ValueError, match="per-row replay shard.*batch_replay: true"):
             await driver.get(shard.add_batch.remote([driver.put(batch)]), timeout_s=30)
 
 
 def test_worker_side_priorities_unroll_the_whole_fragment():
     """With worker_side_prioritization a recurrent policy's initial priorities are
-    |td_error| + eps of each row, the fragment unrolled from its first state."""
+    |td_error| + eps of each row, the fragment unrolled from its first state: row by row
+    the step-by-step reference (each sequence stepped from its stored start state, which is
+    the state acting reached there), also for the second fragment, whose unfinished
+    episodes go on from the first fragment's last states (not from zeros)."""
     worker = _worker(worker_side_prioritization=True, prioritized_replay_eps=0.5)
-    batch = worker.sample()
+    policy = worker.get_policy()
+    first, second = worker.sample(), worker.sample()
     worker.stop()
-    weights = batch["weights"]
-    assert weights.shape == (batch.count,) and np.isfinite(weights).all()
-    assert (weights >= 0.5).all() and (weights > 0.5).any()
+    # The second fragment goes on with episodes of the first: those trajectories start
+    # from the carried (non-zero) state, which a zero-state unroll would not see.
+    starts = second.sequence_starts()[:-1]
+    eps = second["eps_id"]
+    continued = [s for s, row in enumerate(starts) if (row == 0 or eps[row - 1] != eps[row])
+                 and eps[row] in set(first["eps_id"].tolist())]
+    assert continued and (np.abs(second["state_in_0"][continued]).sum(axis=1) > 0).all()
+    for batch in (first, second):
+        weights = batch["weights"]
+        assert weights.shape == (batch.count,) and np.isfinite(weights).all()
+        assert (weights >= 0.5).all() and (weights > 0.5).any()
+        np.testing.assert_allclose(weights, np.abs(_reference_td_errors(policy, batch)) + 0.5,
+                                   atol=1e-4)
 
 
 # ---- config --------------------------------------------------------------------------------
