@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from actorrl.runtime.forking import KEPT
+from actorrl.runtime.forking import KEPT, KEPT_FORK_SERVERS_IGNORE_ENV
 from tests.helpers.procs import NO_TORCH_PRELOAD, descendants, pids_alive
 
 # The suite starts hundreds of interpreters (drivers, CLI runs, fork servers, node agents).
@@ -21,6 +21,11 @@ from tests.helpers.procs import NO_TORCH_PRELOAD, descendants, pids_alive
 # processes instead (pytest reads ``sys.dont_write_bytecode`` when it rewrites a module).
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
+
+# pytest sets PYTEST_CURRENT_TEST per test phase; nothing reads it while a fork server
+# imports, so the process's kept fork servers may be taken over across tests.
+os.environ[KEPT_FORK_SERVERS_IGNORE_ENV] = ",".join(
+    filter(None, [os.environ.get(KEPT_FORK_SERVERS_IGNORE_ENV), "PYTEST_CURRENT_TEST"]))
 
 GROUPS = ("unit", "process", "cluster", "learning")
 """What a test proves, one marker each (registered in pyproject.toml): ``pytest -m unit``,
@@ -159,6 +164,32 @@ def _named(items: list) -> list[str]:
     return [f"{item} (left by {FIRST_SEEN.get(item, 'a fixture teardown')})" for item in items]
 
 
+def kept_fork_servers_check(kept_servers=None) -> tuple[set[int], list[str]]:
+    """The pids of this process's kept fork servers (``kept_servers``: a
+    :class:`~actorrl.runtime.forking.KeptForkServers`, default ``KEPT``), and what is wrong
+    with them: a kept server is a legitimate process of ours only while it is alive, idle
+    (no child, no request), bound to the process's lifeline (so it dies with it) and within
+    the kept count. Checked before the session's leak check stops them."""
+    kept_servers = KEPT if kept_servers is None else kept_servers
+    servers = kept_servers.servers
+    problems = []
+    if len(servers) > kept_servers.max_kept:
+        problems.append(f"{len(servers)} kept, more than the limit of "
+                        f"{kept_servers.max_kept}: pids "
+                        f"{_named([s.process.pid for s in servers])}")
+    for server in servers:
+        pid = server.process.pid
+        if server.process.popen.poll() is not None:
+            problems.append(f"kept server {pid} has exited")
+        elif not server.idle or descendants(pid):
+            problems.append(f"kept server {_named([pid])[0]} is not idle (children "
+                            f"{sorted(descendants(pid))})")
+        if server.lifeline is not kept_servers.lifeline:
+            problems.append(f"kept server {_named([pid])[0]} does not watch the process's "
+                            "lifeline")
+    return {s.process.pid for s in servers}, problems
+
+
 @pytest.fixture(scope="session", autouse=True)
 def nothing_left_behind(tmp_path_factory: pytest.TempPathFactory):
     """After the whole session: no actor, zygote or server process of ours still runs, and
@@ -167,10 +198,15 @@ def nothing_left_behind(tmp_path_factory: pytest.TempPathFactory):
     named with the test after which it first appeared."""
     before = _temp_entries()
     yield
+    kept, kept_problems = kept_fork_servers_check()
+    # Every other process of ours must exit; the kept servers are counted too, after
+    # being checked above (idle, within the limit) and then stopped: they must exit.
+    others = pids_alive(sorted(descendants(os.getpid()) - kept), EXIT_GRACE_S)
     KEPT.stop_all()  # fork servers kept for a next runtime that no test will start now
-    still_running = pids_alive(sorted(descendants(os.getpid())), EXIT_GRACE_S)
+    still_running = others + pids_alive(sorted(kept), EXIT_GRACE_S)
     basetemp = tmp_path_factory.getbasetemp()
     left = sorted(p for p in _temp_entries() - before if not _owned_by_other_live_process(p)
                   and not _of_another_pytest_run(p, basetemp))
+    assert not kept_problems, f"kept fork servers leaked: {kept_problems}"
     assert not still_running, f"processes left running after the tests: {_named(still_running)}"
     assert not left, f"temp folders or shared-memory segments left after the tests: {_named(left)}"

@@ -135,7 +135,7 @@ async def test_a_killed_fork_server_takes_its_actors_and_is_restarted():
         os.kill(server.process.pid, signal.SIGKILL)
         assert await driver.node.process_of(actor).wait(30) == -signal.SIGKILL
         assert deaths == [actor.actor_id]
-        with pytest.raises(ActorDiedError):
+        with pytest.raises(ActorDiedError, match="killed by SIGKILL"):
             await driver.get(actor.pid.remote(), timeout_s=30)
         assert pids_alive([actor_pid], timeout_s=10) == []
         again = await driver.create_actor(INFO)
@@ -190,6 +190,75 @@ async def test_only_a_node_with_the_same_environment_takes_a_kept_server(monkeyp
     assert not _running(own) and len(KEPT) == 2
     KEPT.stop_all()
     assert not _running(full) and not _running(light)
+
+
+async def test_another_working_directory_or_variable_starts_another_server(monkeypatch,
+                                                                         tmp_path):
+    """A node in another working directory, or with one more environment variable, does
+    not take a kept server over; a variable named in ``ACTORRL_KEPT_FORK_SERVERS_IGNORE``
+    may differ (the suite names ``PYTEST_CURRENT_TEST`` there: product code does not)."""
+    KEPT.stop_all()
+    monkeypatch.setenv("ACTORRL_KEPT_FORK_SERVERS", "4")
+    monkeypatch.setenv("ACTORRL_KEPT_FORK_SERVERS_IGNORE", "ARL_PER_RUN_NOTE")
+    monkeypatch.setenv("ARL_PER_RUN_NOTE", "first")
+    async with Driver.start(start_method="fork") as driver:
+        first = driver.node.fork_server
+    monkeypatch.setenv("ARL_PER_RUN_NOTE", "second")
+    async with Driver.start(start_method="fork") as driver:
+        assert driver.node.fork_server is first, "an ignored variable changed the match"
+    monkeypatch.chdir(tmp_path)
+    async with Driver.start(start_method="fork") as driver:
+        elsewhere = driver.node.fork_server
+        assert elsewhere is not first, "a kept server was taken in another directory"
+    monkeypatch.undo()  # back to the first directory and variables, then one more
+    monkeypatch.setenv("ACTORRL_KEPT_FORK_SERVERS", "4")
+    monkeypatch.setenv("ACTORRL_KEPT_FORK_SERVERS_IGNORE", "ARL_PER_RUN_NOTE")
+    monkeypatch.setenv("ARL_ANOTHER_SETTING", "1")
+    async with Driver.start(start_method="fork") as driver:
+        other = driver.node.fork_server
+        assert other not in (first, elsewhere), "a kept server was taken with another env"
+    assert len(KEPT) == 3 and all(_running(s) for s in (first, elsewhere, other))
+    KEPT.stop_all()
+
+
+async def test_edited_modules_start_another_server(monkeypatch, tmp_path):
+    """A kept server imported the modules as they were: once one of them is edited (its
+    mtime or size changes), the next node starts a server that imports them afresh."""
+    import actorrl.runtime.forking as forking
+
+    source = tmp_path / "pkg"
+    source.mkdir()
+    module = source / "mod.py"
+    module.write_text("VALUE = 1\n")
+    monkeypatch.setattr(forking, "_SOURCE_ROOTS", (str(source),))
+    KEPT.stop_all()
+    async with Driver.start(start_method="fork") as driver:
+        first = driver.node.fork_server
+    async with Driver.start(start_method="fork") as driver:
+        assert driver.node.fork_server is first
+    module.write_text("VALUE = 22\n")
+    async with Driver.start(start_method="fork") as driver:
+        assert driver.node.fork_server is not first
+    KEPT.stop_all()
+
+
+async def test_the_leak_check_sees_kept_servers_past_their_limit(monkeypatch):
+    """The session's leak check (tests/conftest.py) checks the kept servers before it stops
+    them: two kept under a limit of two pass, the same two under a limit of one are named."""
+    from tests.conftest import kept_fork_servers_check
+
+    KEPT.stop_all()
+    monkeypatch.setenv("ACTORRL_KEPT_FORK_SERVERS", "2")
+    async with Driver.start(start_method="fork") as driver:
+        first = driver.node.fork_server
+    monkeypatch.setenv("ACTORRL_FORK_PRELOAD", "json")
+    async with Driver.start(start_method="fork") as driver:
+        second = driver.node.fork_server
+    assert kept_fork_servers_check() == ({first.process.pid, second.process.pid}, [])
+    monkeypatch.setenv("ACTORRL_KEPT_FORK_SERVERS", "1")
+    _, problems = kept_fork_servers_check()
+    assert len(problems) == 1 and "2 kept, more than the limit of 1" in problems[0], problems
+    KEPT.stop_all()
 
 
 async def test_past_the_kept_count_the_oldest_kept_server_stops(monkeypatch):

@@ -320,11 +320,45 @@ KEPT_FORK_SERVERS_ENV = "ACTORRL_KEPT_FORK_SERVERS"
 """Environment variable: how many idle fork servers a process keeps for its next nodes
 (default 2; 0 stops each server with its node)."""
 
-_NOT_READ_AT_IMPORT = frozenset({"PYTEST_CURRENT_TEST", KEPT_FORK_SERVERS_ENV})
-"""Variables that may change between runs of one process and that nothing reads while
-the server imports (pytest sets the first per test phase; the second is read by the
-node): ignored when matching a kept server, since a forked actor gets its whole
-environment with its request anyway."""
+KEPT_FORK_SERVERS_IGNORE_ENV = "ACTORRL_KEPT_FORK_SERVERS_IGNORE"
+"""Environment variable: comma-separated names of environment variables that may differ
+between a kept fork server and a node taking it over, because nothing reads them while the
+server imports (a test runner's per-test variable, say). A forked actor gets its whole
+environment with its request anyway; every other variable must match."""
+_NEVER_MATCHED = frozenset({KEPT_FORK_SERVERS_ENV, KEPT_FORK_SERVERS_IGNORE_ENV})
+"""Read by the node, not the server: never part of the match."""
+
+
+def _ignored_variables(env: dict[str, str]) -> frozenset[str]:
+    """The variables left out of the match for a node of environment ``env``."""
+    named = env.get(KEPT_FORK_SERVERS_IGNORE_ENV, "")
+    return _NEVER_MATCHED | {name.strip() for name in named.split(",") if name.strip()}
+
+
+_SOURCE_ROOTS = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                 os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+                     os.path.abspath(__file__)))), "transport"))
+"""The folders of actorrl's and transport's modules (what a fork server imports from this
+installation)."""
+
+
+def source_version() -> tuple[int, int, int]:
+    """``(files, total size, newest mtime_ns)`` of the ``.py`` files under
+    :data:`_SOURCE_ROOTS`: changes when a module is edited, added or removed, or the
+    package is reinstalled, so a server that imported other versions is not taken over."""
+    count = size = newest = 0
+    for root in _SOURCE_ROOTS:
+        for folder, dirs, files in os.walk(root):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            for name in files:
+                if name.endswith(".py"):
+                    try:
+                        st = os.stat(os.path.join(folder, name))
+                    except OSError:
+                        continue
+                    count, size = count + 1, size + st.st_size
+                    newest = max(newest, st.st_mtime_ns)
+    return count, size, newest
 
 
 class KeptForkServers:
@@ -334,10 +368,12 @@ class KeptForkServers:
     would otherwise start a fork server, importing torch again (~2 s of CPU), for each
     node. A node that shuts down hands its server here once every child it forked has
     exited; the next node of the process with the same working directory and
-    environment takes it over (its actors get their own environment with each request,
-    as always). Servers started through here watch a lifeline of the whole process, not
-    of one node, so a kept server and its children still die with the process. At most
-    :attr:`max_kept` idle servers are kept, the oldest stopped first.
+    environment (but the variables named in ``$ACTORRL_KEPT_FORK_SERVERS_IGNORE``), while
+    actorrl's module files are unchanged (:func:`source_version`), takes it over (its
+    actors get their own environment with each request, as always). Servers started
+    through here watch a lifeline of the whole process, not of one node, so a kept server
+    and its children still die with the process. At most :attr:`max_kept` idle servers are
+    kept, the oldest stopped first.
     """
 
     def __init__(self, max_kept: int | None = None) -> None:
@@ -364,11 +400,19 @@ class KeptForkServers:
     def __len__(self) -> int:
         return len(self._kept)
 
+    @property
+    def servers(self) -> tuple[ForkServerClient, ...]:
+        """The servers kept now, oldest first (for leak checks)."""
+        return tuple(self._kept.values())
+
     def take(self, log_path: str, env: dict[str, str]) -> ForkServerClient:
-        """A kept server matching ``env`` and the working directory, now serving the
-        running event loop and logging to ``log_path``; else a new one."""
-        key = (os.getcwd(), tuple(sorted((name, value) for name, value in env.items()
-                                         if name not in _NOT_READ_AT_IMPORT)))
+        """A kept server matching ``env``, the working directory and the version of
+        actorrl's modules, now serving the running event loop and logging to ``log_path``;
+        else a new one."""
+        ignored = _ignored_variables(env)
+        key = (source_version(), os.getcwd(),
+               tuple(sorted((name, value) for name, value in env.items()
+                            if name not in ignored)))
         # Reading max_kept here also refuses a malformed setting when a node starts.
         server = self._kept.pop(key, None) if self.max_kept > 0 else None
         if server is not None:
