@@ -76,7 +76,7 @@ async def test_a_raising_callback_fails_the_iteration_with_its_traceback(tmp_pat
     async with Driver.start(str(tmp_path / "s")) as driver:
         trainer = await Trainer.create(spec, config, driver)
         try:
-            with pytest.raises(Exception) as info:
+            with pytest.raises(RuntimeError, match="callback exploded on purpose") as info:
                 await asyncio.wait_for(trainer.train(), timeout=120)
         finally:
             await trainer.stop()

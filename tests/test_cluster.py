@@ -12,6 +12,7 @@ import contextlib
 import glob
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -300,7 +301,7 @@ async def test_curve_listener_admits_only_allowed_keys(tmp_path):
                                            stranger.secret)), ("keyless", None)):
             client = RpcClient(tcp, curve_keys=keys, connect_timeout_s=2)
             clients.append(client)
-            with pytest.raises((PeerLostError, CallTimeoutError)):
+            with pytest.raises((PeerLostError, CallTimeoutError), match=re.escape(tcp)):
                 await client.call(method, timeout_s=3)
         good = RpcClient(tcp, curve_keys=security.client_keys(security.identity.public))
         plain = RpcClient(ipc)
@@ -382,7 +383,8 @@ def test_clients_without_a_valid_key_get_nothing(cluster, tmp_path):
     """A client without keys and one with an unknown key are refused by the coordinator's
     CURVE handshake (the ZAP allow-list); the right key works, and nodes never saw the
     refused clients' requests."""
-    with pytest.raises(ClusterConnectionError):
+    with pytest.raises(ClusterConnectionError,
+                       match="cannot reach the coordinator at .*pass keys_dir"):
         Client(cluster.address, connect_timeout_s=3)
     stranger = tmp_path / "stranger"
     generate_keys(str(stranger), ["client"])

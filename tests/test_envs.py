@@ -299,3 +299,22 @@ def test_multi_agent_step_without_all_key_is_an_error():
     venv.reset()
     with pytest.raises(ValueError, match="'__all__' key"):
         venv.step([{"a": 0, "b": 0}])
+
+
+def test_catch_frames_show_ball_and_paddle():
+    """The pixel env of the pixel learning tests draws ball and paddle (moved here from
+    test_learning_pixels.py: it trains nothing)."""
+    from actorrl.envs.pixel import Catch
+
+    env = Catch(rows=6, columns=4, scale=2)
+    obs, _ = env.reset(seed=1)
+    assert obs.shape == (12, 8, 1) and obs.dtype.name == "uint8"
+    assert int((obs > 0).sum()) == 2 * 4  # two cells, each 2x2 pixels
+    total, done = 0.0, False
+    while not done:
+        obs, reward, done, _, _ = env.step(1)
+        total += reward
+    assert total in (-1.0, 1.0)
+    assert Catch(channels_first=True).reset(seed=0)[0].shape == (1, 10, 5)
+    with pytest.raises(ValueError, match="rows >= 3"):
+        Catch(rows=2)

@@ -175,3 +175,35 @@ def test_cli_without_any_algorithm_exits_2(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "no algorithm given" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "results").exists()
+
+
+# ---- optional extras: skip only where they may be missing ----------------------------------
+def _package(root: Path, name: str, body: str) -> None:
+    (root / name).mkdir()
+    (root / name / "__init__.py").write_text(body)
+
+
+@pytest.mark.unit
+def test_a_missing_extra_skips_outside_ci_and_fails_in_ci(monkeypatch, tmp_path) -> None:
+    """An extra's module that is not there: False (its tests skip) outside CI, an error
+    naming ``ACTORRL_CI`` in CI; a module that is there but fails to import (itself, or a
+    dependency of it) is an error either way; ``.ci/run`` runs the suite as CI."""
+    from tests.helpers.extras import BrokenExtra
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _package(tmp_path, "arl_broken_extra", "raise ImportError('libale.so: cannot open')\n")
+    _package(tmp_path, "arl_extra_missing_dep", "import arl_no_such_dependency\n")
+    for ci in ("0", "1"):
+        monkeypatch.setenv("ACTORRL_CI", ci)
+        for module in ("arl_broken_extra", "arl_extra_missing_dep"):
+            with pytest.raises(BrokenExtra, match=f"{module} is installed but does not import"):
+                installed(module)
+    monkeypatch.delenv("ACTORRL_CI")
+    assert installed("json") and not installed("arl_no_such_extra")
+    assert not installed("arl_no_such_extra.gym")
+    monkeypatch.setenv("ACTORRL_CI", "1")
+    with pytest.raises(BrokenExtra, match="arl_no_such_extra is not installed, and "
+                                          "ACTORRL_CI is set"):
+        installed("arl_no_such_extra")
+    ci_run = (REPO / ".ci" / "run").read_text()
+    assert "ACTORRL_CI=1 python -m pytest" in ci_run, ci_run

@@ -157,3 +157,59 @@ async def test_apex_with_a_short_timeout_waits_for_a_slow_learning_start(tmp_pat
         await trainer.stop()
     assert result["num_steps_trained"] > 0
     assert waited > 2  # replay took longer than learner_queue_timeout to start
+
+
+RECOVERY_ITERATIONS = 30
+"""Most iterations (of 200 env steps each) a recovery may take: a bound in steps, met long
+before by a replacement that works."""
+
+
+async def test_apex_keeps_training_when_a_worker_and_the_shard_are_killed(tmp_path):
+    """SIGKILL of a rollout worker mid-run: the failure is reported, the worker replaced,
+    results keep coming and the sampled step count keeps growing. Then SIGKILL of the
+    replay shard: an empty shard takes its place and training goes on. Iterations are
+    bounded by env steps (200 each), and each recovery by a number of them."""
+    from tests.helpers.procs import pids_alive
+
+    spec = get_algorithm("apex")
+    config = load_config(spec.config_cls, {"num_workers": 2, "seed": 0, "min_iter_time_s": 0,
+                                           "timesteps_per_iteration": 200,
+                                           "learning_starts": 400})
+    async with Driver.start(str(tmp_path / "session")) as driver:
+        trainer = await Trainer.create(spec, config, driver)
+        first = await trainer.train()
+        victim = trainer.workers[0]
+        process = driver.node.process_of(victim)
+        assert process is not None
+        os.kill(process.pid, signal.SIGKILL)
+        results = []
+        for _ in range(RECOVERY_ITERATIONS):  # until the replacement samples
+            results.append(await trainer.train())
+            info = results[-1]["info"]
+            if (len(results) >= 2 and info["num_worker_restarts"] >= 1
+                    and results[-1]["num_healthy_workers"] == 2):
+                break
+        last = results[-1]
+        assert last["info"]["num_worker_failures"] >= 1
+        assert last["info"]["num_worker_restarts"] >= 1
+        assert last["num_healthy_workers"] == 2
+        assert victim not in trainer.workers
+        steps = [first["timesteps_total"]] + [r["timesteps_total"] for r in results]
+        assert steps == sorted(steps) and steps[-1] > steps[1], steps
+
+        shard = trainer.learner_side_actors[0]
+        os.kill(driver.node.process_of(shard).pid, signal.SIGKILL)
+        after = []
+        for _ in range(RECOVERY_ITERATIONS):  # until the learner trains on the new shard
+            after.append(await trainer.train())
+            if (len(after) >= 2 and after[-1]["info"]["num_shard_failures"] == 1
+                    and after[-1]["num_steps_trained"] > last["num_steps_trained"]):
+                break
+        assert after[-1]["info"]["num_shard_failures"] == 1
+        assert shard not in trainer.learner_side_actors
+        assert after[-1]["num_steps_trained"] > last["num_steps_trained"]
+        assert after[-1]["timesteps_total"] > last["timesteps_total"]
+        assert "policy_default_policy" in after[-1]["info"]["replay_shard_0"]
+        pids = [running.process.pid for running in driver.node.actors.values()]
+        await trainer.stop()
+    assert pids_alive(pids, timeout_s=15) == []

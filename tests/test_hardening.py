@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -458,7 +459,7 @@ def test_the_coordinator_caps_frames_and_raises_its_fd_limit(tmp_path) -> None:
             async def raw() -> None:
                 raw = RpcClient(address, connect_timeout_s=5)
                 try:
-                    with pytest.raises((PeerLostError, CallTimeoutError)):
+                    with pytest.raises((PeerLostError, CallTimeoutError), match=re.escape(address)):
                         await raw.call("coord.hello", [np.zeros(2 << 20, np.uint8)],
                                        timeout_s=5)
                 finally:

@@ -44,7 +44,7 @@ def test_timer_records_even_when_the_block_raises() -> None:
     """A block that raises is still timed, and the timer is usable afterwards."""
     clock = FakeClock()
     timer = TimerStat(clock=clock)
-    with pytest.raises(KeyError), timer:
+    with pytest.raises(KeyError, match="boom"), timer:
         clock.now_s += 2.0
         raise KeyError("boom")
     assert timer.last == pytest.approx(2.0)

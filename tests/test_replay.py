@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import operator
+import re
 from collections.abc import Callable
 
 import numpy as np
@@ -293,7 +294,7 @@ def test_tree_rejects_bad_arguments() -> None:
         tree.update(np.array([1, 8]), np.array([1.0, 1.0]))
     with pytest.raises(IndexError, match="out of range"):
         tree.update(np.array([-1]), np.array([1.0]))
-    with pytest.raises(IndexError):
+    with pytest.raises(IndexError, match=re.escape("leaf range [6, 9) out of range [0, 8)")):
         tree.update_range(6, np.ones(3))
     with pytest.raises(ValueError, match=">= 0"):
         tree.find_prefixsum_idx(np.array([1.0, -0.5]))
@@ -663,5 +664,5 @@ def test_replay_shards_accept_the_apex_options() -> None:
             shard = cls(form, seed=1)
             assert shard.config == config
             assert shard.replay_starts == 50 and shard.buffer_size == 500
-        with pytest.raises(TypeError):
+        with pytest.raises(TypeError, match="positional arguments"):
             cls(2, 100, 1000, 32, 0.6, 0.4, 1e-6, True, seed=1)  # the old positional form

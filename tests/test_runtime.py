@@ -107,7 +107,7 @@ def test_put_get_free(runtime):
     assert rt.get(store.consume.remote(ref), timeout=30) == float(value["x"].sum())
     made = store.make.remote(800)
     assert rt.get_and_free(made, timeout=30)["a"].shape == (100,)
-    with pytest.raises(rt.ObjectLostError):
+    with pytest.raises(rt.ObjectLostError, match="does not exist at its owner"):
         rt.get(rt.ObjectRef(made.id, made.owner), timeout=30)
 
 
@@ -194,7 +194,7 @@ def test_killed_actor_gives_actor_died_and_restart_works(runtime):
     # (lost), or a reconnect the dead process reset (gone).
     with pytest.raises(rt.ActorDiedError, match="SIGKILL|lost|gone"):
         rt.get(counter.add.remote(1), timeout=30)
-    with pytest.raises(rt.ActorDiedError):
+    with pytest.raises(rt.ActorDiedError, match="SIGKILL|lost|gone"):
         rt.get(counter.add.remote(1), timeout=30)
     restarted = rt.restart_actor(counter)
     assert rt.get(restarted.add.remote(1), timeout=30) == 6
@@ -202,7 +202,7 @@ def test_killed_actor_gives_actor_died_and_restart_works(runtime):
     gate_pid_ref = rt.driver().node.process_of(gate)
     assert gate_pid_ref is not None
     os.kill(gate_pid_ref.pid, signal.SIGKILL)
-    with pytest.raises(rt.ActorDiedError):
+    with pytest.raises(rt.ActorDiedError, match=" died: "):
         rt.get(pending, timeout=30)
 
 
@@ -269,7 +269,7 @@ async def test_calls_pending_on_a_killed_actor_leave_no_unretrieved_errors(tmp_p
         refs = [gate.wait_for.remote("never", i) for i in range(5)]
         watched = gate.wait_for.remote("never", "watched")
         os.kill(pid, signal.SIGKILL)
-        with pytest.raises(rt.ActorDiedError):
+        with pytest.raises(rt.ActorDiedError, match=" died: "):
             await driver.get(watched, timeout_s=30)
         ready, _ = await driver.wait(refs, num_returns=len(refs), timeout_s=30)
         assert len(ready) == len(refs)
@@ -310,9 +310,9 @@ async def test_a_timed_out_get_leaves_the_ref_usable(tmp_path):
     async with Driver.start(str(tmp_path / "s")) as driver:
         gate = await driver.create_actor("tests.actors.basic:Gate")
         ref = gate.wait_for.remote("k", 42)
-        with pytest.raises(rt.GetTimeoutError):
+        with pytest.raises(rt.GetTimeoutError, match="get timed out after 0.2 s"):
             await driver.get(ref, timeout_s=0.2)
-        with pytest.raises(rt.GetTimeoutError):
+        with pytest.raises(rt.GetTimeoutError, match="get timed out after 0.1 s"):
             await driver.get([ref], timeout_s=0.1)
         await driver.get(gate.open.remote("k"), timeout_s=10)
         assert await driver.get(ref, timeout_s=10) == 42
@@ -321,7 +321,7 @@ async def test_a_timed_out_get_leaves_the_ref_usable(tmp_path):
 def test_a_timed_out_sync_get_leaves_the_ref_usable(runtime):
     gate = rt.create_actor("tests.actors.basic:Gate")
     ref = gate.wait_for.remote("k", 7)
-    with pytest.raises(rt.GetTimeoutError):
+    with pytest.raises(rt.GetTimeoutError, match="timed out after 0.2 s"):
         rt.get(ref, timeout=0.2)
     rt.get(gate.open.remote("k"), timeout=10)
     assert rt.get(ref, timeout=10) == 7
@@ -379,7 +379,7 @@ async def test_timed_out_gets_of_a_received_ref_share_one_fetch(tmp_path):
         await driver.wait([ref], timeout_s=0.05)
         before = client.in_flight
         for _ in range(10):
-            with pytest.raises(rt.GetTimeoutError):
+            with pytest.raises(rt.GetTimeoutError, match="get timed out after 0.01 s"):
                 await driver.get(received, timeout_s=0.01)
         assert client.in_flight == before + 1
         await driver.get(gate.open.remote("k"), timeout_s=10)
@@ -395,7 +395,7 @@ async def test_wait_on_a_received_ref_of_a_dead_owner_is_ready_at_once(tmp_path)
         await driver.kill_actor(counter)
         ready, _ = await driver.wait([received], timeout_s=5)
         assert ready == [received]
-        with pytest.raises(rt.ObjectLostError):
+        with pytest.raises(rt.ObjectLostError, match="owner of ObjectRef.* died: "):
             await driver.get(received, timeout_s=5)
 
 
@@ -423,7 +423,7 @@ async def test_a_call_whose_send_fails_fails_its_ref(tmp_path):
             target=lambda: refs.append(driver.runtime.submit(handle, "noop", [], {})))
         thread.start()
         thread.join()
-        with pytest.raises(zmq.Again):
+        with pytest.raises(zmq.Again, match="Resource temporarily unavailable"):
             await driver.get(refs[0], timeout_s=10)
         assert client.in_flight == 0
 
@@ -565,7 +565,7 @@ async def test_a_get_that_gives_up_leaves_the_call_running(tmp_path):
     async with Driver.start(str(tmp_path / "s")) as driver:
         gate = await driver.create_actor("tests.actors.basic:Gate", timeout_s=60)
         ref = gate.wait_for.remote("k", 7)
-        with pytest.raises(rt.GetTimeoutError):
+        with pytest.raises(rt.GetTimeoutError, match="get timed out after 0.2 s"):
             await driver.get(ref, timeout_s=0.2)
         waiter = asyncio.ensure_future(driver.get(ref))
         await asyncio.sleep(0)

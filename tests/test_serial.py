@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -167,11 +168,11 @@ async def test_killed_actor_semantics(tmp_path):
         assert (await driver.get(big)).shape == (100_000,)
         driver.node.kill_actor(gate)
         driver.node.kill_actor(probe)
-        with pytest.raises(ActorDiedError):
+        with pytest.raises(ActorDiedError, match=re.escape("died: killed (serial mode)")):
             await driver.get(pending, timeout_s=5)
-        with pytest.raises(ObjectLostError):
+        with pytest.raises(ObjectLostError, match=re.escape("died: killed (serial mode)")):
             await driver.get(put, timeout_s=5)
-        with pytest.raises(ActorDiedError):
+        with pytest.raises(ActorDiedError, match=re.escape("died: killed (serial mode)")):
             await driver.get(probe.pid.remote(), timeout_s=5)
         assert deaths == [gate.actor_id, probe.actor_id]
         fresh = await driver.restart_actor(probe)

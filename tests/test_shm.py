@@ -230,7 +230,8 @@ def test_handles_are_refused_unless_allowed() -> None:
 
 
 def test_torch_tensors_through_shm() -> None:
-    torch = pytest.importorskip("torch")
+    import torch  # a dependency of actorrl, never missing
+
     codec = Codec()
     pool = shm.SegmentPool()
     placer = shm.CallPlacer(pool)
@@ -322,23 +323,30 @@ def test_hostile_handles_are_decode_errors(tmp_path) -> None:
     with open(os.path.join(shm.SHM_DIR, fake), "wb") as f:
         f.write(b"\0" * 4096)
     try:
-        cases = {
-            "wrong prefix": _handle("psm_1234"),
-            "path traversal": _handle(f"../../etc/{seg.name}"),
-            "absolute path": _handle(f"/dev/shm/{seg.name}"),
-            "other uid": _handle(other_uid),
-            "symlink": _handle(link_name),
-            "no header": _handle(fake),
-            "missing": _handle(f"{shm.PREFIX}{os.getuid()}.1.1.999999"),
-            "too large shape": _handle(seg.name, shape=(4096,)),
-            "offset past end": _handle(seg.name, offset=4096),
-            "huge offset": _handle(seg.name, offset=2**63),
-            "negative dim": _handle(seg.name, shape=(-1,)),
-            "object dtype": _handle(seg.name, dtype="|O"),
-            "not ascii": _handle(seg.name + "\xe9"),
+        cases = {  # what -> (handle, the key part of its DecodeError)
+            "wrong prefix": (_handle("psm_1234"), "not a shared-memory segment name"),
+            "path traversal": (_handle(f"../../etc/{seg.name}"),
+                               "not a shared-memory segment name"),
+            "absolute path": (_handle(f"/dev/shm/{seg.name}"),
+                              "not a shared-memory segment name"),
+            "other uid": (_handle(other_uid), "cannot open segment"),
+            "symlink": (_handle(link_name), "cannot open segment .*symbolic links"),
+            "no header": (_handle(fake), "has no valid header"),
+            "missing": (_handle(f"{shm.PREFIX}{os.getuid()}.1.1.999999"),
+                        "cannot open segment .*No such file"),
+            "too large shape": (_handle(seg.name, shape=(4096,)),
+                                "handle names bytes 0..32768 of segment"),
+            "offset past end": (_handle(seg.name, offset=4096),
+                                "handle names bytes 4096..4224 of segment"),
+            "huge offset": (_handle(seg.name, offset=2**63),
+                            "handle names bytes 9223372036854775808.."),
+            "negative dim": (_handle(seg.name, shape=(-1,)), "negative dimension"),
+            "object dtype": (_handle(seg.name, dtype="|O"),
+                             "object and structured arrays are never accepted"),
+            "not ascii": (_handle(seg.name + "\xe9"), "malformed shared-memory array header"),
         }
-        for what, header in cases.items():
-            with pytest.raises(DecodeError):
+        for what, (header, message) in cases.items():
+            with pytest.raises(DecodeError, match=message):
                 codec.decode([header], allow_shm=True)
                 pytest.fail(what)
         assert codec.decode([_handle(seg.name, shape=(512,))], allow_shm=True)[0].size == 512
@@ -527,7 +535,7 @@ async def test_kill_9_of_owner_and_of_caller_mid_call_leaves_no_segment(tmp_path
         os.kill(caller_pid, signal.SIGKILL)
         await wait_for(died.wait(), 30)
         assert _owned_by(caller_pid) == []
-        with pytest.raises(rt.ActorDiedError):
+        with pytest.raises(rt.ActorDiedError, match=" died: "):
             await driver.get(hang, timeout_s=30)
 
         # The callee is killed mid-call with the driver's segments: the driver unlinks
@@ -538,6 +546,6 @@ async def test_kill_9_of_owner_and_of_caller_mid_call_leaves_no_segment(tmp_path
         died.clear()
         os.kill(driver.node.process_of(callee).pid, signal.SIGKILL)
         await wait_for(died.wait(), 30)
-        with pytest.raises(rt.ActorDiedError):
+        with pytest.raises(rt.ActorDiedError, match=" died: "):
             await driver.get(hold, timeout_s=30)
         assert _owned_by(os.getpid()) == []
