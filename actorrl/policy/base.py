@@ -147,7 +147,10 @@ class TorchPolicy:
             self.entropy_coeff = self._entropy_schedule.value(self.global_timestep)
 
     def _set_optimizer_lr(self) -> None:
-        if self._lr_schedule is not None and self._optimizer is not None:
+        """The optimizer's param groups learn at ``cur_lr`` (``lr``, or ``lr_schedule``
+        at the global timestep); also after :meth:`set_state` loaded an optimizer state,
+        which carries the lr of the run that saved it."""
+        if self._optimizer is not None:
             for group in self._optimizer.param_groups:
                 group["lr"] = self.cur_lr
 
@@ -260,11 +263,13 @@ class TorchPolicy:
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`get_state` returned."""
+        """Restore what :meth:`get_state` returned; the optimizer then learns at this
+        policy's configured ``lr`` (or ``lr_schedule``), not the saved one."""
         self.set_weights(state["weights"])
         self.optimizer.load_state_dict(_numpy_to_tensors(state["optimizer"]))
         self.global_timestep = int(state.get("global_timestep", 0))
         self._apply_schedules()
+        self._set_optimizer_lr()  # this config's lr, not the saved param groups' lr
         self.num_updates = int(state.get("num_updates", 0))
 
 
