@@ -174,11 +174,46 @@ def _cmd_keys_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _refuse_foreign_address(host: str, setting: str, fix: str) -> None:
+    """A :class:`CommandError` naming ``setting`` and ``fix`` when ``host`` (an IP
+    literal; names and wildcards are not checked) is not an address of this host, before
+    anything tries to listen there. The check binds a plain socket and closes it: nothing
+    is sent anywhere."""
+    from transport.sockets import local_bind_problem
+
+    problem = local_bind_problem(host)
+    if problem is not None:
+        raise CommandError(f"{setting}: {host} is not an address of this host ({problem}); "
+                           f"{fix}")
+
+
+def _refuse_foreign_coordinator_addresses(bind: str | None, advertise: str | None) -> None:
+    """``coordinator start``: the ``--bind`` host, and the ``--advertise`` host (the
+    coordinator listens there too), must be addresses of this host."""
+    from urllib.parse import urlparse
+
+    if bind is not None and bind.startswith("tcp://"):
+        parsed = urlparse(bind)
+        port = parsed.port if parsed.port is not None else 7450
+        _refuse_foreign_address(
+            parsed.hostname or "", f"--bind {bind} (or ${ENV_BIND})",
+            f"the coordinator listens on an address of this host: pass e.g. --bind "
+            f"tcp://127.0.0.1:{port} (this host only) or --bind tcp://0.0.0.0:{port} (every "
+            "interface; --advertise HOST then names the address nodes reach it at)")
+    if advertise:
+        _refuse_foreign_address(
+            advertise, f"--advertise {advertise} (or ${ENV_ADVERTISE})",
+            "the coordinator also listens on the host it advertises: pass an address of "
+            "this host that the nodes and clients can reach, or leave --advertise out to "
+            "advertise the --bind host")
+
+
 def _cmd_coordinator_start(args: argparse.Namespace) -> int:
     from actorrl.cluster.service import DEFAULT_BIND, run_coordinator, start_daemon
     from transport.auth import Security, check_bind
 
     keys = os.path.abspath(os.path.expanduser(args.keys)) if args.keys else None
+    _refuse_foreign_coordinator_addresses(args.bind, args.advertise)
     if args.bind is not None or keys:
         check_bind(args.bind or DEFAULT_BIND,
                    Security.from_dir(keys, "coordinator") if keys else None,
@@ -254,6 +289,13 @@ def _cmd_node_join(args: argparse.Namespace) -> int:
     if not args.address:
         raise CommandError("node join needs the coordinator's address: pass it as ADDRESS "
                            "(tcp://HOST:PORT) or set $ACTORRL_ADDRESS")
+    if args.host:
+        _refuse_foreign_address(
+            args.host, f"--host {args.host} (or ${ENV_NODE_HOST})",
+            "a node's actors listen on that address and are reached there: pass an IP of "
+            "this host that the coordinator and the other nodes can reach (127.0.0.1 when "
+            "they all run on this host), or leave --host out to use this host's interface "
+            "on the route to the coordinator")
     keys = os.path.abspath(os.path.expanduser(args.keys)) if args.keys else None
     return run_node(args.address, name=args.name, host=args.host, num_cpus=args.cpus,
                     num_gpus=args.gpus, keys_dir=keys, session_dir=args.session_dir,

@@ -180,3 +180,62 @@ def test_train_address_writes_nothing_before_the_coordinator_answers(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "no-such-coordinator.invalid" in proc.stderr, proc.stderr
     assert not run_dirs(output)
+
+
+FOREIGN_IP = "203.0.113.5"
+"""TEST-NET-3 (RFC 5737): never an address of this host and never routed, so binding it
+fails at once, locally; nothing is sent to it."""
+
+
+@pytest.mark.parametrize("args,env,setting,fix", [
+    (["coordinator", "start", "--bind", f"tcp://{FOREIGN_IP}:7450"], {},
+     f"--bind tcp://{FOREIGN_IP}:7450 (or $ACTORRL_BIND)", "--bind tcp://127.0.0.1:7450"),
+    (["coordinator", "start", "--bind", "tcp://127.0.0.1:0", "--advertise", FOREIGN_IP],
+     {}, f"--advertise {FOREIGN_IP} (or $ACTORRL_ADVERTISE)", "an address of this host"),
+    (["node", "join", "tcp://127.0.0.1:9", "--host", FOREIGN_IP], {},
+     f"--host {FOREIGN_IP} (or $ACTORRL_NODE_HOST)", "127.0.0.1"),
+    (["node", "join", "tcp://127.0.0.1:9"], {"ACTORRL_NODE_HOST": FOREIGN_IP},
+     f"--host {FOREIGN_IP} (or $ACTORRL_NODE_HOST)", "127.0.0.1"),
+], ids=["coordinator-bind", "coordinator-advertise", "node-host", "node-host-env"])
+def test_an_address_of_another_host_is_refused_naming_the_setting(args, env, setting, fix,
+                                                                 tmp_path) -> None:
+    """``actorrl coordinator start --bind`` / ``--advertise`` and ``actorrl node join
+    --host`` (or ``$ACTORRL_NODE_HOST``) with an IP that is not this host's: a usage error
+    (exit 2) naming the setting, the address and the fix, before anything listens or
+    connects, instead of ZeroMQ's bare "Cannot assign requested address (addr=...)". The
+    node's coordinator address is loopback's discard port: nothing reaches it either.
+    With keys, as such a setup has (without them the keyless-bind refusal comes first)."""
+    from tests.helpers.cluster import cli_env
+
+    keys = str(tmp_path / "keys")
+    generate_keys(keys)
+    extra = ["--keys", keys] + (["--state-dir", str(tmp_path / "state")]
+                                if args[0] == "coordinator" else [])
+    proc = subprocess.run(
+        [*CLUSTER_CLI, *args, *extra],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        env={**cli_env(), **env, "HOME": str(tmp_path)})
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    err = proc.stderr
+    assert f"actorrl: error: {setting}: {FOREIGN_IP} is not an address of this host" in err, err
+    assert fix in err and "addr='tcp://" not in err, err
+
+
+def test_a_server_bound_to_another_hosts_address_names_the_address_and_the_fix() -> None:
+    """Below the CLI (an API caller, an actor given such a host): binding an IP that is
+    not this host's fails naming it and what to bind instead, not with ZeroMQ's message
+    alone."""
+    import zmq
+
+    from transport.rpc import RpcServer
+
+    server = RpcServer(lambda request: None)
+    try:
+        with pytest.raises(zmq.ZMQError) as info:
+            server.bind(f"tcp://{FOREIGN_IP}:0")
+    finally:
+        server.close()
+    message = str(info.value)
+    assert f"cannot listen on tcp://{FOREIGN_IP}:0: {FOREIGN_IP} is not an address of this " \
+           "host" in message, message
+    assert "127.0.0.1" in message and "0.0.0.0" in message, message

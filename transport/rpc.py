@@ -75,6 +75,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlparse
 
 import zmq
 
@@ -328,6 +329,21 @@ class Request:
 RequestHandler = Callable[[Request], None]
 
 
+def _bind(sock: zmq.Socket, address: str) -> None:
+    """``sock.bind(address)``; an address that is not one of this host's fails naming it
+    and the fix (ZeroMQ's own message shows only the errno text and the address)."""
+    try:
+        sock.bind(address)
+    except zmq.ZMQError as exc:
+        if exc.errno != zmq.EADDRNOTAVAIL:
+            raise
+        host = urlparse(address).hostname or address
+        raise zmq.ZMQError(exc.errno, (
+            f"cannot listen on {address}: {host} is not an address of this host "
+            f"({exc.strerror}); bind one of this host's addresses instead, e.g. 127.0.0.1 "
+            "(this host only) or 0.0.0.0 (every interface)")) from None
+
+
 class RpcServer:
     """A ROUTER socket bound to one or more endpoints, dispatching requests to ``handler``.
 
@@ -410,12 +426,12 @@ class RpcServer:
             self._sock.setsockopt(zmq.ZAP_DOMAIN, self._zap_domain)
             self._sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
             try:
-                self._sock.bind(address)
+                _bind(self._sock, address)
             finally:
                 self._sock.curve_server = False
                 self._sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 0)
         else:
-            self._sock.bind(address)
+            _bind(self._sock, address)
         if not address.startswith("ipc://"):
             self._remote_binds = True
         endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)

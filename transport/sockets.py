@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import os
+import socket
 import sys
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -79,6 +81,29 @@ def is_loopback_address(address: str) -> bool:
         return True
     host = parsed.hostname or ""
     return host == "localhost" or host.startswith("127.") or host == "::1"
+
+
+def local_bind_problem(host: str) -> str | None:
+    """Why ``host`` cannot be bound on this machine (the OS's reason, e.g. "Cannot assign
+    requested address" for an IP of another host), or None when it can or is not checked.
+
+    Only IP literals are checked (bracketed IPv6 included); wildcards (``*``, ``0.0.0.0``,
+    ``::``) and names are not (checking a name would resolve it). The check binds a plain
+    TCP socket to ``(host, 0)`` and closes it: nothing is sent, to any address."""
+    literal = host.strip("[]")
+    try:
+        ip = ipaddress.ip_address(literal)
+    except ValueError:
+        return None
+    if ip.is_unspecified:
+        return None
+    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((literal, 0))
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
 
 
 class AsyncSocket:
