@@ -72,3 +72,35 @@ async def test_impala_cartpole_reports_evaluation_every_interval(unit, duration,
         best = max(r["evaluation"]["episode_reward_mean"] for r in evaluated)
         assert best >= 150, [(r["timesteps_total"], r["evaluation"]["episode_reward_mean"])
                              for r in evaluated]
+
+
+async def test_a_killed_evaluation_worker_is_replaced_and_the_next_evaluation_completes(
+        tmp_path) -> None:
+    """SIGKILL of an evaluation worker between two evaluations (A2C, two evaluation
+    workers, an evaluation every iteration, one step each): the next evaluation finds it
+    dead, starts a replacement with the learner's weights in its slot and still reports
+    the configured 5 episodes; the restart is reported. Bounded by iterations."""
+    import os
+    import signal
+
+    spec = get_algorithm("a2c")
+    config = load_config(spec.config_cls, {
+        "num_workers": 1, "seed": 0, "train_batch_size": 256, "microbatch_size": 128,
+        "min_iter_time_s": 0, "timesteps_per_iteration": 0, "evaluation_interval": 1,
+        "evaluation_num_workers": 2, "evaluation_duration": 5})
+    async with Driver.start(str(tmp_path / "s")) as driver:
+        trainer = await Trainer.create(spec, config, driver)
+        try:
+            first = await trainer.train()
+            victim = trainer.evaluator.workers[0]
+            os.kill(driver.node.process_of(victim).pid, signal.SIGKILL)
+            second = await trainer.train()
+            workers = list(trainer.evaluator.workers)
+        finally:
+            await trainer.stop()
+    assert first["evaluation"]["episodes_this_iter"] >= 5
+    assert first["evaluation"]["num_worker_restarts"] == 0
+    evaluation = second["evaluation"]
+    assert evaluation["episodes_this_iter"] >= 5, evaluation
+    assert evaluation["num_worker_restarts"] == 1
+    assert len(workers) == 2 and victim not in workers
