@@ -65,7 +65,7 @@ async def test_a_failed_loader_thread_fails_the_step_with_a_learner_error(tmp_pa
         await trainer.stop()
 
 
-@pytest.mark.parametrize("algorithm", ["apex", "impala", "a3c", "a2c"])
+@pytest.mark.parametrize("algorithm", ["apex", "impala", "a3c", "a2c", "ppo"])
 async def test_a_killed_learner_process_fails_the_step_naming_the_learner(algorithm,
                                                                           tmp_path):
     """SIGKILL of the learner process mid-run: the pipeline step raises ActorDiedError

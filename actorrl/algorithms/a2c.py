@@ -38,7 +38,8 @@ def build_pipeline(trainer: Trainer, config: A2CConfig) -> MicrobatchOptimizer:
     return MicrobatchOptimizer(trainer.runtime, trainer.workers, trainer.learner_actor,
                                train_batch_size=config.train_batch_size,
                                microbatch_size=config.microbatch_size,
-                               sample_locally=config.num_workers == 0)
+                               sample_locally=config.num_workers == 0,
+                               replace_worker=trainer.replace_worker)
 
 
 A2C = AlgorithmSpec("a2c", A2CConfig, ACTOR_CRITIC_POLICY, build_pipeline, learner_config,

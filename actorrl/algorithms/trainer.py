@@ -177,12 +177,16 @@ class Trainer:
 
     async def broadcast_learner_weights(self, workers: list[ActorHandle] | None = None
                                         ) -> None:
-        """Give ``workers`` (default: all) the learner's current weights."""
+        """Give ``workers`` (default: all) the learner's current weights and the run's
+        env-step count (``timesteps_total``, restored steps included), which their
+        schedules (epsilon, lr) follow, as the pipelines' own broadcasts do."""
         assert self.learner is not None
         weights = self.learner.get_weights.remote()
+        timestep = (self.counters()["timesteps_total"] if self.pipeline is not None
+                    else self.timesteps_offset)
         targets = self.workers if workers is None else workers
-        await self.runtime.get_async([w.set_weights.remote(weights) for w in targets],
-                                     timeout_s=120)
+        await self.runtime.get_async(
+            [w.set_weights.remote(weights, timestep) for w in targets], timeout_s=120)
 
     async def create_learner_side_actors(self, class_path: str, args: tuple, count: int,
                                          name: str, kwargs: dict[str, Any] | None = None
@@ -279,8 +283,7 @@ class Trainer:
         every worker. Nothing without a MeanStdFilter."""
         if self.filter_manager is None:
             return
-        assert self.pipeline is not None
-        workers = list(self.pipeline.workers)
+        workers = self._samplers()
         results = await asyncio.gather(
             *(self.runtime.get_async(w.get_filters.remote(True), timeout_s=60)
               for w in workers), return_exceptions=True)
@@ -332,8 +335,7 @@ class Trainer:
         callbacks: without them there are none)."""
         if not self._with_callbacks:
             return []
-        assert self.pipeline is not None
-        workers = list(self.pipeline.workers)
+        workers = self._samplers()
         results = await asyncio.gather(
             *(self.runtime.get_async(w.pop_custom_metrics.remote(), timeout_s=60)
               for w in workers), return_exceptions=True)
@@ -347,11 +349,18 @@ class Trainer:
                 out.extend(result)
         return out
 
-    async def _collect_metrics(self) -> EpisodeMetrics:
+    def _samplers(self) -> list[ActorHandle]:
+        """The actors that sample, where episode metrics, custom metrics and observation
+        filters come from: the pipeline's live rollout workers or, with ``num_workers:
+        0``, the learner (its local worker samples)."""
         assert self.pipeline is not None
         workers = list(self.pipeline.workers)
         if not workers and self.learner is not None and self.config.num_workers == 0:
-            workers = [self.learner]  # its local worker samples
+            return [self.learner]
+        return workers
+
+    async def _collect_metrics(self) -> EpisodeMetrics:
+        workers = self._samplers()
         refs = [w.get_metrics.remote() for w in workers]
         results = await asyncio.gather(
             *(self.runtime.get_async(r, timeout_s=60) for r in refs), return_exceptions=True)
@@ -393,15 +402,16 @@ class Trainer:
                    if self.learner is not None else state["policies"])
         await self.runtime.get_async([t.set_state.remote(payload) for t in targets],
                                      timeout_s=120)
-        if self.learner is not None:
-            await self.broadcast_learner_weights()
-        if self.filter_manager is not None:
-            self.filter_manager.restore((state.get("filters") or {}).get(DEFAULT_POLICY_ID))
-            await self._send_filters(list(self.workers))
+        # Counters first: the broadcast tells the workers the restored run's env steps.
         self._set_counters(iteration=int(state["iteration"]),
                            time_total_s=float(state["time_total_s"]),
                            timesteps_total=int(state["timesteps_total"]),
                            num_steps_trained=int(state["num_steps_trained"]))
+        if self.learner is not None:
+            await self.broadcast_learner_weights()
+        if self.filter_manager is not None:
+            self.filter_manager.restore((state.get("filters") or {}).get(DEFAULT_POLICY_ID))
+            await self._send_filters(self._samplers())
 
     # ---- counters -----------------------------------------------------------------------
     def counters(self) -> dict[str, Any]:
@@ -434,6 +444,9 @@ class Trainer:
         self.time_total_s = time_total_s
         self.timesteps_offset = timesteps_total - self.pipeline.num_steps_sampled
         self.trained_offset = num_steps_trained - self.pipeline.num_steps_trained
+        counters = getattr(self.pipeline, "counters", None)
+        if counters is not None:  # workers' schedules follow the run's steps, not this one's
+            counters.sampled_offset = self.timesteps_offset
 
     async def stop(self) -> None:
         """Stop the pipeline and every actor of this job."""

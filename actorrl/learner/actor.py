@@ -75,8 +75,9 @@ def _policy_device(worker: RolloutWorker) -> torch.device:
 class LearnerActor:
     """Actor wrapper of the learner. Construct with the same env / policy / worker config as
     the rollout workers, plus the learner's own settings (see :class:`LearnerConfig`).
-    ``sampling``: the local worker also samples (A2C with ``num_workers: 0``;
-    :meth:`sample_ref`, :meth:`get_metrics`)."""
+    ``sampling``: the local worker also samples (A2C and PPO with ``num_workers: 0``;
+    :meth:`sample_ref`, :meth:`get_metrics`, :meth:`pop_custom_metrics` and the
+    observation-filter methods, as a rollout worker's)."""
 
     FORK_PRELOAD: ClassVar[tuple[str, ...]] = ("torch._dynamo",)
     """Imported by the fork server before it forks a learner: the policy's optimizer
@@ -134,6 +135,24 @@ class LearnerActor:
     def get_metrics(self) -> EpisodeMetrics:
         """Episodes the local worker finished since the last call."""
         return self.worker.get_metrics()
+
+    def pop_custom_metrics(self) -> list[dict[str, float]]:
+        """Callbacks' ``custom_metrics`` of the local worker's episodes ended since the
+        last call (as a rollout worker's)."""
+        return self.worker.pop_custom_metrics()
+
+    def get_filters(self, flush_after: bool = False) -> dict[str, Any]:
+        """The local worker's observation-filter deltas since the last flush (as a rollout
+        worker's)."""
+        return self.worker.get_filters(flush_after)
+
+    def sync_filters(self, new_filters: Mapping[str, Any]) -> None:
+        """Take the driver's merged observation-filter statistics (local worker)."""
+        self.worker.sync_filters(new_filters)
+
+    def filter_state(self) -> dict[str, Any] | None:
+        """The local worker's observation-filter statistics (None without one)."""
+        return self.worker.filter_state()
 
     # ---- feeding ----------------------------------------------------------------------
     def _check(self) -> None:

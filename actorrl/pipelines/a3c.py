@@ -48,7 +48,7 @@ class AsyncGradientsOptimizer(FleetPipelineMixin):
     def _dispatch(self, pool: TaskPool, worker: ActorHandle, weights: ObjectRef) -> None:
         # The step count rides along: workers compute the gradients, so their policies
         # need it for entropy_coeff_schedule.
-        worker.set_weights.remote(weights, self.counters.num_steps_sampled)
+        worker.set_weights.remote(weights, self.counters.global_timestep)
         sample = worker.sample.remote()
         pool.add(worker, worker.compute_gradients_ref.remote(sample))
 

@@ -196,7 +196,7 @@ class AsyncReplayOptimizer(FleetPipelineMixin):
             with self.timers["put_weights"]:
                 self.weights = self.learner.get_weights.remote()
                 self.weights_version = self.learner_version
-        worker.set_weights.remote(self.weights, self.counters.num_steps_sampled)
+        worker.set_weights.remote(self.weights, self.counters.global_timestep)
         self.num_weight_syncs += 1
         self.steps_since_update[worker] = 0
 

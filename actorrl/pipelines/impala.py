@@ -78,7 +78,7 @@ class AsyncSamplesOptimizer(FleetPipelineMixin):
         if self.weights is not None and self.worker_versions.get(worker, -1) < self.weights_version:
             with self.timers["put_weights"]:
                 # Runs on the worker before the sample below.
-                worker.set_weights.remote(self.weights, self.counters.num_steps_sampled)
+                worker.set_weights.remote(self.weights, self.counters.global_timestep)
                 self.worker_versions[worker] = self.weights_version
         self.tasks.add(worker, worker.sample_ref.remote())
 

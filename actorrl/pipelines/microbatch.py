@@ -6,9 +6,15 @@ microbatch after microbatch, sample from every worker in parallel until at least
 the workers and add their gradients (per trainable policy, weighted by row count) to its
 accumulator; once ``train_batch_size`` steps are covered, the learner applies the
 count-weighted mean once. Because each microbatch gradient is the gradient of a mean loss,
-``sum(count_i * grad_i) / sum(count_i)`` is exactly the full-batch gradient. With no remote
-workers (``num_workers: 0``) the learner's own local worker samples (RLlib's local worker),
-and no weights need broadcasting.
+``sum(count_i * grad_i) / sum(count_i)`` is exactly the full-batch gradient. The broadcast
+carries the run's env-step count (``global_timestep``, restored steps included) for the
+workers' schedules. With no remote workers (``num_workers: 0``) the learner's own local
+worker samples (RLlib's local worker), and no weights need broadcasting.
+
+A rollout worker that dies is counted and replaced in its slot (the trainer's
+``replace_worker`` starts a new one with the learner's weights), as in the PPO pipeline:
+the samples the others returned in that round are kept, and the replacement samples from
+the next round on.
 """
 
 from __future__ import annotations
@@ -17,16 +23,23 @@ from typing import Any
 
 from actorrl.messages import SampleReply
 from actorrl.metrics import TimerStat
-from actorrl.pipelines.pieces import StepCounters, StepCountersMixin
+from actorrl.pipelines.pieces import (
+    SYNC_CALL_TIMEOUT_S,
+    Fleet,
+    ReplaceWorker,
+    StepCounters,
+    SyncFleetMixin,
+)
 from actorrl.runtime import ActorHandle, Runtime
 
 
-class MicrobatchOptimizer(StepCountersMixin):
+class MicrobatchOptimizer(SyncFleetMixin):
     """The microbatch pipeline over remote workers and a learner actor."""
 
     def __init__(self, runtime: Runtime, workers: list[ActorHandle], learner: ActorHandle,
                  *, train_batch_size: int, microbatch_size: int,
-                 sample_locally: bool = False) -> None:
+                 sample_locally: bool = False,
+                 replace_worker: ReplaceWorker | None = None) -> None:
         if train_batch_size <= microbatch_size:
             raise ValueError(f"The microbatch size must be smaller than the train batch "
                              f"size, got microbatch_size={microbatch_size} vs "
@@ -36,7 +49,7 @@ class MicrobatchOptimizer(StepCountersMixin):
                              "sample_locally=True (the learner's local worker samples)")
         self.sample_locally = sample_locally
         self.runtime = runtime
-        self.workers = list(workers)
+        self.worker_fleet = Fleet(workers, replace_worker, "rollout worker")
         self.learner = learner
         self.train_batch_size = train_batch_size
         self.microbatch_size = microbatch_size
@@ -49,41 +62,41 @@ class MicrobatchOptimizer(StepCountersMixin):
     async def step(self) -> dict[str, Any]:
         """One accumulated update over ``train_batch_size`` env steps."""
         with self.update_weights_timer:
-            weights = self.learner.get_weights.remote()
-            for worker in self.workers:
-                worker.set_weights.remote(weights)
-        samplers = self.workers or ([self.learner] if self.sample_locally else [])
+            if self.workers:
+                await self._broadcast_weights()
         samples_so_far = 0
         while samples_so_far < self.train_batch_size:
             with self.sample_timer:
                 refs, rows = [], 0
                 while rows < self.microbatch_size:
-                    replies: list[SampleReply] = await self.runtime.get_async(
-                        [w.sample_ref.remote() for w in samplers], timeout_s=600)
+                    if self.workers:
+                        replies: list[SampleReply] = await self._on_each_worker(
+                            lambda w: w.sample_ref.remote())
+                    else:
+                        replies = [await self.runtime.get_async(
+                            self.learner.sample_ref.remote(), timeout_s=SYNC_CALL_TIMEOUT_S)]
                     refs += [r.batch for r in replies]
                     rows += sum(r.count for r in replies)
                 self.sample_timer.push_units_processed(rows)
             with self.grad_timer:
                 result = await self.runtime.get_async(
-                    self.learner.accumulate_gradients_refs.remote(refs), timeout_s=600)
+                    self.learner.accumulate_gradients_refs.remote(refs),
+                    timeout_s=SYNC_CALL_TIMEOUT_S)
                 self.grad_timer.push_units_processed(result["count"])
             stats = result["learner_stats"]
             self.learner_stats = stats.get("default_policy", stats) if len(stats) == 1 else stats
             samples_so_far += rows
         await self.runtime.get_async(self.learner.apply_accumulated_gradients.remote(),
-                                     timeout_s=600)
+                                     timeout_s=SYNC_CALL_TIMEOUT_S)
         self.counters.num_steps_sampled += samples_so_far
         self.counters.num_steps_trained += samples_so_far
         return self.learner_stats
-
-    def reset(self, workers: list[ActorHandle]) -> None:
-        """Swap the worker set (takes effect at the next step)."""
-        self.workers = list(workers)
 
     async def stats(self) -> dict[str, Any]:
         """RLlib's MicrobatchOptimizer stats."""
         return {
             **self.counters.stats(),
+            "num_worker_failures": self.num_worker_failures,
             "sample_time_ms": round(1000 * self.sample_timer.mean, 3),
             "grad_time_ms": round(1000 * self.grad_timer.mean, 3),
             "update_time_ms": round(1000 * self.update_weights_timer.mean, 3),

@@ -111,6 +111,15 @@ class StepCounters:
     num_steps_sampled: int = 0
     num_steps_trained: int = 0
     started_s: float = field(default_factory=time.perf_counter)
+    sampled_offset: int = 0
+    """Env steps of earlier runs (a restored checkpoint's ``timesteps_total``), set by the
+    trainer: part of :attr:`global_timestep`, not of this pipeline's own counts."""
+
+    @property
+    def global_timestep(self) -> int:
+        """The run's env-step count, restored steps included: what workers' schedules
+        (epsilon, lr) follow."""
+        return self.num_steps_sampled + self.sampled_offset
 
     def stats(self) -> dict[str, Any]:
         """RLlib's base optimizer stats."""
@@ -374,12 +383,89 @@ class Fleet:
         return [new for new in news if new is not None]
 
 
-class FleetPipelineMixin(StepCountersMixin):
-    """What the pipelines over a :class:`Fleet` of rollout workers and a learner actor
-    share: the live workers, their failure count and stopping the learner's thread."""
+SYNC_CALL_TIMEOUT_S = 600.0
+"""Longest wait for one round of calls on every worker (a round of samples, a weight
+broadcast: :meth:`FleetMixin._on_each_worker`) or one learner step of a synchronous
+pipeline."""
+
+
+class FleetMixin:
+    """Actors of one role held as a :class:`Fleet` (a pipeline's rollout workers, the
+    evaluation workers): the live ones, how many died, and rounds of calls on all of
+    them in which a dead one is replaced."""
 
     runtime: Runtime
     worker_fleet: Fleet
+
+    @property
+    def workers(self) -> list[ActorHandle]:
+        """The live workers."""
+        return self.worker_fleet.actors
+
+    @property
+    def num_worker_failures(self) -> int:
+        """Workers that died."""
+        return self.worker_fleet.num_failures
+
+    async def _on_each_worker(self, call: Callable[[ActorHandle], ObjectRef]) -> list[Any]:
+        """``call(worker)`` on every live worker at once; the results of those that
+        answered. A worker that died is counted and replaced in its slot (the fleet's
+        ``replace`` starts the new one, ready to take part from the next round on); with
+        no worker left and none to replace it, this fails naming the error."""
+        workers = list(self.workers)
+        results = await asyncio.gather(
+            *(self.runtime.get_async(call(w), timeout_s=SYNC_CALL_TIMEOUT_S)
+              for w in workers),
+            return_exceptions=True)
+        answered = []
+        for worker, result in zip(workers, results):
+            if isinstance(result, ActorDiedError):
+                await self.worker_fleet.failed(worker, result, lambda _w: None)
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                answered.append(result)
+        if not self.workers:
+            raise RuntimeError(f"every {self.worker_fleet.role} died and none could be "
+                               "replaced; see the log for why the replacements failed")
+        return answered
+
+
+class SyncFleetMixin(FleetMixin, StepCountersMixin):
+    """What the synchronous pipelines (PPO's sync samples, A2C's microbatches) share: each
+    round calls every live worker at once and waits for all of them
+    (:meth:`~FleetMixin._on_each_worker`); a worker that died in a round is counted and
+    replaced in its slot (the trainer's ``replace_worker`` starts a new one with the
+    learner's weights), the results of the others are kept and the replacement takes
+    part from the next round on."""
+
+    learner: ActorHandle
+    counters: StepCounters
+
+    def reset(self, workers: list[ActorHandle]) -> None:
+        """Swap the worker set (takes effect at the next step)."""
+        self.worker_fleet.actors = list(workers)
+
+    async def _broadcast_weights(self) -> None:
+        """Give every live worker the learner's current weights (one ref, many
+        ``set_weights``) and the run's env-step count (``global_timestep``, restored steps
+        included), which their schedules follow. The weights call is waited on first (for
+        its completion only, nothing is fetched here): a learner that died fails the step
+        at once with its own error naming it, not with the workers' failure to fetch
+        weights from a process that is gone."""
+        weights = self.learner.get_weights.remote()
+        await self.runtime.wait_async([weights], timeout_s=SYNC_CALL_TIMEOUT_S)
+        error = self.runtime.call_error(weights)
+        if error is not None:
+            raise error
+        timestep = self.counters.global_timestep
+        await self._on_each_worker(lambda w: w.set_weights.remote(weights, timestep))
+
+
+class FleetPipelineMixin(FleetMixin, StepCountersMixin):
+    """What the pipelines over a :class:`Fleet` of rollout workers and a learner actor
+    share: the live workers, their failure count and stopping the learner's thread."""
+
     learner: ActorHandle
     counters: StepCounters
 
@@ -393,16 +479,6 @@ class FleetPipelineMixin(StepCountersMixin):
         self.worker_fleet = Fleet(workers, replace_worker, "rollout worker")
         self.learner = learner
         self.counters = StepCounters()
-
-    @property
-    def workers(self) -> list[ActorHandle]:
-        """The live rollout workers."""
-        return self.worker_fleet.actors
-
-    @property
-    def num_worker_failures(self) -> int:
-        """Rollout workers that died."""
-        return self.worker_fleet.num_failures
 
     async def stop(self) -> None:
         """Stop replacing workers and stop the learner's thread (the actors are stopped by

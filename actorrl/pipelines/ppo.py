@@ -7,8 +7,10 @@ round after round, until at least ``train_batch_size`` env steps are in hand (ea
 postprocesses its fragments with GAE: ``advantages``, ``value_targets``); then the learner
 fetches those samples straight from the workers and runs the epochs of minibatch SGD
 (:meth:`actorrl.learner.actor.LearnerActor.learn_on_train_batch`), adapting each policy's
-KL coefficient at the end. With no remote workers (``num_workers: 0``) the learner's own
-local worker samples and no weights need broadcasting.
+KL coefficient at the end. The broadcast carries the run's env-step count
+(``global_timestep``, restored steps included) for the workers' schedules. With no remote
+workers (``num_workers: 0``) the learner's own local worker samples and no weights need
+broadcasting.
 
 A rollout worker that dies is counted and replaced in its slot (the trainer's
 ``replace_worker`` starts a new one with the learner's weights); the samples the others
@@ -17,19 +19,24 @@ returned in that round are kept, and the replacement samples from the next round
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from actorrl.messages import SampleReply
 from actorrl.metrics import TimerStat
-from actorrl.pipelines.pieces import Fleet, ReplaceWorker, StepCounters, StepCountersMixin
-from actorrl.runtime import ActorDiedError, ActorHandle, ObjectRef, Runtime
+from actorrl.pipelines.pieces import (
+    SYNC_CALL_TIMEOUT_S,
+    Fleet,
+    ReplaceWorker,
+    StepCounters,
+    SyncFleetMixin,
+)
+from actorrl.runtime import ActorHandle, ObjectRef, Runtime
 
-CALL_TIMEOUT_S = 600.0
+CALL_TIMEOUT_S = SYNC_CALL_TIMEOUT_S
 """Longest wait for one round of samples or one learner step."""
 
 
-class SyncSamplesOptimizer(StepCountersMixin):
+class SyncSamplesOptimizer(SyncFleetMixin):
     """The synchronous PPO pipeline over remote workers (or the learner's local worker,
     ``sample_locally``) and a learner actor."""
 
@@ -58,8 +65,7 @@ class SyncSamplesOptimizer(StepCountersMixin):
         learn on them; returns the learner stats."""
         with self.update_weights_timer:
             if self.workers:
-                weights = self.learner.get_weights.remote()
-                await self._on_each_worker(lambda w: w.set_weights.remote(weights))
+                await self._broadcast_weights()
         refs: list[ObjectRef] = []
         rows = 0
         with self.sample_timer:
@@ -84,41 +90,6 @@ class SyncSamplesOptimizer(StepCountersMixin):
         self.counters.num_steps_sampled += rows
         self.counters.num_steps_trained += result["count"]
         return self.learner_stats
-
-    async def _on_each_worker(self, call: Any) -> list[Any]:
-        """``call(worker)`` on every live worker at once; the results of those that
-        answered. A worker that died is replaced (see the module docstring); with no
-        worker left and none to replace it, the step fails naming the error."""
-        workers = list(self.workers)
-        results = await asyncio.gather(
-            *(self.runtime.get_async(call(w), timeout_s=CALL_TIMEOUT_S) for w in workers),
-            return_exceptions=True)
-        answered = []
-        for worker, result in zip(workers, results):
-            if isinstance(result, ActorDiedError):
-                await self.worker_fleet.failed(worker, result, lambda _w: None)
-            elif isinstance(result, BaseException):
-                raise result
-            else:
-                answered.append(result)
-        if not self.workers:
-            raise RuntimeError("every rollout worker died and none could be replaced; "
-                               "see the log for why the replacements failed")
-        return answered
-
-    @property
-    def workers(self) -> list[ActorHandle]:
-        """The live rollout workers."""
-        return self.worker_fleet.actors
-
-    @property
-    def num_worker_failures(self) -> int:
-        """Rollout workers that died."""
-        return self.worker_fleet.num_failures
-
-    def reset(self, workers: list[ActorHandle]) -> None:
-        """Swap the worker set (takes effect at the next step)."""
-        self.worker_fleet.actors = list(workers)
 
     async def stats(self) -> dict[str, Any]:
         """Counters, timings (ms) and throughputs, and the last step's learner stats."""

@@ -40,6 +40,14 @@ class CountingCallbacks(DefaultCallbacks):
         result["callback_saw_iteration"] = result["training_iteration"]
 
 
+class EpisodeLengthCallbacks(DefaultCallbacks):
+    """Reports each episode's length as the custom metric ``length_seen`` (from any
+    worker, the learner's local worker included)."""
+
+    def on_episode_end(self, *, episode, **kwargs) -> None:
+        episode.custom_metrics["length_seen"] = episode.length
+
+
 class RaisingCallbacks(DefaultCallbacks):
     """Fails at the end of the first episode."""
 
