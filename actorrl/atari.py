@@ -82,6 +82,13 @@ class AtariOptions:
         names = [f.name for f in dataclasses.fields(cls)]
         values = dict(env_config or {})
         for key in values:
+            if key == "frameskip":  # not frame_skip: another setting (actorrl.config_aliases)
+                raise ValueError(
+                    "env_config.frameskip is RLlib's (the ALE's own skip, beneath the "
+                    "DeepMind wrapper's); actorrl's ALE env skips no frames and "
+                    "env_config.frame_skip (default 4) is the wrapper's max-pooled skip: "
+                    "drop frameskip (RLlib's frameskip: 1 is actorrl's default), or set "
+                    "frame_skip: N for N frames per action")
             if key not in names:
                 close = difflib.get_close_matches(key, names, n=2)
                 hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""

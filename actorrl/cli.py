@@ -33,13 +33,15 @@ Heavy modules (numpy, torch, the runtime) are imported inside the commands: ``tr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
 import signal
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import actorrl
@@ -225,16 +227,18 @@ def _register_cluster(subparsers: argparse._SubParsersAction) -> None:
 def _cmd_train(args: argparse.Namespace) -> int:
     from actorrl.experiment.train import plan_training
 
-    plan = plan_training(
-        args.algorithm, env=args.env, num_workers=args.num_workers,
-        config_file=args.config_file, overrides=args.overrides, seed=args.seed,
-        output_dir=args.output, checkpoint_every=args.checkpoint_every, restore=args.restore,
-        stop_reward=None if args.stop_reward == "auto" else args.stop_reward,
-        stop_reward_given=args.stop_reward != "auto", stop_timesteps=args.stop_timesteps,
-        stop_time_s=None if args.stop_time is STOP_TIME_DEFAULT else args.stop_time,
-        stop_time_given=args.stop_time is not STOP_TIME_DEFAULT, debug=args.debug,
-        command=["actorrl", *args.argv], serial=args.serial,
-        start_method=args.start_method)
+    with _rllib_key_warnings(args):
+        plan = plan_training(
+            args.algorithm, env=args.env, num_workers=args.num_workers,
+            config_file=args.config_file, overrides=args.overrides, seed=args.seed,
+            output_dir=args.output, checkpoint_every=args.checkpoint_every,
+            restore=args.restore,
+            stop_reward=None if args.stop_reward == "auto" else args.stop_reward,
+            stop_reward_given=args.stop_reward != "auto", stop_timesteps=args.stop_timesteps,
+            stop_time_s=None if args.stop_time is STOP_TIME_DEFAULT else args.stop_time,
+            stop_time_given=args.stop_time is not STOP_TIME_DEFAULT, debug=args.debug,
+            command=["actorrl", *args.argv], serial=args.serial,
+            start_method=args.start_method)
     if args.address:
         if args.restore:
             raise UsageError("--restore works with local training only; on a cluster, "
@@ -246,6 +250,26 @@ def _cmd_train(args: argparse.Namespace) -> int:
                              "node chooses (ACTORRL_START_METHOD where it joins)")
         return _train_remote(plan, args)
     return _train_local(plan, args)
+
+
+@contextlib.contextmanager
+def _rllib_key_warnings(args: argparse.Namespace) -> Iterator[None]:
+    """Catch the warnings of planning a run; on leaving (also with an error) print each
+    ignored RLlib key's warning as one line and show any other as Python would."""
+    from actorrl.config_aliases import RLlibKeyWarning
+
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", RLlibKeyWarning)
+            yield
+    finally:
+        for warning in caught:
+            if issubclass(warning.category, RLlibKeyWarning):
+                print(f"{_prog(args)}: warning: {warning.message}", file=sys.stderr)
+            else:
+                warnings.showwarning(warning.message, warning.category, warning.filename,
+                                     warning.lineno)
 
 
 def _create_run_dir(plan: TrainPlan) -> RunDirectory:

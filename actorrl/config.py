@@ -21,9 +21,12 @@ Shared values
 Input
     :func:`load_config` takes nested sections (``{"replay": {"buffer_size": 1000}}``) or
     RLlib's flat names (``buffer_size: 1000``), mapped once in :data:`FLAT_KEYS`; a flat key
-    given next to its section overrides the section's value. Unknown keys are refused at
-    every level with their dotted path (``replay.alpha``) and close matches; every problem
-    is reported at once as a :class:`ConfigError`.
+    given next to its section overrides the section's value. RLlib's other spellings of a
+    setting (2.x names, ``replay_buffer_config: {capacity}``, Ape-X's ``optimizer: {...}``)
+    and its keys that change nothing here (``framework: tf``) are read first, through the
+    one alias table in :mod:`actorrl.config_aliases`. Unknown keys are refused at every
+    level with their dotted path (``replay.alpha``) and close matches; every problem is
+    reported at once as a :class:`ConfigError`.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
+from actorrl.config_aliases import ALIAS_BY_KEY, ALIASES, RLLIB_ONLY_KEYS, resolve_rllib_keys
 from transport.codec import register_type
 from transport.error_types import register_error
 
@@ -174,6 +178,10 @@ class _Spelling:
 
 
 def _suggest(key: str, known: list[str]) -> str:
+    """"; did you mean ..." for an unknown ``key``, except for RLlib keys whose near names
+    in actorrl mean something else (:data:`~actorrl.config_aliases.RLLIB_ONLY_KEYS`)."""
+    if key in RLLIB_ONLY_KEYS:
+        return f": an RLlib key actorrl does not have ({RLLIB_ONLY_KEYS[key]})"
     close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
     close += [k for k in known if len(key) >= 3 and key in k and k not in close][:3]
     return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
@@ -415,40 +423,39 @@ FLAT_KEYS: dict[str, str] = {
 A key whose section an algorithm lacks is unknown to that algorithm."""
 
 
-DEPRECATED_KEYS: dict[str, str] = {
-    "sample_batch_size": "rollout_fragment_length",
-    "num_data_loader_buffers": "num_multi_gpu_tower_stacks",
-}
+DEPRECATED_KEYS: dict[str, str] = {a.key: a.canonical for a in ALIASES if a.deprecated}
 """The seeds' old key names -> today's (RLlib renamed them): still read, with a
-``DeprecationWarning``, as RLlib did."""
+``DeprecationWarning``, as RLlib did. RLlib's other spellings (2.x names, nested
+``replay_buffer_config``...) are first-class: the one table is
+:data:`actorrl.config_aliases.ALIASES`."""
 
 
-def _renamed_deprecated(values: Mapping[str, Any], problems: list[str]) -> dict[str, Any]:
-    """``values`` with deprecated flat keys under their new names (a warning for each; a
-    problem when both spellings are given with different values)."""
-    out = dict(values)
-    for old, new in DEPRECATED_KEYS.items():
-        if old not in out:
-            continue
-        value = out.pop(old)
-        warnings.warn(f"config key {old!r} is deprecated; use {new!r} instead",
-                      DeprecationWarning, stacklevel=4)
-        if new in out and out[new] != value:
-            problems.append(f"{old!r} (deprecated) and {new!r} are both set, to {value!r} "
-                            f"and {out[new]!r}: set only {new!r}")
-            continue
-        out[new] = value
-    return out
+def _unknown_key_problem(key: str, renamed: Mapping[str, str], algorithm: str,
+                         known: list[str]) -> str:
+    """The problem of an unknown ``key``, naming the alias it was written as if it was."""
+    written = renamed.get(key)
+    alias = ALIAS_BY_KEY.get(written) if written is not None else None
+    if written is None:
+        return f"unknown config key {key!r}{_suggest(key, known)}"
+    if alias is not None and alias.deprecated:
+        return f"unknown config key {key!r} (the new name of {written!r})"
+    version = f"RLlib {alias.rllib}'s " if alias is not None else ""
+    return (f"config key {written!r} ({version}name of {key!r}) is not a setting of "
+            f"{algorithm or 'this algorithm'}: drop it, or use an algorithm that has "
+            f"{key!r}")
 
 
 def _nest(values: Mapping[str, Any], sections: set[str], top_level: set[str],
-          problems: list[str], spelling: _Spelling, *, skip_others: bool
-          ) -> dict[str, Any]:
-    """``values`` with flat keys moved into their sections (flat over nested). With
-    ``skip_others``, keys that belong to sections or top-level keys outside ``sections`` /
-    ``top_level`` (another component's) are left out; unknown keys are always refused."""
-    given = values
-    values = _renamed_deprecated(values, problems)
+          problems: list[str], spelling: _Spelling, *, skip_others: bool,
+          algorithm: str = "") -> dict[str, Any]:
+    """``values`` with RLlib's other spellings read as actorrl's keys
+    (:func:`~actorrl.config_aliases.resolve_rllib_keys`, for ``algorithm``) and flat keys
+    moved into their sections (flat over nested). With ``skip_others``, keys that belong
+    to sections or top-level keys outside ``sections`` / ``top_level`` (another
+    component's) are left out; unknown keys are always refused."""
+    resolution = resolve_rllib_keys(values, algorithm=algorithm)
+    values = resolution.values
+    problems.extend(resolution.problems)
     out: dict[str, Any] = {}
     flat: list[tuple[str, str, Any]] = []
     known_sections = {dotted.split(".")[0] for dotted in FLAT_KEYS.values() if "." in dotted}
@@ -470,9 +477,7 @@ def _nest(values: Mapping[str, Any], sections: set[str], top_level: set[str],
         else:
             known = sorted(top_level | sections | {k for k, d in FLAT_KEYS.items()
                                                      if d.split(".")[0] in sections})
-            old = next((o for o, n in DEPRECATED_KEYS.items() if n == key and o in given), None)
-            hint = f" (the new name of {old!r})" if old else _suggest(key, known)
-            problems.append(f"unknown config key {key!r}{hint}")
+            problems.append(_unknown_key_problem(key, resolution.renamed, algorithm, known))
     for key, dotted, value in flat:
         section, leaf = dotted.split(".", 1)
         current = out.setdefault(section, {})
@@ -481,7 +486,7 @@ def _nest(values: Mapping[str, Any], sections: set[str], top_level: set[str],
         current = dict(current)
         current[leaf] = value
         out[section] = current
-        spelling.aliases[dotted] = key
+        spelling.aliases[dotted] = resolution.renamed.get(key, key)
     return out
 
 
@@ -810,6 +815,11 @@ def config_fields(cls: type[AlgorithmConfig]) -> dict[str, dataclasses.Field]:
     return out
 
 
+def algorithm_key(cls: type[AlgorithmConfig]) -> str:
+    """The algorithm name of a config class (``ApexConfig`` -> ``apex``)."""
+    return cls.__name__.removesuffix("Config").lower()
+
+
 def load_config(cls: type[C], values: Mapping[str, Any]) -> C:
     """Build ``cls`` from ``values`` (flat RLlib keys and/or nested sections), reporting
     unknown keys (with their dotted path and suggestions), wrong types and invalid values
@@ -820,7 +830,8 @@ def load_config(cls: type[C], values: Mapping[str, Any]) -> C:
     sections = set(cls.SECTIONS) & set(fields)
     top_level = {n for n in fields if n not in sections and
                  (not n.startswith("_") or n.startswith("_fake"))}
-    nested = _nest(values, sections, top_level, problems, spelling, skip_others=False)
+    nested = _nest(values, sections, top_level, problems, spelling, skip_others=False,
+                   algorithm=algorithm_key(cls))
     hints = typing.get_type_hints(cls)
     clean: dict[str, Any] = {}
     for key, value in nested.items():

@@ -89,6 +89,7 @@ def reference() -> str:
             lines.append(f"| {shown} | `{location}` | {default} | {doc.replace('|', '/')} |")
         lines.append("")
     lines += model_reference()
+    lines += aliases_reference()
     lines.append(END)
     return "\n".join(lines)
 
@@ -102,6 +103,49 @@ def model_reference() -> list[str]:
     for key, value in MODEL_DEFAULTS.items():
         doc = MODEL_KEY_DOCS.get(key, "")
         lines.append(f"| `model.{key}` | {_default(value)} | {doc.replace('|', '/')} |")
+    lines.append("")
+    return lines
+
+
+def aliases_reference() -> list[str]:
+    """RLlib's other spellings of the keys above, the RLlib keys accepted and ignored and
+    the stop keys of RLlib's result layouts (the tables of :mod:`actorrl.config_aliases`)."""
+    from actorrl.config_aliases import (
+        ALIASES,
+        IGNORED,
+        IGNORED_SUBKEYS,
+        STOP_ALIASES,
+        TRANSLATED,
+    )
+
+    def cell(text: str) -> str:
+        return text.replace("|", "/")
+
+    lines = ["### RLlib's other key names (`actorrl.config_aliases.ALIASES`)", "",
+             "Read as the key they name (an alias and its key given with different values "
+             "are refused); `deprecated` ones warn, as RLlib did.", "",
+             "| RLlib key | RLlib versions | sets | note |", "|---|---|---|---|"]
+    for alias in ALIASES:
+        note = "deprecated" if alias.deprecated else alias.note
+        lines.append(f"| `{alias.key}` | {alias.rllib} | `{alias.canonical}` | "
+                     f"{cell(note)} |")
+    for key, rllib, meaning in TRANSLATED:
+        keys = ", ".join(f"`{k}`" for k in key.split(", "))
+        lines.append(f"| {keys} | {rllib} | (depends) | {cell(meaning)} |")
+    lines += ["", "### RLlib keys accepted and ignored (`actorrl.config_aliases.IGNORED`)", "",
+              "Accepted at these values with one warning line each (`framework: torch` "
+              "silently); any other value is refused, saying why.", "",
+              "| RLlib key | RLlib versions | accepted values | why it changes nothing |",
+              "|---|---|---|---|"]
+    for ignored in IGNORED:
+        lines.append(f"| `{ignored.key}` | {ignored.rllib} | {cell(ignored.off_text)} | "
+                     f"{cell(ignored.why)} |")
+    for key, (_, off_text, why) in IGNORED_SUBKEYS.items():
+        lines.append(f"| `{key}` | 1.12+ | {cell(off_text)} | {cell(why)} |")
+    lines += ["", "### Stop keys of RLlib's result layouts (`STOP_ALIASES`; `/` reads as `.`)",
+              "", "| RLlib stop key | actorrl result key |", "|---|---|"]
+    for key, target in STOP_ALIASES.items():
+        lines.append(f"| `{key.replace('.', '/')}` | `{target}` |")
     lines.append("")
     return lines
 

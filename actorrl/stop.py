@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from actorrl.config_aliases import resolve_stop_keys
+
 DEFAULT_STOP_TIME_S = 600.0
 CARTPOLE_SOLVED_REWARD = 450.0
 REWARD_KEY = "episode_reward_mean"
@@ -77,12 +79,14 @@ class StopCriteria:
 
     @classmethod
     def from_mapping(cls, stop: Mapping[str, Any]) -> StopCriteria:
-        """A job's ``"stop"`` mapping (result key -> number); ValueError otherwise."""
+        """A job's ``"stop"`` mapping (result key -> number; RLlib 2.x's result paths such
+        as ``env_runners/episode_return_mean`` read as actorrl's keys, see
+        :data:`actorrl.config_aliases.STOP_ALIASES`); ValueError otherwise."""
         if not isinstance(stop, Mapping) or not all(
                 isinstance(k, str) and _number(v) is not None for k, v in stop.items()):
             raise ValueError("'stop' must map result keys (e.g. 'training_iteration') to "
                              "numbers")
-        return cls(thresholds={k: float(v) for k, v in stop.items()})
+        return cls(thresholds={k: float(v) for k, v in resolve_stop_keys(stop).items()})
 
     def to_mapping(self) -> dict[str, float]:
         """The criteria as a job's ``"stop"`` mapping; wall time becomes ``time_total_s``

@@ -28,6 +28,12 @@ def get_algorithm(name: str) -> AlgorithmSpec:
     registry = _registry()
     spec = registry.get(name.lower())
     if spec is None:
+        from actorrl.config_aliases import RLLIB_ONLY_ALGORITHMS
+
+        if name.lower() in {n.lower() for n in RLLIB_ONLY_ALGORITHMS}:
+            raise ValueError(f"algorithm {name!r} is RLlib's, and actorrl does not have it; "
+                             f"actorrl has {', '.join(algorithm_names())}: use one of those "
+                             "(with a config file written for it)")
         close = difflib.get_close_matches(name.lower(), list(registry), n=2, cutoff=0.5)
         hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
         raise ValueError(f"unknown algorithm {name!r}; choose one of "

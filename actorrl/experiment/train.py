@@ -52,6 +52,7 @@ from actorrl.config import (
     parse_override,
     read_config_file,
 )
+from actorrl.config_aliases import resolve_rllib_keys
 from actorrl.envs import make_env
 from actorrl.experiment.errors import UsageError, error_summary
 from actorrl.experiment.progress import ProgressDisplay
@@ -252,16 +253,31 @@ def resolve_config(spec: AlgorithmSpec, *, base: dict[str, Any] | None = None,
         config_file = read_config_file_sections(config_file)
     if config_file is not None:
         choose_algorithm(spec.name, config_file)  # refuses a file for another algorithm
-        merge_sections(values, config_file.values, spec.config_cls.SECTIONS)
     try:
+        if config_file is not None:
+            merge_sections(values, rllib_layer(spec, config_file.values),
+                           spec.config_cls.SECTIONS)
         for text in overrides:
             key, value = parse_override(text)
-            values[key] = value
+            values.update(rllib_layer(spec, {key: value}))
         values.update({k: v for k, v in (explicit or {}).items() if v is not None})
         return load_config(spec.config_cls, values)
     except ConfigError as exc:
         where = f" (config file {config_file.path!r})" if config_file is not None else ""
         raise UsageError(f"{exc}{where}") from None
+
+
+def rllib_layer(spec: AlgorithmSpec, values: Mapping[str, Any]) -> dict[str, Any]:
+    """One layer of input (a file, a ``--set``) with RLlib's other spellings read as
+    actorrl's keys (:func:`~actorrl.config_aliases.resolve_rllib_keys`), so that a later
+    layer's key overrides an earlier layer's alias of it; :class:`ConfigError` listing the
+    problems. Keys whose meaning depends on the env stay for the final load (``--env``
+    may still change it)."""
+    resolution = resolve_rllib_keys(values, algorithm=spec.name, env_known=False)
+    if resolution.problems:
+        raise ConfigError(f"invalid {spec.config_cls.__name__}:",
+                          problems=resolution.problems)
+    return resolution.values
 
 
 def stop_criteria(env: str, file: ConfigFile | None, *, stop_reward: float | None,
@@ -494,6 +510,20 @@ class TrainingRun:
         self.display.note(f"checkpoint {path}")
 
 
+def oversubscription_warning(config: AlgorithmConfig, cores: int | None = None
+                             ) -> str | None:
+    """The warning for a local run that asks for more rollout workers than this machine
+    has cores (None when it does not). The local node places every actor anyway (it never
+    waits for free CPUs), so such a run starts, oversubscribed."""
+    cores = cores or os.cpu_count() or 1
+    if config.num_workers <= cores:
+        return None
+    return (f"num_workers={config.num_workers} asks for more rollout workers than this "
+            f"machine's {cores} cores: starting anyway, oversubscribed (the workers and the "
+            f"learner share the {cores} cores, so each runs slower); for at most one worker "
+            f"per core use --set num_workers={cores}")
+
+
 class LocalRun(TrainingRun):
     """A training run on an embedded local cluster in this process."""
 
@@ -520,6 +550,9 @@ class LocalRun(TrainingRun):
         mode = f"num_workers={plan.config.num_workers}" + (", serial" if plan.serial else "")
         self.display.note(f"starting {plan.spec.name} on {plan.config.env} ({mode}); results "
                           f"in {self.run_dir.path}")
+        crowded = None if plan.serial else oversubscription_warning(plan.config)
+        if crowded:
+            log.warning(crowded)
         try:
             trainer = await self.stop_request.guard(Trainer.create(plan.spec, plan.config,
                                                                    driver))
