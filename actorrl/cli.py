@@ -6,7 +6,7 @@
                        [--seed N] [--output DIR] [--checkpoint-every N] [--restore PATH]
                        [--stop-reward R|none] [--stop-timesteps N] [--stop-time S|none]
                        [--address ADDR [--keys DIR] | --serial] [--progress auto|rich|plain]
-                       [--start-method fork|spawn] [--debug]
+                       [--start-method fork|spawn] [--concurrent-trials N] [--debug]
     actorrl evaluate CHECKPOINT [--episodes N] [--render no|human] [--env ENV] [--seed N]
                                 [--json] [--debug]
     actorrl plot RESULTS_DIR_OR_CSV [...] [-o OUT.png] [--title TEXT]
@@ -23,7 +23,9 @@ given on the command line replace single criteria of it (see
 Exit codes: 0 success (a stop criterion met); 1 a failure while running (one error line;
 ``--debug`` for the traceback); 2 bad input (unknown algorithm, env or config key, wrong
 value type, malformed ``--set``, missing file), reported before anything starts;
-130 interrupted by SIGINT; 143 interrupted by SIGTERM.
+130 interrupted by SIGINT; 143 interrupted by SIGTERM. A sweep (a ``--config`` file with
+``grid_search`` or ``num_samples``, :mod:`actorrl.experiment.sweep`) exits 0 when every
+trial finished, else with the code of the first trial (in trial order) that did not.
 
 Heavy modules (numpy, torch, the runtime) are imported inside the commands: ``train``
 (local or ``--address``) blocks SIGINT/SIGTERM
@@ -42,7 +44,8 @@ import sys
 import traceback
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import actorrl
 from actorrl.experiment.errors import UsageError, error_summary
@@ -52,6 +55,7 @@ from actorrl.stop import DEFAULT_STOP_TIME_S
 if TYPE_CHECKING:
     from actorrl.experiment.progress import ProgressDisplay
     from actorrl.experiment.results import RunDirectory
+    from actorrl.experiment.sweep import Sweep
     from actorrl.experiment.train import RunSummary, TrainingRun, TrainPlan
 
 EXIT_OK = 0
@@ -60,7 +64,7 @@ EXIT_USAGE = 2
 STOP_TIME_DEFAULT = object()
 """``--stop-time`` not given: the config file's ``stop`` mapping, else the default (an
 object, not a string, so argparse does not parse it)."""
-ALGORITHMS_HELP = "apex, a3c, impala, a2c"
+ALGORITHMS_HELP = "apex, a3c, impala, appo, ppo, a2c"
 
 
 # ---- argument types ------------------------------------------------------------------
@@ -171,6 +175,10 @@ def _add_train(subparsers: argparse._SubParsersAction) -> None:
                    help="how actor processes start: forked from a fork server that "
                         "imported torch once (default where available), or each a fresh "
                         "interpreter (default: $ACTORRL_START_METHOD, else fork)")
+    p.add_argument("--concurrent-trials", type=_int_at_least(1), default=None, metavar="N",
+                   help="for a sweep (a --config file with grid_search or num_samples): run "
+                        "N trials at once, each on its own local cluster (or as N jobs "
+                        "with --address); default 1, one after another")
     p.add_argument("--progress", choices=("auto", "rich", "plain"), default="auto",
                    help="live display: rich on a terminal, one line per iteration "
                         "otherwise (default: auto)")
@@ -225,12 +233,29 @@ def _register_cluster(subparsers: argparse._SubParsersAction) -> None:
 
 # ---- commands ----------------------------------------------------------------------------
 def _cmd_train(args: argparse.Namespace) -> int:
+    from actorrl.experiment.sweep import read_sweep
+
+    sweep = read_sweep(args.config_file, args.seed) if args.config_file else None
+    if sweep is not None:
+        return _train_sweep(sweep, args)
+    if args.concurrent_trials is not None:
+        raise UsageError("--concurrent-trials applies to sweeps only: put 'grid_search' or "
+                         "'num_samples' in the --config file, or drop the flag")
+    plan = _plan(args, args.config_file, args.seed)
+    if args.address:
+        _check_remote_flags(args)
+        return _train_remote(plan, args)
+    return _train_local(plan, args)
+
+
+def _plan(args: argparse.Namespace, config_file: object, seed: int | None) -> TrainPlan:
+    """The validated plan of one run (a trial's :class:`ConfigFile` or the file's path)."""
     from actorrl.experiment.train import plan_training
 
     with _rllib_key_warnings(args):
-        plan = plan_training(
+        return plan_training(
             args.algorithm, env=args.env, num_workers=args.num_workers,
-            config_file=args.config_file, overrides=args.overrides, seed=args.seed,
+            config_file=config_file, overrides=args.overrides, seed=seed,
             output_dir=args.output, checkpoint_every=args.checkpoint_every,
             restore=args.restore,
             stop_reward=None if args.stop_reward == "auto" else args.stop_reward,
@@ -239,17 +264,128 @@ def _cmd_train(args: argparse.Namespace) -> int:
             stop_time_given=args.stop_time is not STOP_TIME_DEFAULT, debug=args.debug,
             command=["actorrl", *args.argv], serial=args.serial,
             start_method=args.start_method)
+
+
+def _check_remote_flags(args: argparse.Namespace) -> None:
+    """Refuse flags that only apply to local training."""
+    if args.restore:
+        raise UsageError("--restore works with local training only; on a cluster, "
+                         "jobs resume from their own checkpoints")
+    if args.serial:
+        raise UsageError("--serial runs locally; it cannot be combined with --address")
+    if args.start_method:
+        raise UsageError("--start-method applies to local training; on a cluster each "
+                         "node chooses (ACTORRL_START_METHOD where it joins)")
+
+
+def _train_sweep(sweep: Sweep, args: argparse.Namespace) -> int:
+    """Plan every trial (refusing the sweep on the first bad one), then run them into one
+    sweep folder; print and write the summary; the exit code of
+    :func:`~actorrl.experiment.sweep.sweep_exit_code`."""
+    from actorrl.experiment.sweep import TrialOutcome, create_sweep_dir, trial_label
+    from actorrl.experiment.train import config_file_sections
+
+    if args.restore:
+        raise UsageError(f"--restore cannot be combined with a sweep ({sweep.path!r} has "
+                         "grid_search or num_samples): restore one trial's results folder "
+                         "with a config file without grids")
     if args.address:
-        if args.restore:
-            raise UsageError("--restore works with local training only; on a cluster, "
-                             "jobs resume from their own checkpoints")
-        if args.serial:
-            raise UsageError("--serial runs locally; it cannot be combined with --address")
-        if args.start_method:
-            raise UsageError("--start-method applies to local training; on a cluster each "
-                             "node chooses (ACTORRL_START_METHOD where it joins)")
-        return _train_remote(plan, args)
-    return _train_local(plan, args)
+        _check_remote_flags(args)
+    total = len(sweep.trials)
+    plans: list[TrainPlan] = []
+    for trial in sweep.trials:
+        label = trial_label(trial, sweep) or "(no grid values)"
+        try:
+            file = config_file_sections(sweep.path, trial.data)
+            plans.append(_plan(args, file, trial.seed))
+        except UsageError as exc:
+            raise UsageError(f"sweep trial {trial.index + 1}/{total} ({label}) is invalid, "
+                             f"so no trial was started: {exc}") from None
+    client_class = None
+    if args.address:
+        from actorrl.experiment.remote import connect_client, load_client_class
+
+        client_class = load_client_class()
+        # First contact before anything is written (as for a single --address run).
+        connect_client(client_class, args.address, _keys_dir(args)).close()
+    try:
+        sweep_dir = create_sweep_dir(args.output, sweep.name)
+    except OSError as exc:
+        raise UsageError(f"cannot create a sweep folder under {args.output!r}: "
+                         f"{exc.strerror or exc}") from None
+    outcomes = [TrialOutcome(trial=t, label=trial_label(t, sweep)) for t in sweep.trials]
+    return _run_sweep(sweep, plans, outcomes, sweep_dir, client_class, args)
+
+
+def _keys_dir(args: argparse.Namespace) -> str | None:
+    keys = args.keys or os.environ.get("ACTORRL_KEYS_DIR")
+    return os.path.expanduser(keys) if keys else None
+
+
+def _run_sweep(sweep: Sweep, plans: list[TrainPlan], outcomes: list, sweep_dir: Path,
+               client_class: type | None, args: argparse.Namespace) -> int:
+    from actorrl.experiment.progress import make_progress
+    from actorrl.experiment.sweep import (
+        SUMMARY_FILE,
+        SweepRunner,
+        create_trial_dir,
+        format_table,
+        sweep_exit_code,
+        trial_folder_name,
+        write_summary,
+    )
+    from actorrl.experiment.train import LocalRun, configure_logging
+    from transport.sockets import new_event_loop
+
+    configure_logging(sweep_dir / "driver.log", args.debug)
+    concurrency = args.concurrent_trials or 1
+    total = len(plans)
+    print(f"sweep {sweep.name}: {total} trials ({concurrency} at once); results in "
+          f"{sweep_dir}", flush=True)
+
+    def start(index: int) -> TrainingRun:
+        plan, trial = plans[index], sweep.trials[index]
+        run_dir = create_trial_dir(sweep_dir, trial_folder_name(
+            trial, sweep, plan.spec.name, plan.config.env))
+        run_dir.write_config({"algorithm": plan.spec.name, **plan.config.to_dict()})
+        print(f"trial {index + 1}/{total} ({outcomes[index].label}): starting in "
+              f"{run_dir.path}", flush=True)
+        display = make_progress(args.progress if concurrency == 1 else "plain")
+        if client_class is None:
+            return LocalRun(plan, run_dir, display)
+        from actorrl.experiment.remote import RemoteRun, connect_client
+
+        client = connect_client(client_class, args.address, _keys_dir(args))
+        return RemoteRun(plan, run_dir, display, address=args.address, client=client)
+
+    def report(outcome: Any, run: Any) -> None:
+        index = outcome.trial.index
+        best = "-" if outcome.best_reward is None else f"{outcome.best_reward:.1f}"
+        print(f"trial {index + 1}/{total} ({outcome.label}): {outcome.status}, best "
+              f"episode_reward_mean {best}, {outcome.timesteps_total:,} timesteps, "
+              f"{outcome.time_s:.1f} s", flush=True)
+        if outcome.error:
+            where = f" (logs: {run.run_dir.logs_dir})" if run is not None else ""
+            print(f"actorrl train: error: trial {index + 1}/{total} failed: {outcome.error}"
+                  f"{where}", file=sys.stderr, flush=True)
+
+    runner = SweepRunner(sweep, outcomes, start, concurrency, report)
+    loop = new_event_loop()
+    watcher: SignalWatcher | None = args.signal_watcher
+    if watcher is not None:
+        watcher.attach(loop, runner.on_signal)
+    try:
+        loop.run_until_complete(runner.run())
+    finally:
+        # Written while signals still go to the runner, so a late Ctrl-C cannot skip it.
+        write_summary(sweep_dir / SUMMARY_FILE, sweep, outcomes)
+        if watcher is not None:
+            watcher.detach()
+        loop.run_until_complete(loop.shutdown_default_executor())
+        loop.close()
+        print(f"\nsweep {sweep.name}: {sweep_dir}\n{format_table(sweep, outcomes)}\n"
+              f"summary: {sweep_dir / SUMMARY_FILE}", flush=True)
+    return sweep_exit_code(outcomes)
 
 
 @contextlib.contextmanager
@@ -264,9 +400,13 @@ def _rllib_key_warnings(args: argparse.Namespace) -> Iterator[None]:
             warnings.simplefilter("always", RLlibKeyWarning)
             yield
     finally:
+        shown: set[str] = getattr(args, "shown_warnings", set())
+        args.shown_warnings = shown  # a sweep plans every trial: each warning once
         for warning in caught:
             if issubclass(warning.category, RLlibKeyWarning):
-                print(f"{_prog(args)}: warning: {warning.message}", file=sys.stderr)
+                if str(warning.message) not in shown:
+                    shown.add(str(warning.message))
+                    print(f"{_prog(args)}: warning: {warning.message}", file=sys.stderr)
             else:
                 warnings.showwarning(warning.message, warning.category, warning.filename,
                                      warning.lineno)
@@ -295,11 +435,9 @@ def _train_remote(plan: TrainPlan, args: argparse.Namespace) -> int:
     from actorrl.experiment.remote import RemoteRun, connect_client, load_client_class
 
     client_class = load_client_class()
-    keys = args.keys or os.environ.get("ACTORRL_KEYS_DIR")
     # The first contact before anything is written: no results folder for a run that
     # never reached its coordinator.
-    client = connect_client(client_class, args.address,
-                            os.path.expanduser(keys) if keys else None)
+    client = connect_client(client_class, args.address, _keys_dir(args))
     try:
         run_dir = _create_run_dir(plan)
         run = RemoteRun(plan, run_dir, _start_display(plan, args, run_dir),

@@ -6,6 +6,7 @@ library so the CLI can load it before anything starts a thread):
 
 - :mod:`~actorrl.experiment.train`: input validation and the training run itself
 - :mod:`~actorrl.experiment.remote`: the same run on an existing coordinator
+- :mod:`~actorrl.experiment.sweep`: ``grid_search``/``num_samples`` sweeps of trials
 - :mod:`~actorrl.experiment.results`: the results folder and its writers
 - :mod:`~actorrl.experiment.progress`: live display (rich or plain lines)
 - :mod:`~actorrl.experiment.signals`: SIGINT/SIGTERM handling

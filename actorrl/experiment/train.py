@@ -141,16 +141,31 @@ EXPERIMENT_KEYS = frozenset({*FILE_RUN_KEYS, "env", "stop", "config"})
 
 def read_config_file_sections(path: str) -> ConfigFile:
     """Read ``path`` (see :class:`ConfigFile`); :class:`UsageError` naming the problem."""
+    return config_file_sections(path, read_config_file_data(path))
+
+
+def read_config_file_data(path: str) -> dict[str, Any]:
+    """The mapping in the file at ``path``; :class:`UsageError` when it cannot be read."""
     try:
-        data = read_config_file(path)
+        return read_config_file(path)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
-    if len(data) == 1:  # RLlib: {experiment-name: {run: ..., config: ...}}
+
+
+def unwrap_experiment(data: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    """RLlib's ``{experiment-name: {run: ..., config: ...}}``: the name and the inner
+    mapping; ``(None, data)`` for any other layout."""
+    if len(data) == 1:
         (name, inner), = data.items()
         if isinstance(inner, dict) and any(k in inner for k in FILE_RUN_KEYS) \
                 and name not in config_keys_of_any_algorithm():
-            data = dict(inner)
-    data = dict(data)
+            return str(name), dict(inner)
+    return None, data
+
+
+def config_file_sections(path: str, data: dict[str, Any]) -> ConfigFile:
+    """The :class:`ConfigFile` of ``data`` as read from ``path`` (named in errors)."""
+    data = dict(unwrap_experiment(data)[1])
     if "job" in data:
         raise UsageError(f"config file {path!r} has a 'job' section, which only "
                          "'actorrl submit' reads; remove it to train locally")
@@ -325,7 +340,8 @@ def check_env(config: AlgorithmConfig) -> None:
 
 
 def plan_training(algorithm: str | None, *, env: str | None = None,
-                  num_workers: int | None = None, config_file: str | None = None,
+                  num_workers: int | None = None,
+                  config_file: str | ConfigFile | None = None,
                   overrides: Sequence[str] = (), seed: int | None = None,
                   output_dir: str = "results", checkpoint_every: int = 10,
                   restore: str | None = None, stop_reward: float | None = None,
@@ -340,9 +356,11 @@ def plan_training(algorithm: str | None, *, env: str | None = None,
     the restored checkpoint; all that name one must agree. ``stop_reward_given`` false means
     "use the default" (the config file's ``stop``, else 450 for CartPole-v1); ``stop_reward``
     None with it true disables the reward criterion. ``stop_time_given`` false likewise
-    means the file's ``stop`` or, without one, ``stop_time_s``.
+    means the file's ``stop`` or, without one, ``stop_time_s``. ``config_file`` is a path
+    or an already read :class:`ConfigFile` (one trial of a sweep).
     """
-    file = read_config_file_sections(config_file) if config_file is not None else None
+    file = (read_config_file_sections(config_file) if isinstance(config_file, str)
+            else config_file)
     restore_from, restore_state, base = None, None, None
     if restore is not None:
         try:
