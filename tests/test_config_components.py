@@ -92,6 +92,9 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
             "sgd_minibatch_size": 20, "shuffle_sequences": False, "clip_param": 0.2,
             "vf_clip_param": 5.0, "kl_coeff": 0.3, "kl_target": 0.02, "use_kl_loss": False},
 }
+NON_DEFAULT["dqn"] = dict(NON_DEFAULT["apex"])
+"""DQN has Ape-X's keys (other defaults: RLlib's DQN), so Ape-X's values are non-default
+for it too."""
 FIXED = {"impala": {"batch_mode"}, "appo": {"batch_mode"}}
 """Keys with one valid value for an algorithm (IMPALA and APPO need truncated fragments)."""
 LOAD_ONLY = {"preprocessor_pref"}
@@ -376,6 +379,15 @@ TRAINER_CASES: dict[str, tuple[str, dict[str, Any], set[str]]] = {
     # A3C and A2C build no towers: num_gpus shows only in the learner's GPU request, which
     # _fake_gpus (above) zeroes; here it is not faked.
     "apex-steps": ("apex", {**STEPS, "learning_starts": 10_000}, {"timesteps_per_iteration"}),
+    "dqn": ("dqn", {**SMALL, "debug": True, "train_batch_size": 48,
+                    "max_weight_sync_delay": 33, "training_intensity": 2.0,
+                    "learning_starts": 64, "learner_queue_size": 5,
+                    "num_replay_buffer_shards": 2, "batch_replay": True,
+                    "buffer_size": 2000, "prioritized_replay": False, "hiddens": [8]},
+            COMMON_READ | {"num_gpus", "debug", "max_weight_sync_delay",
+                           "training_intensity", "learning_starts", "learner_queue_size",
+                           "num_replay_buffer_shards", "batch_replay"}),
+    "dqn-steps": ("dqn", {**STEPS, "learning_starts": 10_000}, {"timesteps_per_iteration"}),
     "impala-steps": ("impala", STEPS, {"timesteps_per_iteration"}),
     "a3c-steps": ("a3c", {**STEPS, "num_gpus": 1, "grads_per_step": 2},
                   {"timesteps_per_iteration", "num_gpus"}),

@@ -12,10 +12,11 @@ def _registry() -> dict[str, AlgorithmSpec]:
     from actorrl.algorithms.a3c import A3C
     from actorrl.algorithms.apex import APEX
     from actorrl.algorithms.appo import APPO
+    from actorrl.algorithms.dqn import DQN
     from actorrl.algorithms.impala import IMPALA
     from actorrl.algorithms.ppo import PPO
 
-    return {spec.name: spec for spec in (APEX, A3C, IMPALA, A2C, APPO, PPO)}
+    return {spec.name: spec for spec in (APEX, DQN, A3C, IMPALA, A2C, APPO, PPO)}
 
 
 def algorithm_names() -> list[str]:
