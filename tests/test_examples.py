@@ -30,7 +30,7 @@ EXAMPLE_FILES = sorted(EXAMPLES.glob("*.yaml"))
 REQUIRED = {"pong-impala": "impala", "pong-apex": "apex", "breakout-impala": "impala",
             "cartpole-apex": "apex", "cartpole-impala": "impala", "cartpole-a2c": "a2c",
             "cartpole-a3c": "a3c", "cartpole-ppo": "ppo", "pong-appo": "appo",
-            "pong-ppo": "ppo", "minatar-spaceinvaders-appo": "appo"}
+            "pong-ppo": "ppo", "minatar-spaceinvaders-appo": "appo", "cartpole-dqn": "dqn"}
 CLI_TIMEOUT_S = 240.0
 EXTRAS = (("NoFrameskip", "ale_py", "atari"), ("ALE/", "ale_py", "atari"),
           ("MinAtar/", "minatar", "minatar"))
