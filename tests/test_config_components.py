@@ -358,20 +358,22 @@ COMMON_READ = {"env", "num_workers", "seed", "min_iter_time_s", "metrics_smoothi
                "num_cpus_per_worker", "num_cpus_for_driver", "_fake_gpus", "train_batch_size",
                "evaluation_interval", "evaluation_duration", "evaluation_duration_unit",
                "evaluation_num_workers", "evaluation_config"}
+REPLAY_CASE = {**SMALL, "debug": True, "train_batch_size": 32, "max_weight_sync_delay": 33,
+               "training_intensity": 2.0, "learning_starts": 64, "learner_queue_size": 5,
+               "num_replay_buffer_shards": 2, "batch_replay": True, "buffer_size": 2000,
+               "prioritized_replay": False, "hiddens": [8]}
+"""Ape-X's and DQN's trainer case (the replay pipeline)."""
+REPLAY_READ = COMMON_READ | {"num_gpus", "debug", "max_weight_sync_delay", "training_intensity",
+                             "learning_starts", "learner_queue_size",
+                             "num_replay_buffer_shards", "batch_replay"}
+SAMPLES_CASE = {**SMALL, "train_batch_size": 64, "broadcast_interval": 3,
+                "learner_queue_size": 5, "max_sample_requests_in_flight_per_worker": 3}
+"""IMPALA's and APPO's trainer case (the asynchronous samples pipeline)."""
+SAMPLES_READ = COMMON_READ | {"num_gpus", "broadcast_interval", "learner_queue_size",
+                              "max_sample_requests_in_flight_per_worker"}
 TRAINER_CASES: dict[str, tuple[str, dict[str, Any], set[str]]] = {
-    "apex": ("apex", {**SMALL, "debug": True, "train_batch_size": 32,
-                      "max_weight_sync_delay": 33, "training_intensity": 2.0,
-                      "learning_starts": 64, "learner_queue_size": 5,
-                      "num_replay_buffer_shards": 2, "batch_replay": True,
-                      "buffer_size": 2000, "prioritized_replay": False, "hiddens": [8]},
-             COMMON_READ | {"num_gpus", "debug", "max_weight_sync_delay",
-                            "training_intensity", "learning_starts", "learner_queue_size",
-                            "num_replay_buffer_shards", "batch_replay"}),
-    "impala": ("impala", {**SMALL, "train_batch_size": 64, "broadcast_interval": 3,
-                          "learner_queue_size": 5,
-                          "max_sample_requests_in_flight_per_worker": 3},
-               COMMON_READ | {"num_gpus", "broadcast_interval", "learner_queue_size",
-                              "max_sample_requests_in_flight_per_worker"}),
+    "apex": ("apex", REPLAY_CASE, REPLAY_READ),
+    "impala": ("impala", SAMPLES_CASE, SAMPLES_READ),
     "a3c": ("a3c", {**SMALL, "train_batch_size": 40, "grads_per_step": 3},
             COMMON_READ | {"grads_per_step"}),
     "a2c": ("a2c", {**SMALL, "train_batch_size": 64, "microbatch_size": 32},
@@ -379,25 +381,14 @@ TRAINER_CASES: dict[str, tuple[str, dict[str, Any], set[str]]] = {
     # A3C and A2C build no towers: num_gpus shows only in the learner's GPU request, which
     # _fake_gpus (above) zeroes; here it is not faked.
     "apex-steps": ("apex", {**STEPS, "learning_starts": 10_000}, {"timesteps_per_iteration"}),
-    "dqn": ("dqn", {**SMALL, "debug": True, "train_batch_size": 48,
-                    "max_weight_sync_delay": 33, "training_intensity": 2.0,
-                    "learning_starts": 64, "learner_queue_size": 5,
-                    "num_replay_buffer_shards": 2, "batch_replay": True,
-                    "buffer_size": 2000, "prioritized_replay": False, "hiddens": [8]},
-            COMMON_READ | {"num_gpus", "debug", "max_weight_sync_delay",
-                           "training_intensity", "learning_starts", "learner_queue_size",
-                           "num_replay_buffer_shards", "batch_replay"}),
+    "dqn": ("dqn", {**REPLAY_CASE, "train_batch_size": 48}, REPLAY_READ),
     "dqn-steps": ("dqn", {**STEPS, "learning_starts": 10_000}, {"timesteps_per_iteration"}),
     "impala-steps": ("impala", STEPS, {"timesteps_per_iteration"}),
     "a3c-steps": ("a3c", {**STEPS, "num_gpus": 1, "grads_per_step": 2},
                   {"timesteps_per_iteration", "num_gpus"}),
     "a2c-steps": ("a2c", {**STEPS, "num_gpus": 1, "train_batch_size": 64,
                           "microbatch_size": 32}, {"timesteps_per_iteration", "num_gpus"}),
-    "appo": ("appo", {**SMALL, "train_batch_size": 64, "broadcast_interval": 3,
-                      "learner_queue_size": 5,
-                      "max_sample_requests_in_flight_per_worker": 3},
-             COMMON_READ | {"num_gpus", "broadcast_interval", "learner_queue_size",
-                            "max_sample_requests_in_flight_per_worker"}),
+    "appo": ("appo", SAMPLES_CASE, SAMPLES_READ),
     "appo-steps": ("appo", STEPS, {"timesteps_per_iteration"}),
     "ppo": ("ppo", {**SMALL, "train_batch_size": 96, "sgd_minibatch_size": 32},
             COMMON_READ | {"num_gpus"}),

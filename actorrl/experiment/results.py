@@ -120,9 +120,14 @@ class RunDirectory:
         """Make ``<output_dir>/<algorithm>_<env>_<timestamp>/`` (``_2``, ``_3``... when the
         name is taken) with its ``logs/`` and ``checkpoints/`` folders."""
         when = when or datetime.datetime.now()
-        base = f"{algorithm}_{_safe_name(env)}_{when:%Y-%m-%d_%H-%M-%S}"
         parent = Path(output_dir)
         parent.mkdir(parents=True, exist_ok=True)
+        return cls.create_named(parent, f"{algorithm}_{_safe_name(env)}_{when:%Y-%m-%d_%H-%M-%S}")
+
+    @classmethod
+    def create_named(cls, parent: Path, base: str) -> RunDirectory:
+        """Make ``<parent>/<base>/`` (``_2``, ``_3``... when the name is taken) with its
+        ``logs/`` and ``checkpoints/`` folders."""
         for attempt in range(1, 1000):
             path = parent / (base if attempt == 1 else f"{base}_{attempt}")
             try:

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from actorrl.experiment.errors import UsageError
-from actorrl.experiment.results import CHECKPOINTS_DIR, LOGS_DIR, RunDirectory
+from actorrl.experiment.results import RunDirectory
 
 GRID_KEY = "grid_search"
 NUM_SAMPLES_KEY = "num_samples"
@@ -243,16 +243,7 @@ def create_sweep_dir(output_dir: str, name: str,
 
 def create_trial_dir(sweep_dir: Path, name: str) -> RunDirectory:
     """A trial's results folder ``<sweep_dir>/<name>`` (``_2``... when taken)."""
-    for attempt in range(1, 1000):
-        path = sweep_dir / (name if attempt == 1 else f"{name}_{attempt}")
-        try:
-            path.mkdir()
-        except FileExistsError:
-            continue
-        (path / LOGS_DIR).mkdir()
-        (path / CHECKPOINTS_DIR).mkdir()
-        return RunDirectory(path)
-    raise FileExistsError(f"could not find a free trial folder name for {name}")
+    return RunDirectory.create_named(sweep_dir, name)
 
 
 # ---- outcomes ----------------------------------------------------------------------------

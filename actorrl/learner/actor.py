@@ -380,17 +380,20 @@ class LearnerActor:
         batches = await Runtime.current().get_and_free_async(refs)
         return await asyncio.to_thread(self.accumulate_gradients, batches)
 
+    def _trainable_batches(self, batch: MultiAgentBatch) -> list[tuple[str, SampleBatch]]:
+        """``(policy id, rows)`` of each trainable policy with rows in ``batch``."""
+        trainable = set(self.worker.policies_to_train)
+        return [(pid, rows) for pid, rows in batch.policy_batches.items()
+                if pid in trainable and rows.count > 0]
+
     def accumulate_gradients(self, batches: list[Any]) -> dict[str, Any]:
         """Compute gradients per trainable policy on the concatenation of ``batches`` and
         add ``count * grad`` to the accumulator (what :meth:`accumulate_gradients_refs`
         does with fetched batches). Returns the row count and learner stats."""
         batch = as_multi_agent(SampleBatch.concat_samples(batches))
         stats: dict[str, Any] = {}
-        trainable = set(self.worker.policies_to_train)
         with self.thread.update_lock:
-            for pid, policy_batch in batch.policy_batches.items():
-                if pid not in trainable or policy_batch.count == 0:
-                    continue
+            for pid, policy_batch in self._trainable_batches(batch):
                 grads, info = self.worker.get_policy(pid).compute_gradients(policy_batch)
                 total, rows = self._accumulated.get(pid, (None, 0))
                 scaled = [g * policy_batch.count for g in grads]
@@ -439,11 +442,8 @@ class LearnerActor:
             self._sgd_towers
         rng = self._sgd_rng
         stats: dict[str, Any] = {}
-        trainable = set(self.worker.policies_to_train)
         with self.thread.update_lock:
-            for pid, policy_batch in batch.policy_batches.items():
-                if pid not in trainable or policy_batch.count == 0:
-                    continue
+            for pid, policy_batch in self._trainable_batches(batch):
                 policy = self.worker.get_policy(pid)
                 towers = towers_of.get(pid)
                 if towers is None:
