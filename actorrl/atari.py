@@ -44,6 +44,9 @@ GAME_OVER = "game_over"
 """``info`` key: True when the game really ended (not just a life)."""
 
 _ATARI_ID = re.compile(r"^(ALE/[A-Za-z]+-v5|[A-Z][A-Za-z]+(NoFrameskip|Deterministic)?-v[04])$")
+_DETERMINISTIC_ID = re.compile(r"^([A-Z][A-Za-z]+)Deterministic-(v[04])$")
+DETERMINISTIC_FRAMESKIP = 4
+"""Frames the ALE itself repeated each action in gym's ``*Deterministic-v0/v4`` ids."""
 INSTALL_HINT = "pip install -e '.[atari]' (or pip install ale-py opencv-python-headless)"
 
 
@@ -108,9 +111,24 @@ class AtariOptions:
 
 
 def is_atari_id(spec: Any) -> bool:
-    """Whether ``spec`` names an ALE game (``ALE/Pong-v5``, ``PongNoFrameskip-v4``...)."""
+    """Whether ``spec`` names an ALE game (``ALE/Pong-v5``, ``PongNoFrameskip-v4``,
+    ``PongDeterministic-v4``...)."""
     return isinstance(spec, str) and bool(_ATARI_ID.match(spec)) and (
-        spec.startswith("ALE/") or _registered_by_ale(spec))
+        spec.startswith("ALE/") or _registered_by_ale(_registered_form(spec)[0]))
+
+
+def _registered_form(env_id: str) -> tuple[str, int]:
+    """The id ale-py registers for ``env_id`` and the frames its ALE skips per action.
+
+    gym's ``*Deterministic-v0/v4`` ids (RLlib's older Atari files use them) are no longer
+    registered by ale-py: they were the ``*NoFrameskip`` game with the ALE repeating each
+    action 4 frames, the same sticky-action setting, and no max-pooling (RLlib's DeepMind
+    wrappers pool only ``NoFrameskip`` ids). Every other id skips no frames in the ALE.
+    """
+    match = _DETERMINISTIC_ID.match(env_id)
+    if match and (gym.envs.registry.get(env_id) is None):
+        return f"{match[1]}NoFrameskip-{match[2]}", DETERMINISTIC_FRAMESKIP
+    return env_id, 1
 
 
 def _registered_by_ale(env_id: str) -> bool:
@@ -135,6 +153,14 @@ def make_atari(env_id: str, env_config: dict[str, Any] | None = None) -> gym.Env
     if not register_ale():
         raise ValueError(f"env {env_id!r} needs ale-py, which is not installed: "
                          f"{INSTALL_HINT}")
+    asked, (env_id, ale_frameskip) = env_id, _registered_form(env_id)
+    if ale_frameskip > 1 and options.preprocessing != "none":
+        if env_config and "frame_skip" in env_config:
+            raise ValueError(
+                f"env {asked!r} repeats each action {ale_frameskip} frames in the ALE, "
+                f"so env_config.frame_skip (the DeepMind wrapper's max-pooled skip) would "
+                f"skip again: drop frame_skip, or use {env_id!r} with frame_skip: N")
+        options = dataclasses.replace(options, frame_skip=1)
     if env_id not in gym.envs.registry:
         names = [n for n in gym.envs.registry if n.startswith("ALE/")]
         close = difflib.get_close_matches(env_id, names, n=3, cutoff=0.6)
@@ -144,8 +170,11 @@ def make_atari(env_id: str, env_config: dict[str, Any] | None = None) -> gym.Env
     if options.repeat_action_probability is not None:
         kwargs["repeat_action_probability"] = options.repeat_action_probability
     if options.preprocessing == "none":
-        return gym.make(env_id, **kwargs)
-    kwargs["frameskip"] = 1  # frame skipping (with max-pooling) is done by the wrapper
+        return gym.make(env_id, **kwargs, **(
+            {"frameskip": ale_frameskip} if ale_frameskip > 1 else {}))
+    # Frame skipping with max-pooling is done by the wrapper, except for the ids whose
+    # ALE skipped (see _registered_form).
+    kwargs["frameskip"] = ale_frameskip
     kwargs["obs_type"] = "grayscale" if options.grayscale else "rgb"
     env: gym.Env = gym.make(env_id, **kwargs)
     return wrap_deepmind(env, options)

@@ -165,6 +165,34 @@ def test_real_games_get_deepmind_frames(env_id):
 
 
 @needs_ale
+def test_deterministic_ids_skip_four_frames_in_the_ale_without_pooling():
+    """gym's retired PongDeterministic-v4 (RLlib's older files): the NoFrameskip game whose
+    ALE repeats each action 4 frames, and no max-pooling wrapper on top."""
+    assert is_atari_id("PongDeterministic-v4") and not is_atari_id("PongDeterministc-v4")
+    env = make_env("PongDeterministic-v4", {"noop_max": 0, "fire_reset": False})
+    assert env.observation_space.shape == (84, 84, 4)
+    wrappers = []
+    layer = env
+    while isinstance(layer, gym.Wrapper):
+        wrappers.append(type(layer))
+        layer = layer.env
+    assert MaxAndSkip not in wrappers
+    env.reset(seed=0)
+    ale = env.unwrapped.ale
+    start = ale.getEpisodeFrameNumber()
+    for _ in range(10):
+        env.step(0)
+    assert ale.getEpisodeFrameNumber() - start == 40
+    pooled = make_env("PongNoFrameskip-v4", {"noop_max": 0, "fire_reset": False})
+    pooled.reset(seed=0)
+    start = pooled.unwrapped.ale.getEpisodeFrameNumber()
+    pooled.step(0)
+    assert pooled.unwrapped.ale.getEpisodeFrameNumber() - start == 4
+    with pytest.raises(ValueError, match="drop frame_skip, or use 'PongNoFrameskip-v4'"):
+        make_env("PongDeterministic-v4", {"frame_skip": 2})
+
+
+@needs_ale
 def test_breakout_metrics_count_whole_games_in_game_score():
     """Breakout has 5 lives: learning sees 5 episodes, metrics one game with its score."""
     env = VectorEnv([make_env("ALE/Breakout-v5", {"noop_max": 0})], seed=0)
