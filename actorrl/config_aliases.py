@@ -94,6 +94,9 @@ ALIASES: tuple[Alias, ...] = (
     Alias("num_envs_per_env_runner", "num_envs_per_worker", "2.10+"),
     Alias("num_cpus_per_env_runner", "num_cpus_per_worker", "2.10+"),
     Alias("evaluation_num_env_runners", "evaluation_num_workers", "2.10+"),
+    # An RLlib master spelling of num_gpus (its multi-agent-cartpole-appo.yaml, 1b02395).
+    Alias("num_accs", "num_gpus", "master 2023"),
+    Alias("_fake_accs", "_fake_gpus", "master 2023"),
     # RLlib 1.x (<= 1.10): evaluation length in episodes.
     Alias("evaluation_num_episodes", "evaluation_duration", "0.8-1.10",
           note="episodes (evaluation_duration_unit's default)"),
@@ -138,6 +141,19 @@ ALIASES: tuple[Alias, ...] = (
           note="times exploration_fraction"),
 )
 """Every other RLlib spelling of an actorrl setting (see the module docstring)."""
+
+RLLIB_CLASSES: dict[str, str] = {
+    # RLlib 0.8-2.8, then 2.9+: its example multi-agent env (tuned multi-agent-cartpole-*).
+    "ray.rllib.examples.env.multi_agent.MultiAgentCartPole":
+        "actorrl.multi_agent_envs:MultiAgentCartPole",
+    "ray.rllib.examples.envs.classes.multi_agent.MultiAgentCartPole":
+        "actorrl.multi_agent_envs:MultiAgentCartPole",
+    # RLlib 1.x-2.x: the example policy_mapping_fn class its files name as {type: ...}.
+    "ray.rllib.examples.multi_agent_and_self_play.policy_mapping_fn.PolicyMappingFn":
+        "actorrl.multi_agent_envs:policy_p_agent_id",
+}
+"""RLlib's example classes that its tuned files name (``env``,
+``multiagent.policy_mapping_fn``) -> actorrl's equal (same behaviour, same agent ids)."""
 
 ALIAS_BY_KEY: dict[str, Alias] = {a.key: a for a in ALIASES}
 PARENTS = ("replay_buffer_config", "optimizer")
@@ -459,6 +475,7 @@ def resolve_rllib_keys(values: Mapping[str, Any], *, algorithm: str = "",
                                 "actorrl key it means")
     _old_exploration(out, put, problems)
     _final_beta(out, given, algorithm, problems)
+    _rllib_classes(out, problems)
     for ignored in IGNORED:
         if ignored.key not in out:
             continue
@@ -530,6 +547,41 @@ def _old_exploration(out: dict[str, Any], put: Callable[[str, str, Any], None],
         return
     put("exploration_config.epsilon_timesteps", " and ".join(sorted(parts)),
         max(1, int(fraction * horizon)))
+
+
+def _rllib_classes(out: dict[str, Any], problems: list[str]) -> None:
+    """RLlib's example classes (:data:`RLLIB_CLASSES`) as ``env`` and in ``multiagent``, and
+    RLlib's ``multiagent`` forms: ``policies`` as a list of ids (each policy gets the
+    default class, its agents' spaces and no overrides) and ``policy_mapping_fn`` as
+    ``{type: class path}``."""
+    env = out.get("env")
+    if isinstance(env, str) and env in RLLIB_CLASSES:
+        out["env"] = RLLIB_CLASSES[env]
+    multiagent = out.get("multiagent")
+    if not isinstance(multiagent, Mapping):
+        return
+    multiagent = dict(multiagent)
+    policies = multiagent.get("policies")
+    if isinstance(policies, (list, tuple, set)):
+        if not all(isinstance(pid, str) for pid in policies):
+            problems.append(f"multiagent.policies as a list must hold policy ids (strings), "
+                            f"got {policies!r}")
+        else:
+            multiagent["policies"] = {pid: [None, None, None, {}] for pid in policies}
+    mapping = multiagent.get("policy_mapping_fn")
+    if isinstance(mapping, Mapping) and set(mapping) == {"type"}:
+        mapping = mapping["type"]
+        if mapping not in RLLIB_CLASSES:
+            problems.append(
+                f"multiagent.policy_mapping_fn: {{type: {mapping!r}}} (a class RLlib calls "
+                "with the agent id, episode and worker) cannot be honoured: actorrl calls "
+                "policy_mapping_fn(agent_id) and knows that form only for RLlib's example "
+                f"classes ({', '.join(sorted(RLLIB_CLASSES))}); name a function "
+                "'pkg.module:fn' of the agent id instead")
+            return
+    if isinstance(mapping, str) and mapping in RLLIB_CLASSES:
+        multiagent["policy_mapping_fn"] = RLLIB_CLASSES[mapping]
+    out["multiagent"] = multiagent
 
 
 BETA_ANNEALING_KEYS = ("beta_annealing_fraction", "prioritized_replay_beta_annealing_timesteps")

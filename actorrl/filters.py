@@ -25,18 +25,21 @@ States travel and are checkpointed as plain dicts of numbers and arrays
 
 :class:`FilteredVectorEnv` wraps a :class:`~actorrl.envs.VectorEnv` so every observation
 the sampler sees (what it acts on and what it stores, ``obs`` and ``new_obs``) is
-filtered.
+filtered. In multi-agent envs each policy has its own filter (:func:`policy_filters`),
+applied by the sampler to the observations of the agents mapped to it; deltas, syncs and
+checkpoints are ``{policy_id: statistics}`` in both cases.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
+from actorrl.batch import DEFAULT_POLICY_ID
 from actorrl.envs import VectorEnv, VectorStep
 from actorrl.spaces import flat_size, needs_flattening
 
@@ -231,15 +234,30 @@ class FilteredVectorEnv:
 def filter_vector_env(name: str, env: Any) -> tuple[Any, ObservationFilter]:
     """The env a worker samples from and its filter: ``env`` itself with :class:`NoFilter`,
     or ``env`` wrapped in a :class:`FilteredVectorEnv` with a :class:`MeanStdFilter`.
-    ``ValueError`` naming ``observation_filter`` where a MeanStdFilter cannot apply."""
-    if name == NO_FILTER:
+    Multi-agent envs come back unwrapped with :class:`NoFilter`: their sampler keeps one
+    filter per policy (:func:`policy_filters`)."""
+    if name == NO_FILTER or not isinstance(env, VectorEnv):
         return env, NoFilter()
-    if not isinstance(env, VectorEnv):
-        raise ValueError(f"observation_filter={name!r} is supported for single-agent envs "
-                         f"only; use observation_filter='NoFilter' with multi-agent envs")
     obs_filter = make_filter(name, filter_shape(env.observation_space))
     assert isinstance(obs_filter, MeanStdFilter)
     return FilteredVectorEnv(env, obs_filter), obs_filter
+
+
+def policy_filters(name: str, spaces: Mapping[str, gym.Space]) -> dict[str, MeanStdFilter]:
+    """One :class:`MeanStdFilter` per policy (policy id -> its observation space) for a
+    multi-agent sampler, as RLlib keeps them; empty with ``NoFilter``."""
+    if name == NO_FILTER:
+        return {}
+    filters = {}
+    for policy_id, space in spaces.items():
+        if needs_flattening(space):
+            raise ValueError(f"observation_filter={name!r} in multi-agent envs needs Box "
+                             f"observations; policy {policy_id!r} has {space!r}: use "
+                             "observation_filter='NoFilter'")
+        obs_filter = make_filter(name, filter_shape(space))
+        assert isinstance(obs_filter, MeanStdFilter)
+        filters[policy_id] = obs_filter
+    return filters
 
 
 def filter_shape(space: gym.Space) -> tuple[int, ...]:
@@ -254,32 +272,38 @@ def filter_shape(space: gym.Space) -> tuple[int, ...]:
 
 
 class FilterManager:
-    """The driver's master filter (RLlib's ``FilterManager.synchronize``): merges workers'
-    deltas, hands out its statistics, and is saved in checkpoints. Stays empty (and
-    :attr:`state` None) until the first delta arrives."""
+    """The driver's master filters, one per policy (RLlib's ``FilterManager.synchronize``):
+    merges workers' deltas, hands out the statistics, and is saved in checkpoints. A
+    policy's master appears with its first delta; :attr:`states` is None until then."""
 
     def __init__(self) -> None:
-        self.master: MeanStdFilter | None = None
+        self.masters: dict[str, MeanStdFilter] = {}
 
-    def apply_deltas(self, worker_filters: Sequence[dict[str, Any]], policy_id: str) -> None:
-        """Merge each worker's :meth:`~actorrl.rollout.RolloutWorker.get_filters` output."""
+    def apply_deltas(self, worker_filters: Sequence[Mapping[str, dict[str, Any]]]) -> None:
+        """Merge each worker's :meth:`~actorrl.rollout.RolloutWorker.get_filters` output
+        (``{policy_id: delta}``) into the masters."""
         for filters in worker_filters:
-            delta = filters.get(policy_id)
-            if delta is None:
-                continue
-            if self.master is None:
-                self.master = MeanStdFilter(np.asarray(delta["mean"]).shape)
-            self.master.apply_delta(delta)
+            for policy_id, delta in filters.items():
+                master = self.masters.get(policy_id)
+                if master is None:
+                    master = self.masters[policy_id] = MeanStdFilter(
+                        np.asarray(delta["mean"]).shape)
+                master.apply_delta(delta)
+
+    @property
+    def states(self) -> dict[str, dict[str, Any]] | None:
+        """``{policy_id: statistics}`` (None before any delta)."""
+        return {pid: m.get_state() for pid, m in self.masters.items()} or None
 
     @property
     def state(self) -> dict[str, Any] | None:
-        """The master statistics (None before any delta)."""
-        return None if self.master is None else self.master.get_state()
+        """The single-agent policy's statistics (None before any delta)."""
+        master = self.masters.get(DEFAULT_POLICY_ID)
+        return None if master is None else master.get_state()
 
-    def restore(self, state: dict[str, Any] | None) -> None:
-        """Take a checkpoint's master statistics."""
-        if state is None:
-            self.master = None
-            return
-        self.master = MeanStdFilter(np.asarray(state["mean"]).shape)
-        self.master.set_state(state)
+    def restore(self, states: Mapping[str, dict[str, Any]] | None) -> None:
+        """Take a checkpoint's ``{policy_id: statistics}``."""
+        self.masters = {}
+        for policy_id, state in (states or {}).items():
+            master = self.masters[policy_id] = MeanStdFilter(np.asarray(state["mean"]).shape)
+            master.set_state(state)

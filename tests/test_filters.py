@@ -51,8 +51,7 @@ def test_worker_deltas_merge_into_the_master_and_syncs_keep_unreported_data() ->
     workers[0](a)
     workers[1](b)
     manager = FilterManager()
-    manager.apply_deltas([{DEFAULT_POLICY_ID: w.flush_delta()} for w in workers],
-                         DEFAULT_POLICY_ID)
+    manager.apply_deltas([{DEFAULT_POLICY_ID: w.flush_delta()} for w in workers])
     both = np.concatenate([a, b])
     master = manager.state
     assert master is not None and master["n"] == 100
@@ -91,11 +90,45 @@ def test_bad_observation_filter_is_refused_naming_the_key(value, algorithm) -> N
     assert "observation_filter" in str(info.value)
 
 
-def test_multi_agent_envs_refuse_a_mean_std_filter() -> None:
-    with pytest.raises(ValueError, match="observation_filter.*single-agent"):
-        RolloutWorker("tests.test_rollout:TurnEnv", get_algorithm("a2c").policy,
-                      {"observation_filter": "MeanStdFilter",
-                       "multiagent": {"policies": {"p": (None, None, None, {})}}})
+def policy_of_turn_agent(agent_id: str) -> str:
+    """TurnEnv's agent "x" -> policy "px", "y" -> "py"."""
+    return "p" + agent_id
+
+
+def test_multi_agent_envs_keep_one_filter_per_policy() -> None:
+    """RLlib's per-policy filters: each policy's filter sees its agents' observations, every
+    one once (what they act on and what is stored), in the order they arrive; deltas and
+    syncs are per policy."""
+    from actorrl.policy.actor_critic import ActorCriticPolicy
+    from tests.test_rollout import SMALL_MODEL
+
+    worker = RolloutWorker("tests.test_rollout:TurnEnv", ActorCriticPolicy, {
+        "model": SMALL_MODEL, "seed": 0, "observation_filter": "MeanStdFilter",
+        "batch_mode": "complete_episodes", "rollout_fragment_length": 10,
+        "multiagent": {"policies": {"px": (None, None, None, {}), "py": (None, None, None, {})},
+                       "policy_mapping_fn": f"{__name__}:policy_of_turn_agent"}})
+    batch = worker.sample()
+    # TurnEnv: "x" observes t = 0, 2, 4 and the final 5, "y" 1, 3 and 5; two episodes.
+    for pid, seen in (("px", [0, 2, 4, 5]), ("py", [1, 3, 5])):
+        reference = MeanStdFilter((1,))
+        stored, next_stored = [], []
+        for _ in range(2):
+            outs = [reference(np.array([[v]], dtype=np.float32))[0] for v in seen]
+            stored += outs[:-1]
+            next_stored += outs[1:]
+        rows = batch.policy_batches[pid]
+        np.testing.assert_allclose(rows["obs"], np.array(stored), rtol=1e-6)
+        np.testing.assert_allclose(rows["new_obs"], np.array(next_stored), rtol=1e-6)
+        # and "x" has seen the third episode's first observation already
+        assert worker.get_filters()[pid]["n"] == 2 * len(seen) + (pid == "px")
+    deltas = worker.get_filters(flush_after=True)
+    assert set(deltas) == {"px", "py"} and worker.get_filters()["px"]["n"] == 0
+    manager = FilterManager()
+    manager.apply_deltas([deltas, deltas])
+    assert manager.states is not None and manager.states["py"]["n"] == 12
+    worker.sync_filters(manager.states)
+    assert worker.obs_filters["px"].get_state()["n"] == 18
+    assert worker.filter_state() is None  # no single-agent policy
 
 
 async def _workers_filter_states(trainer: Trainer) -> list[tuple[dict, dict]]:

@@ -38,7 +38,8 @@ SAMPLES: dict[str, Any] = {
     "buffer_size": 4321, "prioritized_replay": False, "prioritized_replay_alpha": 0.5,
     "prioritized_replay_beta": 0.5, "prioritized_replay_eps": 1e-5,
     "worker_side_prioritization": True, "num_replay_buffer_shards": 2,
-    "max_weight_sync_delay": 100, "debug": True, "grads_per_step": 7,
+    "max_weight_sync_delay": 100, "debug": True, "grads_per_step": 7, "num_gpus": 2,
+    "_fake_gpus": True,
 }
 ALIAS_INPUT: dict[str, Any] = {
     # alias -> the value written under it, when it differs from the canonical's value
@@ -415,6 +416,36 @@ def test_oversubscription_warning_text():
     text = oversubscription_warning(config, cores=2)
     assert text is not None and "num_workers=8" in text and "2 cores" in text
     assert "--set num_workers=2" in text
+
+
+def test_rllib_example_classes_and_multiagent_forms():
+    """RLlib's MultiAgentCartPole and example mapping class read as actorrl's equals; a
+    list of policy ids is policies with default specs; another {type: class} is refused."""
+    from actorrl.config_aliases import RLLIB_CLASSES, resolve_rllib_keys
+    from actorrl.multi_agent_envs import MultiAgentCartPole, policy_p_agent_id
+
+    resolved = resolve_rllib_keys({
+        "env": "ray.rllib.examples.env.multi_agent.MultiAgentCartPole",
+        "multiagent": {"policies": ["p0", "p1"], "policy_mapping_fn": {
+            "type": "ray.rllib.examples.multi_agent_and_self_play.policy_mapping_fn."
+                    "PolicyMappingFn"}}})
+    assert resolved.problems == []
+    assert resolved.values["env"] == "actorrl.multi_agent_envs:MultiAgentCartPole"
+    multiagent = resolved.values["multiagent"]
+    assert multiagent["policies"] == {"p0": [None, None, None, {}],
+                                      "p1": [None, None, None, {}]}
+    assert multiagent["policy_mapping_fn"] == "actorrl.multi_agent_envs:policy_p_agent_id"
+    assert resolve_rllib_keys({"env": "ray.rllib.examples.envs.classes.multi_agent."
+                                      "MultiAgentCartPole"}).values["env"] == \
+        RLLIB_CLASSES["ray.rllib.examples.env.multi_agent.MultiAgentCartPole"]
+    refused = resolve_rllib_keys({"multiagent": {"policy_mapping_fn": {"type": "my.Fn"}}})
+    assert len(refused.problems) == 1 and "'pkg.module:fn'" in refused.problems[0]
+    env = MultiAgentCartPole({"num_agents": 3})
+    obs, _ = env.reset(seed=0)
+    assert sorted(obs) == [0, 1, 2] and [policy_p_agent_id(a) for a in obs] == ["p0", "p1", "p2"]
+    assert MultiAgentCartPole({}).possible_agents == [0]  # RLlib's default: one agent
+    with pytest.raises(ValueError, match="num_agents must be an integer >= 1, got 0"):
+        MultiAgentCartPole({"num_agents": 0})
 
 
 def test_readme_lists_the_aliases():

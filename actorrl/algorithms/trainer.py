@@ -15,7 +15,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from actorrl.batch import DEFAULT_POLICY_ID
 from actorrl.callbacks import CustomMetricsWindow, DefaultCallbacks, make_callbacks
 from actorrl.config import AlgorithmConfig
 from actorrl.envs import EpisodeMetrics, EpisodeWindow
@@ -296,12 +295,11 @@ class Trainer:
                 raise result
             else:
                 deltas.append(result)
-        self.filter_manager.apply_deltas(deltas, DEFAULT_POLICY_ID)
+        self.filter_manager.apply_deltas(deltas)
         await self._send_filters(workers)
 
     def _filters_payload(self) -> dict[str, Any] | None:
-        state = None if self.filter_manager is None else self.filter_manager.state
-        return None if state is None else {DEFAULT_POLICY_ID: state}
+        return None if self.filter_manager is None else self.filter_manager.states
 
     async def _send_filters(self, workers: list[ActorHandle]) -> None:
         payload = self._filters_payload()
@@ -410,7 +408,7 @@ class Trainer:
         if self.learner is not None:
             await self.broadcast_learner_weights()
         if self.filter_manager is not None:
-            self.filter_manager.restore((state.get("filters") or {}).get(DEFAULT_POLICY_ID))
+            self.filter_manager.restore(state.get("filters"))
             await self._send_filters(self._samplers())
 
     # ---- counters -----------------------------------------------------------------------

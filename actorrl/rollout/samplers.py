@@ -21,6 +21,7 @@ import numpy as np
 from actorrl.batch import MultiAgentBatch, SampleBatch, chop_into_sequences
 from actorrl.callbacks import EpisodeTracker
 from actorrl.envs import ALL_AGENTS, MultiAgentVectorEnv, VectorEnv
+from actorrl.filters import MeanStdFilter
 from actorrl.policy.base import TorchPolicy
 
 
@@ -234,7 +235,8 @@ class MultiAgentSampler(Sampler):
     """Collects from a :class:`MultiAgentVectorEnv`, one batched forward per policy."""
 
     def __init__(self, env: MultiAgentVectorEnv, policies: Mapping[str, TorchPolicy],
-                 mapping_fn: Callable[[str], str], options: SamplingOptions) -> None:
+                 mapping_fn: Callable[[str], str], options: SamplingOptions,
+                 obs_filters: Mapping[str, MeanStdFilter] | None = None) -> None:
         super().__init__(options)
         recurrent = sorted(pid for pid, p in policies.items() if p.is_recurrent)
         if recurrent:
@@ -243,6 +245,9 @@ class MultiAgentSampler(Sampler):
         self.env = env
         self.policies = policies
         self.mapping_fn = mapping_fn
+        self.obs_filters = dict(obs_filters or {})
+        """Policy id -> the filter of its agents' observations (RLlib's per-policy
+        filters); every observation updates it once, as it arrives."""
         # Per-policy episode rewards: the env asks which policy each agent acted with.
         env.policy_of = lambda i, agent_id: self.agent_policy[i].get(agent_id)
         n = env.num_envs
@@ -260,7 +265,7 @@ class MultiAgentSampler(Sampler):
 
     def sample(self) -> MultiAgentBatch:
         if self.obs is None:
-            self.obs = self.env.reset()
+            self.obs = [self._filtered(i, obs) for i, obs in enumerate(self.env.reset())]
         out: list[tuple[str, SampleBatch]] = []
         if self.complete_episodes:
             env_steps = 0
@@ -315,7 +320,8 @@ class MultiAgentSampler(Sampler):
         finished_steps = 0
         for i, step in enumerate(self.env.step(action_dicts)):
             self.episode_steps[i] += 1
-            self._close_transitions(i, step.obs, step.rewards, step.terminateds,
+            step_obs = self._filtered(i, step.obs)
+            self._close_transitions(i, step_obs, step.rewards, step.terminateds,
                                     step.truncateds, step.episode_done)
             if step.episode_done:
                 self._flush_env(i)
@@ -324,10 +330,25 @@ class MultiAgentSampler(Sampler):
                     self.episode_pieces[i] = []
                 finished_steps += self.episode_steps[i]
                 self._start_episode(i)
-                self.obs[i] = step.reset_obs or {}
+                self.obs[i] = self._filtered(i, step.reset_obs or {})
             else:
-                self.obs[i] = step.obs
+                self.obs[i] = step_obs
         return finished_steps
+
+    def _filtered(self, i: int, obs: dict[str, Any]) -> dict[str, Any]:
+        """Env ``i``'s observations through their policies' filters (unchanged without)."""
+        if not self.obs_filters or not obs:
+            return obs
+        out = dict(obs)
+        groups: dict[str, list[str]] = {}
+        for agent_id in obs:
+            groups.setdefault(self._policy_id(i, agent_id), []).append(agent_id)
+        for pid, agents in groups.items():
+            obs_filter = self.obs_filters.get(pid)
+            if obs_filter is not None:
+                rows = obs_filter(np.stack([obs[a] for a in agents]))
+                out.update(zip(agents, rows))
+        return out
 
     def _close_transitions(self, i: int, obs: dict, rewards: dict, terminateds: dict,
                            truncateds: dict, episode_done: bool) -> None:

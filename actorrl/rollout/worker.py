@@ -56,7 +56,7 @@ from actorrl.config import (
     load_worker_config,
 )
 from actorrl.envs import EnvSpec, EpisodeMetrics, MultiAgentVectorEnv, make_vector_env
-from actorrl.filters import MeanStdFilter, filter_vector_env
+from actorrl.filters import MeanStdFilter, filter_vector_env, policy_filters
 from actorrl.policy.base import TorchPolicy
 from actorrl.policy.config import PolicyConfig
 from actorrl.rollout.samplers import MultiAgentSampler, SamplingOptions, SingleAgentSampler
@@ -91,7 +91,10 @@ class RolloutWorker:
         self.env = make_vector_env(
             env, rollout.env_config, num_envs=rollout.num_envs_per_worker,
             worker_index=worker_index, num_workers=num_workers, seed=seed)
-        self.env, self.obs_filter = filter_vector_env(rollout.observation_filter, self.env)
+        self.env, obs_filter = filter_vector_env(rollout.observation_filter, self.env)
+        self.obs_filters: dict[str, MeanStdFilter] = (
+            {DEFAULT_POLICY_ID: obs_filter} if isinstance(obs_filter, MeanStdFilter) else {})
+        """The observation filters, per policy (empty with ``NoFilter``)."""
         multiagent = rollout.multiagent
         self.policy_map: dict[str, TorchPolicy] = {}
         rng = np.random.default_rng(None if seed is None else int(seed) + worker_index)
@@ -104,8 +107,10 @@ class RolloutWorker:
         )
         if isinstance(self.env, MultiAgentVectorEnv):
             mapping_fn = self._build_multiagent_policies(default_cls, multiagent)
+            self.obs_filters = policy_filters(rollout.observation_filter, {
+                pid: policy.observation_space for pid, policy in self.policy_map.items()})
             self.sampler: SingleAgentSampler | MultiAgentSampler = MultiAgentSampler(
-                self.env, self.policy_map, mapping_fn, sampling)
+                self.env, self.policy_map, mapping_fn, sampling, self.obs_filters)
         else:
             if multiagent.get("policies"):
                 raise ValueError("multiagent.policies is set but env makes single-agent "
@@ -179,11 +184,15 @@ class RolloutWorker:
                                  f"worker has no default policy class")
             agents = [a for a in env.possible_agents if mapping_fn(a) == pid]
             if obs_space is None or action_space is None:
-                if not agents:
+                # No agent maps to it: every agent's spaces, when they all share them (as
+                # RLlib falls back to a multi-agent env's one space).
+                source = agents[0] if agents else _shared_spaces_agent(env)
+                if source is None:
                     raise ValueError(f"multiagent.policies[{pid!r}] gives no spaces and no agent "
-                                     f"of {env.possible_agents} maps to it")
-                obs_space = obs_space or env.observation_spaces[agents[0]]
-                action_space = action_space or env.action_spaces[agents[0]]
+                                     f"of {env.possible_agents} maps to it (and the agents' "
+                                     "spaces differ): give its spaces, or map an agent to it")
+                obs_space = obs_space or env.observation_spaces[source]
+                action_space = action_space or env.action_spaces[source]
             self.policy_map[pid] = cls(obs_space, action_space, self._policy_config(
                 cls, overrides, f"multiagent.policies[{pid!r}]"))
         return mapping_fn
@@ -214,23 +223,21 @@ class RolloutWorker:
     def get_filters(self, flush_after: bool = False) -> dict[str, dict[str, Any]]:
         """``{policy_id: delta}``: the observation statistics gathered since the last
         flush (cleared when ``flush_after``); empty without a MeanStdFilter."""
-        obs_filter = self.obs_filter
-        if not isinstance(obs_filter, MeanStdFilter):
-            return {}
-        delta = obs_filter.flush_delta() if flush_after else obs_filter.buffer.to_state()
-        return {DEFAULT_POLICY_ID: delta}
+        return {pid: f.flush_delta() if flush_after else f.buffer.to_state()
+                for pid, f in self.obs_filters.items()}
 
     def sync_filters(self, new_filters: Mapping[str, dict[str, Any] | None]) -> None:
         """Take the driver's merged statistics (``{policy_id: state}``), keeping what
         this worker saw since its last flush."""
-        state = new_filters.get(DEFAULT_POLICY_ID)
-        if isinstance(self.obs_filter, MeanStdFilter) and state is not None:
-            self.obs_filter.sync(state)
+        for pid, state in new_filters.items():
+            obs_filter = self.obs_filters.get(pid)
+            if obs_filter is not None and state is not None:
+                obs_filter.sync(state)
 
     def filter_state(self) -> dict[str, Any] | None:
-        """The filter's total statistics (None without a MeanStdFilter)."""
-        obs_filter = self.obs_filter
-        return obs_filter.get_state() if isinstance(obs_filter, MeanStdFilter) else None
+        """The single-agent filter's total statistics (None without a MeanStdFilter)."""
+        obs_filter = self.obs_filters.get(DEFAULT_POLICY_ID)
+        return None if obs_filter is None else obs_filter.get_state()
 
     # ---- learning ----------------------------------------------------------------------
     def compute_gradients(self, batch: SampleBatch | MultiAgentBatch) -> tuple[Any, dict]:
@@ -312,3 +319,15 @@ class RolloutWorker:
 
 
 # ---- trajectory collection ---------------------------------------------------------------
+
+
+def _shared_spaces_agent(env: MultiAgentVectorEnv) -> Any:
+    """An agent of ``env`` whose observation and action spaces every agent has (None when
+    they differ or there are no agents)."""
+    agents = list(env.possible_agents)
+    if not agents:
+        return None
+    first = agents[0]
+    same = all(env.observation_spaces[a] == env.observation_spaces[first]
+               and env.action_spaces[a] == env.action_spaces[first] for a in agents)
+    return first if same else None
