@@ -25,7 +25,8 @@ means:
   (``env_runners/episode_return_mean``) -> actorrl's result keys.
 
 :func:`resolve_rllib_keys` applies all of it to one layer of input (a config file, a
-``--set``, a ``load_config`` mapping). Standard library only (``actorrl.stop`` imports it).
+``--set``, a ``load_config`` mapping), and to the ``evaluation_config`` inside it.
+Standard library only (``actorrl.stop`` imports it).
 """
 
 from __future__ import annotations
@@ -488,6 +489,11 @@ def resolve_rllib_keys(values: Mapping[str, Any], *, algorithm: str = "",
             problems.append(f"{ignored.key}: {shown(value)} cannot be honoured: {ignored.refused}")
     if env_known:
         _env_dependent(out, put, problems)
+    evaluation = out.get("evaluation_config")
+    if isinstance(evaluation, Mapping) and evaluation:
+        inner = resolve_rllib_keys(evaluation, algorithm=algorithm, env_known=False)
+        out["evaluation_config"] = inner.values
+        problems.extend(f"evaluation_config: {problem}" for problem in inner.problems)
     renamed: dict[str, str] = {}
     for canonical, sources in given.items():
         if canonical.startswith("exploration_config."):

@@ -418,6 +418,15 @@ def test_oversubscription_warning_text():
     assert "--set num_workers=2" in text
 
 
+def test_aliases_and_ignored_keys_inside_evaluation_config():
+    config, warned = _warnings_of("impala", {"evaluation_interval": 1, "evaluation_config": {
+        "num_envs_per_env_runner": 3, "framework": "tf2", "explore": False}})
+    assert config["evaluation_config"] == {"num_envs_per_worker": 3, "explore": False}
+    assert len(warned) == 1 and warned[0].startswith("framework: tf2 is ignored")
+    with pytest.raises(ConfigError, match="evaluation_config: num_atoms: 51 cannot be"):
+        _load("impala", {"evaluation_config": {"num_atoms": 51}})
+
+
 def test_rllib_example_classes_and_multiagent_forms():
     """RLlib's MultiAgentCartPole and example mapping class read as actorrl's equals; a
     list of policy ids is policies with default specs; another {type: class} is refused."""
