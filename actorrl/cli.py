@@ -250,10 +250,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace, config_file: object, seed: int | None) -> TrainPlan:
     """The validated plan of one run (a trial's :class:`ConfigFile` or the file's path)."""
-    from actorrl.experiment.train import plan_training
+    from actorrl.experiment.train import plan_training, without_missing_gpus
 
     with _rllib_key_warnings(args):
-        return plan_training(
+        plan = plan_training(
             args.algorithm, env=args.env, num_workers=args.num_workers,
             config_file=config_file, overrides=args.overrides, seed=seed,
             output_dir=args.output, checkpoint_every=args.checkpoint_every,
@@ -264,6 +264,7 @@ def _plan(args: argparse.Namespace, config_file: object, seed: int | None) -> Tr
             stop_time_given=args.stop_time is not STOP_TIME_DEFAULT, debug=args.debug,
             command=["actorrl", *args.argv], serial=args.serial,
             start_method=args.start_method)
+        return plan if args.address else without_missing_gpus(plan)
 
 
 def _check_remote_flags(args: argparse.Namespace) -> None:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import os
 import types
 import typing
@@ -329,7 +330,8 @@ class RolloutConfig(ConfigSection):
     num_envs_per_worker: int = 1
     """Envs per worker, stepped together with one batched forward pass."""
     rollout_fragment_length: int = 200
-    """Env steps per env per ``sample()`` (RLlib's sample_batch_size)."""
+    """Env steps per env per ``sample()`` (RLlib's sample_batch_size); RLlib 2.x's
+    ``auto`` is train_batch_size over every worker's envs, rounded up (DQN: 4)."""
     batch_mode: str = "truncate_episodes"
     """``truncate_episodes`` or ``complete_episodes``."""
     explore: bool = True
@@ -832,6 +834,7 @@ def load_config(cls: type[C], values: Mapping[str, Any]) -> C:
                  (not n.startswith("_") or n.startswith("_fake"))}
     nested = _nest(values, sections, top_level, problems, spelling, skip_others=False,
                    algorithm=algorithm_key(cls))
+    _auto_fragment_length(cls, nested, problems)
     hints = typing.get_type_hints(cls)
     clean: dict[str, Any] = {}
     for key, value in nested.items():
@@ -852,6 +855,51 @@ def load_config(cls: type[C], values: Mapping[str, Any]) -> C:
     if problems:
         raise ConfigError(f"invalid {cls.__name__}:", problems=problems)
     return cls(**clean)
+
+
+AUTO = "auto"
+"""RLlib 2.x's ``rollout_fragment_length: auto``."""
+
+
+def _auto_fragment_length(cls: type[AlgorithmConfig], nested: dict[str, Any],
+                          problems: list[str]) -> None:
+    """RLlib 2.x's ``rollout_fragment_length: auto``, made a number in ``nested``:
+    ``train_batch_size`` split over every worker's envs (rounded up, so one round of
+    fragments fills a train batch). Rollout sections that take ``auto`` themselves (PPO's,
+    DQN's) resolve it as their algorithm does."""
+    rollout = nested.get("rollout")
+    if not isinstance(rollout, Mapping) or rollout.get("rollout_fragment_length") != AUTO:
+        return
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    section_cls = _section_type(typing.get_type_hints(cls).get("rollout"))
+    if section_cls is None or \
+            typing.get_type_hints(section_cls)["rollout_fragment_length"] is not int:
+        return
+
+    def value(dotted: str) -> Any:
+        found = _lookup(nested, dotted)
+        if found is not dataclasses.MISSING:
+            return found
+        section, _, leaf = dotted.rpartition(".")
+        field_ = fields.get(section or leaf)
+        if field_ is None:
+            return dataclasses.MISSING
+        default = (field_.default_factory() if field_.default_factory is not dataclasses.MISSING
+                   else field_.default)
+        return getattr(default, leaf) if section else default
+
+    batch, workers = value("train_batch_size"), value("num_workers")
+    envs = value(FLAT_KEYS["num_envs_per_worker"])
+    if batch is dataclasses.MISSING:
+        problems.append(f"rollout_fragment_length: 'auto' splits train_batch_size over the "
+                        f"workers, and {algorithm_key(cls)} has no train_batch_size: set "
+                        "rollout_fragment_length to a number")
+        return
+    try:
+        length = max(1, math.ceil(batch / (max(1, workers) * envs)))
+    except TypeError:
+        return  # the bad values are reported by their own checks
+    nested["rollout"] = {**rollout, "rollout_fragment_length": length}
 
 
 def flat_config(config: AlgorithmConfig) -> dict[str, Any]:

@@ -334,6 +334,13 @@ TRANSLATED: tuple[tuple[str, str, str], ...] = (
     ("env_config.frameskip", "2.x (ALE/*-v5)",
      "Atari ids: 1 (the ALE skips none, the DeepMind wrapper skips 4: actorrl's default) "
      "accepted; other values refused (actorrl's frame_skip is the wrapper's skip)"),
+    ("env_config.nondeterministic", "2.x (ALE/*-v5)",
+     "Atari ids: ignored with a warning (a flag of gym's old registry, never the game's)"),
+    ("rollout_fragment_length: auto", "2.x",
+     "train_batch_size over every worker's envs, rounded up (DQN: 4)"),
+    ("multiagent.policies: [ids], policy_mapping_fn: {type: ...}", "1.x-2.x",
+     "a list of ids: each policy with the default class, its agents' spaces; {type: X} "
+     "for RLlib's example classes (RLLIB_CLASSES), others refused"),
     ("final_prioritized_replay_beta", "0.6-1.x",
      "equal to prioritized_replay_beta, or any value on apex (RLlib's Ape-X never "
      "annealed beta): ignored with a warning; otherwise refused (beta is constant)"),
@@ -630,12 +637,21 @@ def _env_dependent(out: dict[str, Any], put: Callable[[str, str, Any], None],
     whether the env is an Atari id (DeepMind preprocessing)."""
     env_config = out.get("env_config")
     frameskip = isinstance(env_config, Mapping) and "frameskip" in env_config
-    if "clip_rewards" not in out and not frameskip:
+    flagged = isinstance(env_config, Mapping) and "nondeterministic" in env_config
+    if "clip_rewards" not in out and not frameskip and not flagged:
         return
     from actorrl.atari import is_atari_id  # gymnasium: only when these keys are given
 
     env = out.get("env", "CartPole-v1")
     atari = is_atari_id(env)
+    if flagged and atari:
+        assert isinstance(env_config, Mapping)
+        env_config = {k: v for k, v in env_config.items() if k != "nondeterministic"}
+        value = out["env_config"]["nondeterministic"]
+        out["env_config"] = env_config
+        _warn("env_config.nondeterministic", value, "a flag of gym's old env registry "
+              "(metadata), it never changed the game (sticky actions are "
+              "env_config.repeat_action_probability)")
     if frameskip and atari:
         assert isinstance(env_config, Mapping)
         env_config = dict(env_config)

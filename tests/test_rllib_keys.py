@@ -408,6 +408,27 @@ def test_more_workers_than_cores_starts_with_a_warning(tmp_path):
     assert read_jsonl(run / "result.jsonl")[-1]["training_iteration"] >= 1
 
 
+@pytest.mark.parametrize("num_gpus, changed", [
+    (1, {"num_gpus": 0.0, "_fake_gpus": False}), (0.5, {"num_gpus": 0.0, "_fake_gpus": False}),
+    (2, {"num_gpus": 2.0, "_fake_gpus": True})])
+def test_a_gpu_file_runs_its_learner_on_the_cpu_of_a_machine_without_gpus(num_gpus, changed):
+    from actorrl.experiment.train import without_missing_gpus
+
+    plan = plan_training("impala", overrides=[f"num_gpus={num_gpus}"], stop_time_s=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cpu = without_missing_gpus(plan, gpus=0)
+        assert without_missing_gpus(plan, gpus=1) is plan  # the learner names what it lacks
+    config = cpu.config.to_dict()
+    assert {k: config[k] for k in changed} == changed
+    assert {k: v for k, v in config.items() if k not in changed} == \
+        {k: v for k, v in plan.config.to_dict().items() if k not in changed}
+    [warning] = [w for w in caught if w.category is RLlibKeyWarning]
+    assert f"num_gpus: {num_gpus:g} asks for CUDA GPUs" in str(warning.message)
+    assert "--set num_gpus=0" in str(warning.message)
+    assert without_missing_gpus(cpu, gpus=0) is cpu
+
+
 def test_oversubscription_warning_text():
     from actorrl.experiment.train import oversubscription_warning
 
@@ -416,6 +437,19 @@ def test_oversubscription_warning_text():
     text = oversubscription_warning(config, cores=2)
     assert text is not None and "num_workers=8" in text and "2 cores" in text
     assert "--set num_workers=2" in text
+
+
+@pytest.mark.parametrize("algorithm, values, length", [
+    ("a2c", {"train_batch_size": 2000, "num_workers": 4, "num_envs_per_worker": 3}, 167),
+    ("ppo", {"train_batch_size": 4000, "num_workers": 2, "num_envs_per_worker": 1}, 2000),
+    ("ppo", {"train_batch_size": 500, "num_workers": 0, "num_envs_per_worker": 5}, 100),
+    ("impala", {"train_batch_size": 500, "num_workers": 2, "num_envs_per_worker": 5}, 50),
+    ("dqn", {"n_step": 3}, 4)])
+def test_rollout_fragment_length_auto(algorithm, values, length):
+    """RLlib 2.x's 'auto': the train batch over every worker's envs (rounded up); DQN's
+    4."""
+    config = _load(algorithm, {"rollout_fragment_length": "auto", **values})
+    assert config["rollout"]["rollout_fragment_length"] == length
 
 
 def test_aliases_and_ignored_keys_inside_evaluation_config():
