@@ -336,6 +336,9 @@ class RolloutConfig(ConfigSection):
     """``truncate_episodes`` or ``complete_episodes``."""
     explore: bool = True
     """Sample actions (False: the most likely actions)."""
+    horizon: int | None = None
+    """RLlib's hard horizon: single-agent episodes are cut (truncated, so values bootstrap)
+    after this many steps, over any limit the env has (None: where the env ends them)."""
     clip_actions: bool = True
     """Clip Box actions to the action space before ``env.step``."""
     observation_filter: str = "NoFilter"
@@ -366,6 +369,8 @@ class RolloutConfig(ConfigSection):
         for key in ("rollout_fragment_length", "num_envs_per_worker"):
             if getattr(self, key) < 1:
                 problems.append(f"{key} must be an int >= 1, got {getattr(self, key)!r}")
+        if self.horizon is not None and self.horizon < 1:
+            problems.append(f"horizon must be an int >= 1 or null, got {self.horizon!r}")
         from actorrl.filters import check_observation_filter
 
         problems += check_observation_filter(self.observation_filter)
@@ -397,7 +402,7 @@ _POLICY_KEYS = (
     "entropy_coeff_schedule", "clip_param", "vf_clip_param", "use_kl_loss", "kl_coeff",
     "kl_target", "target_update_frequency")
 _ROLLOUT_KEYS = ("num_envs_per_worker", "rollout_fragment_length", "batch_mode", "explore",
-                 "clip_actions", "observation_filter", "multiagent")
+                 "clip_actions", "observation_filter", "multiagent", "horizon")
 _REPLAY_KEYS = ("buffer_size", "learning_starts", "prioritized_replay",
                 "prioritized_replay_alpha", "prioritized_replay_beta", "prioritized_replay_eps",
                 "num_replay_buffer_shards", "batch_replay", "worker_side_prioritization",

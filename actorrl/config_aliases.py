@@ -98,6 +98,19 @@ ALIASES: tuple[Alias, ...] = (
     # An RLlib master spelling of num_gpus (its multi-agent-cartpole-appo.yaml, 1b02395).
     Alias("num_accs", "num_gpus", "master 2023"),
     Alias("_fake_accs", "_fake_gpus", "master 2023"),
+    Alias("num_multi_acc_tower_stacks", "num_multi_gpu_tower_stacks", "master 2023"),
+    # RLlib 2.10+ (AlgorithmConfig.training(minibatch_size=...)).
+    Alias("minibatch_size", "sgd_minibatch_size", "2.10+"),
+    # RLlib 2.5-2.9's learner API: IMPALA/APPO's clip by global norm.
+    Alias("grad_clip_by_global_norm", "grad_clip", "2.5-2.9"),
+    # RLlib 2.x (AlgorithmConfig.resources(num_cpus_for_local_worker=...)).
+    Alias("num_cpus_for_local_worker", "num_cpus_for_driver", "2.0-2.9"),
+    # RLlib 1.x names of the reporting keys (renamed *_per_iteration in 2.0).
+    Alias("min_sample_timesteps_per_reporting", "timesteps_per_iteration", "1.9-1.13"),
+    # RLlib 2.x (AlgorithmConfig.reporting(metrics_num_episodes_for_smoothing=...)).
+    Alias("metrics_num_episodes_for_smoothing", "metrics_smoothing_episodes", "2.0+"),
+    # RLlib 0.8-1.x DQN: the exploration settings' mapping before exploration_config.
+    Alias("exploration", "exploration_config", "0.8-1.x (pong-dqn)"),
     # RLlib 1.x (<= 1.10): evaluation length in episodes.
     Alias("evaluation_num_episodes", "evaluation_duration", "0.8-1.10",
           note="episodes (evaluation_duration_unit's default)"),
@@ -152,6 +165,12 @@ RLLIB_CLASSES: dict[str, str] = {
     # RLlib 1.x-2.x: the example policy_mapping_fn class its files name as {type: ...}.
     "ray.rllib.examples.multi_agent_and_self_play.policy_mapping_fn.PolicyMappingFn":
         "actorrl.multi_agent_envs:policy_p_agent_id",
+    # RLlib 0.8-2.8, then 2.9+: its example envs (memory-leak tests, LSTM examples).
+    **{f"ray.rllib.examples.{home}.{module}.{name}": f"actorrl.envs.rllib_examples:{name}"
+       for home in ("env", "envs.classes")
+       for module, name in (("random_env", "RandomEnv"),
+                            ("random_env", "RandomLargeObsSpaceEnv"),
+                            ("repeat_after_me_env", "RepeatAfterMeEnv"))},
 }
 """RLlib's example classes that its tuned files name (``env``,
 ``multiagent.policy_mapping_fn``) -> actorrl's equal (same behaviour, same agent ids)."""
@@ -264,10 +283,44 @@ IGNORED: tuple[Ignored, ...] = (
             "the last timestep of each fragment is kept, as actorrl's V-trace does",
             "actorrl's V-trace bootstraps from every fragment's last timestep; set "
             "vtrace_drop_last_ts: false"),
-    Ignored("evaluation_parallel_to_training", "1.x+", _is(False), "false",
-            "evaluation between training iterations, as actorrl evaluates",
-            "actorrl evaluates between training iterations; set "
-            "evaluation_parallel_to_training: false"),
+    Ignored("evaluation_parallel_to_training", "1.x+", _is(True, False), "true, false",
+            "actorrl evaluates the learner's weights between training iterations: the same "
+            "evaluation metrics, the iteration takes longer",
+            "evaluation_parallel_to_training must be true or false"),
+    Ignored("enable_connectors", "2.3-2.9", _is(True, False), "true, false", _NEW_STACK,
+            "enable_connectors must be true or false"),
+    Ignored("_disable_execution_plan_api", "1.x", _is(True, False), "true, false",
+            "RLlib's switch between its two training-loop APIs; actorrl has one, and the "
+            "file's other settings apply unchanged",
+            "_disable_execution_plan_api must be true or false"),
+    Ignored("_tf_policy_handles_more_than_one_loss", "1.x-2.x", _is(True, False),
+            "true, false", "TensorFlow only; " + _TORCH,
+            "_tf_policy_handles_more_than_one_loss must be true or false"),
+    Ignored("_separate_vf_optimizer", "1.x-2.x (APPO)", _is(False), "false",
+            "one optimizer for the policy and value losses, as actorrl's",
+            "actorrl trains the policy and value losses with one optimizer (lr); set "
+            "_separate_vf_optimizer: false"),
+    Ignored("_lr_vf", "1.x-2.x (APPO)", _any, "any",
+            "the value optimizer's lr of _separate_vf_optimizer: true only"),
+    Ignored("num_aggregation_workers", "1.x-2.x (IMPALA)", _any, "any",
+            "RLlib's batch relays between workers and learner; actorrl's learner takes "
+            "fragments from the workers directly (what is learned is the same)"),
+    Ignored("object_store_memory", "0.6-1.x", _any, "any", "Ray's object store size; "
+            "actorrl has no Ray object store"),
+    Ignored("object_store_memory_per_worker", "0.6-1.x", _any, "any", "Ray's object store "
+            "size; actorrl has no Ray object store"),
+    Ignored("num_cpus_per_learner_worker", "2.5-2.9", _any, "any",
+            "CPUs reserved for RLlib's learner processes; actorrl's learner is one process"),
+    Ignored("grad_clip_by", "2.5+", _is("global_norm"), "global_norm",
+            "grad_clip clips the global norm, as actorrl's IMPALA, APPO and PPO do",
+            "actorrl clips gradients by their global norm; set grad_clip_by: global_norm"),
+    Ignored("num_accs_per_worker", "master 2023", _zero, "0", "rollout workers use no GPU",
+            "actorrl's rollout workers run on CPUs only (num_gpus is the learner's); set "
+            "num_accs_per_worker: 0"),
+    Ignored("no_done_at_end", "0.8-1.x", _is(False), "false",
+            "episode ends are terminal, as actorrl's (time limits are truncations)",
+            "actorrl marks an episode's end terminal unless the env truncates it (gymnasium's "
+            "TimeLimit); set no_done_at_end: false"),
     Ignored("log_level", "0.6+", _any, "any", "RLlib's logging verbosity; actorrl logs "
             "warnings to the terminal and everything to logs/ (--debug: all)"),
     Ignored("monitor", "0.6-1.x", _is(False), "false", "no episode videos",
@@ -312,8 +365,8 @@ RLLIB_ONLY_KEYS: dict[str, str] = {
     "frameskip": "env_config.frameskip is the ALE's own skip; actorrl's is "
                  "env_config.frame_skip, the DeepMind wrapper's (another setting)",
     "custom_eval_function": "actorrl's evaluation runs its own episodes (evaluation_* keys)",
-    "horizon": "actorrl ends episodes where the env does (gymnasium's TimeLimit)",
-    "soft_horizon": "actorrl ends episodes where the env does (gymnasium's TimeLimit)",
+    "soft_horizon": "actorrl's horizon cuts episodes (the env resets); RLlib's soft "
+                    "horizon, which keeps the env running, is not implemented",
 }
 """RLlib keys actorrl does not have, whose near names mean something else: refused
 without a did-you-mean."""
@@ -484,6 +537,9 @@ def resolve_rllib_keys(values: Mapping[str, Any], *, algorithm: str = "",
     _old_exploration(out, put, problems)
     _final_beta(out, given, algorithm, problems)
     _rllib_classes(out, problems)
+    _model_keys(out, problems)
+    _exploration_types(out, algorithm, problems)
+    _learner_workers(out, problems)
     for ignored in IGNORED:
         if ignored.key not in out:
             continue
@@ -595,6 +651,86 @@ def _rllib_classes(out: dict[str, Any], problems: list[str]) -> None:
     if isinstance(mapping, str) and mapping in RLLIB_CLASSES:
         multiagent["policy_mapping_fn"] = RLLIB_CLASSES[mapping]
     out["multiagent"] = multiagent
+
+
+def _model_keys(out: dict[str, Any], problems: list[str]) -> None:
+    """``vf_share_layers`` at the top level (RLlib 0.8-1.x PPO/APPO) is
+    ``model.vf_share_layers`` (where RLlib 1.0 moved it)."""
+    if "vf_share_layers" not in out:
+        return
+    value = out.pop("vf_share_layers")
+    model = out.get("model")
+    model = dict(model) if isinstance(model, Mapping) else {}
+    if "vf_share_layers" in model and model["vf_share_layers"] != value:
+        problems.append(_conflict("vf_share_layers", value, "model.vf_share_layers",
+                                  model["vf_share_layers"], "model.vf_share_layers"))
+        return
+    model["vf_share_layers"] = value
+    out["model"] = model
+
+
+EPSILON_TYPES = ("EpsilonGreedy", "PerWorkerEpsilonGreedy")
+"""``exploration_config.type`` values of actorrl's Q-learning policies."""
+POLICY_GRADIENT = ("a2c", "a3c", "impala", "appo", "ppo")
+"""Algorithms whose policies explore by sampling their action distribution."""
+
+
+def _exploration_types(out: dict[str, Any], algorithm: str, problems: list[str]) -> None:
+    """``exploration_config`` of a type actorrl's policies do not explore with: on the
+    policy-gradient algorithms RLlib's ``StochasticSampling`` (or ``{}``) is what they do
+    (ignored with a warning); any other type is refused, naming it."""
+    explore = out.get("exploration_config")
+    if not isinstance(explore, Mapping) or not algorithm:
+        return
+    kind = explore.get("type")
+    if algorithm in POLICY_GRADIENT:
+        out.pop("exploration_config")
+        if kind in (None, "StochasticSampling") and set(explore) <= {"type",
+                                                                      "random_timesteps"} \
+                and not explore.get("random_timesteps"):
+            _warn("exploration_config", explore, f"{algorithm}'s policy samples actions from "
+                  "its action distribution (RLlib's StochasticSampling)")
+        else:
+            problems.append(f"exploration_config: {shown(explore)} cannot be honoured: "
+                            f"{algorithm}'s policy explores by sampling its action "
+                            "distribution (StochasticSampling); drop exploration_config")
+    elif kind is not None and kind not in EPSILON_TYPES:
+        out.pop("exploration_config")
+        problems.append(f"exploration_config.type: {kind!r} cannot be honoured: actorrl's "
+                        f"{algorithm or 'Q-learning'} policy explores epsilon-greedily "
+                        f"({', '.join(EPSILON_TYPES)}); use one of those types")
+
+
+LEARNER_KEYS = (("num_learner_workers", "num_gpus_per_learner_worker"),
+                ("num_learners", "num_gpus_per_learner"))
+"""RLlib 2.5-2.9 and 2.10+: learner processes and the GPUs of each."""
+
+
+def _learner_workers(out: dict[str, Any], problems: list[str]) -> None:
+    """RLlib's several learners (``num_learner_workers: N``, ``num_gpus_per_learner_worker:
+    g``) split each train batch N ways and average the gradients: actorrl's towers compute
+    the same in one learner process, so N > 1 becomes ``num_gpus: N*g`` (``g: 0``: N CPU
+    towers, ``_fake_gpus``). Zero or one learner is left to :data:`IGNORED`."""
+    for count_key, gpus_key in LEARNER_KEYS:
+        count = out.get(count_key)
+        if not isinstance(count, int) or isinstance(count, bool) or count <= 1:
+            continue
+        gpus = out.pop(gpus_key, 0)
+        out.pop(count_key)
+        if not isinstance(gpus, (int, float)) or gpus not in (0, 1):
+            problems.append(f"{gpus_key}: {shown(gpus)} cannot be honoured with {count_key}: "
+                            f"{count}: actorrl's towers hold one GPU each; set it to 1 or 0")
+            return
+        towers = {"num_gpus": count} if gpus else {"num_gpus": count, "_fake_gpus": True}
+        given = out.get("num_gpus", 0)
+        if given not in (0, count):
+            problems.append(f"num_gpus: {shown(given)} and {count_key}: {count} disagree: "
+                            f"the learners' GPUs become actorrl's towers; drop num_gpus")
+            return
+        _warn(count_key, count, f"{count} learners averaging their gradients are actorrl's "
+              f"{count} learner towers in one process (" +
+              ", ".join(f"{k}: {shown(v)}" for k, v in towers.items()) + ")")
+        out.update(towers)
 
 
 BETA_ANNEALING_KEYS = ("beta_annealing_fraction", "prioritized_replay_beta_annealing_timesteps")

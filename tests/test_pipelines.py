@@ -190,11 +190,15 @@ def test_microbatch_accumulation_equals_the_full_batch_gradient():
 
 async def test_microbatch_pipeline_step_counts(tmp_path, serial):
     """One step samples until train_batch_size in microbatches and trains on all of it;
-    train_batch_size <= microbatch_size is refused."""
-    with pytest.raises(ValueError, match="must be smaller than the train batch size"):
-        MicrobatchOptimizer(None, ["w"], "l", train_batch_size=100, microbatch_size=100)
-    with pytest.raises(ConfigError, match="microbatch_size"):
-        A2CConfig(train_batch_size=64, microbatch_size=64)
+    a microbatch larger than the train batch is refused; the config's microbatch_size of
+    null or at least train_batch_size is one gradient of the whole batch (RLlib's A2C)."""
+    with pytest.raises(ValueError, match="must be at most the train batch size"):
+        MicrobatchOptimizer(None, ["w"], "l", train_batch_size=100, microbatch_size=101)
+    with pytest.raises(ConfigError, match="microbatch_size must be >= 1 or null, got 0"):
+        A2CConfig(train_batch_size=64, microbatch_size=0)
+    assert A2CConfig(train_batch_size=64, microbatch_size=256).effective_microbatch_size() == 64
+    assert A2CConfig(train_batch_size=64, microbatch_size=None).effective_microbatch_size() == 64
+    assert A2CConfig(train_batch_size=64, microbatch_size=16).effective_microbatch_size() == 16
     async with Driver.start(str(tmp_path / "s"), serial=serial) as driver:
         config = {**A2CConfig().to_dict(), "num_envs_per_worker": 2,
                   "rollout_fragment_length": 25}

@@ -39,7 +39,8 @@ SAMPLES: dict[str, Any] = {
     "prioritized_replay_beta": 0.5, "prioritized_replay_eps": 1e-5,
     "worker_side_prioritization": True, "num_replay_buffer_shards": 2,
     "max_weight_sync_delay": 100, "debug": True, "grads_per_step": 7, "num_gpus": 2,
-    "_fake_gpus": True,
+    "_fake_gpus": True, "sgd_minibatch_size": 64, "grad_clip": 5.0, "num_cpus_for_driver": 2,
+    "metrics_smoothing_episodes": 7, "exploration_config": {"epsilon_timesteps": 777},
 }
 ALIAS_INPUT: dict[str, Any] = {
     # alias -> the value written under it, when it differs from the canonical's value
@@ -66,6 +67,11 @@ IGNORED_OFF: dict[str, Any] = {
     "replay_buffer_config.replay_zero_init_states": True,
     "replay_buffer_config.storage_unit": "timesteps",
     "replay_buffer_config.min_size_for_sampling": 1000,
+    "enable_connectors": True, "_disable_execution_plan_api": True,
+    "_tf_policy_handles_more_than_one_loss": True, "_separate_vf_optimizer": False,
+    "_lr_vf": 0.001, "num_aggregation_workers": 2, "object_store_memory": 0,
+    "object_store_memory_per_worker": 0, "num_accs_per_worker": 0, "no_done_at_end": False,
+    "num_cpus_per_learner_worker": 1, "grad_clip_by": "global_norm",
 }
 REFUSED: dict[str, Any] = {
     # key -> a value that would change learning and that actorrl cannot honour
@@ -73,7 +79,8 @@ REFUSED: dict[str, Any] = {
     "num_gpus_per_learner_worker": 1, "num_gpus_per_learner": 1, "num_gpus_per_worker": 1,
     "num_gpus_per_env_runner": 0.5, "num_atoms": 51, "noisy": True, "replay_ratio": 0.5,
     "replay_proportion": 0.25, "replay_buffer_num_slots": 100, "vtrace_drop_last_ts": True,
-    "evaluation_parallel_to_training": True, "monitor": True, "record_env": True,
+    "monitor": True, "record_env": True, "_separate_vf_optimizer": True,
+    "num_accs_per_worker": 1, "no_done_at_end": True, "grad_clip_by": "value",
     "create_env_on_driver": True, "use_pytorch": "yes", "eager": 1, "eager_tracing": "no",
     "_enable_rl_module_api": 1, "_enable_learner_api": "x", "_enable_new_api_stack": 0,
     "enable_rl_module_and_learner": "yes", "enable_env_runner_and_connector_v2": 1,
@@ -155,7 +162,8 @@ def test_old_dqn_exploration_keys_set_exploration_config():
 def test_an_alias_and_its_key_disagreeing_is_refused_naming_both(alias):
     algorithm = _algorithm_with(alias.canonical)
     value = SAMPLES[alias.canonical]
-    other = value + 1 if not isinstance(value, bool) else not value
+    other = (not value if isinstance(value, bool) else
+             {k: v + 1 for k, v in value.items()} if isinstance(value, dict) else value + 1)
     with pytest.raises(ConfigError) as info:
         _load(algorithm, {alias.key: value, alias.canonical: other})
     assert repr(alias.key) in str(info.value) and repr(alias.canonical) in str(info.value)
@@ -408,10 +416,8 @@ def test_more_workers_than_cores_starts_with_a_warning(tmp_path):
     assert read_jsonl(run / "result.jsonl")[-1]["training_iteration"] >= 1
 
 
-@pytest.mark.parametrize("num_gpus, changed", [
-    (1, {"num_gpus": 0.0, "_fake_gpus": False}), (0.5, {"num_gpus": 0.0, "_fake_gpus": False}),
-    (2, {"num_gpus": 2.0, "_fake_gpus": True})])
-def test_a_gpu_file_runs_its_learner_on_the_cpu_of_a_machine_without_gpus(num_gpus, changed):
+@pytest.mark.parametrize("num_gpus", [1, 0.5, 2])
+def test_a_gpu_file_runs_its_learner_on_the_cpu_of_a_machine_without_gpus(num_gpus):
     from actorrl.experiment.train import without_missing_gpus
 
     plan = plan_training("impala", overrides=[f"num_gpus={num_gpus}"], stop_time_s=1)
@@ -420,9 +426,9 @@ def test_a_gpu_file_runs_its_learner_on_the_cpu_of_a_machine_without_gpus(num_gp
         cpu = without_missing_gpus(plan, gpus=0)
         assert without_missing_gpus(plan, gpus=1) is plan  # the learner names what it lacks
     config = cpu.config.to_dict()
-    assert {k: config[k] for k in changed} == changed
-    assert {k: v for k, v in config.items() if k not in changed} == \
-        {k: v for k, v in plan.config.to_dict().items() if k not in changed}
+    assert config["num_gpus"] == 0 and plan.config.num_gpus == num_gpus
+    assert {k: v for k, v in config.items() if k != "num_gpus"} == \
+        {k: v for k, v in plan.config.to_dict().items() if k != "num_gpus"}
     [warning] = [w for w in caught if w.category is RLlibKeyWarning]
     assert f"num_gpus: {num_gpus:g} asks for CUDA GPUs" in str(warning.message)
     assert "--set num_gpus=0" in str(warning.message)
@@ -450,6 +456,63 @@ def test_rollout_fragment_length_auto(algorithm, values, length):
     4."""
     config = _load(algorithm, {"rollout_fragment_length": "auto", **values})
     assert config["rollout"]["rollout_fragment_length"] == length
+
+
+def test_rllib_learners_are_towers_and_exploration_types_are_named():
+    config, warned = _warnings_of("appo", {"num_learner_workers": 4,
+                                           "num_gpus_per_learner_worker": 1, "num_gpus": 0})
+    assert (config["num_gpus"], config["_fake_gpus"]) == (4, False)
+    assert len(warned) == 1 and "actorrl's 4 learner towers" in warned[0]
+    config, _ = _warnings_of("ppo", {"num_learners": 2})
+    assert (config["num_gpus"], config["_fake_gpus"]) == (2, True)
+    with pytest.raises(ConfigError, match="num_gpus: 1 and num_learners: 2 disagree"):
+        _load("ppo", {"num_learners": 2, "num_gpus": 1})
+    config, warned = _warnings_of("appo", {"exploration_config": {"type": "StochasticSampling"}})
+    assert config == _load("appo", {}) and warned[0].startswith("exploration_config:")
+    with pytest.raises(ConfigError, match="exploration_config: .*cannot be honoured"):
+        _load("ppo", {"exploration_config": {"type": "GaussianNoise"}})
+    with pytest.raises(ConfigError, match="'ParameterNoise' cannot be honoured: actorrl's dqn "
+                                          "policy explores epsilon-greedily"):
+        _load("dqn", {"exploration_config": {"type": "ParameterNoise", "random_timesteps": 1}})
+    shared = _load("ppo", {"vf_share_layers": True})
+    assert shared["policy"]["model"]["vf_share_layers"] is True
+    assert shared == _load("ppo", {"model": {"vf_share_layers": True}})
+    with pytest.raises(ConfigError, match="'vf_share_layers' and 'model.vf_share_layers'"):
+        _load("ppo", {"vf_share_layers": True, "model": {"vf_share_layers": False}})
+
+
+def test_horizon_cuts_single_agent_episodes():
+    from actorrl.rollout import RolloutWorker
+
+    worker = RolloutWorker("CartPole-v1", get_algorithm("a2c").policy, {
+        "horizon": 7, "rollout_fragment_length": 50, "seed": 0})
+    batch = worker.sample()
+    lengths = worker.get_metrics().episode_lengths
+    assert lengths and max(lengths) == 7 and batch["truncateds"].sum() >= len(lengths)
+    with pytest.raises(ConfigError, match="horizon must be an int >= 1 or null, got 0"):
+        _load("a2c", {"horizon": 0})
+
+
+def test_rllib_example_envs():
+    from actorrl.envs import make_env
+
+    env = make_env("ray.rllib.examples.env.random_env.RandomLargeObsSpaceEnv".replace(
+        "ray.rllib.examples.env.random_env.", "actorrl.envs.rllib_examples:"),
+        {"p_done": 0.5})
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (5000,) and env.action_space.n == 2
+    ends = sum(env.step(0)[2] for _ in range(400))
+    assert 120 < ends < 280  # p_done 0.5 (RLlib's older name of p_terminated)
+    repeat = make_env("actorrl.envs.rllib_examples:RepeatAfterMeEnv", {"repeat_delay": 2})
+    seen = [repeat.reset(seed=1)[0]]
+    rewards, truncated = [], False
+    while not truncated:
+        target = ([0, 0] + seen)[-3]
+        obs, reward, _, truncated, _ = repeat.step(target)
+        rewards.append(reward)
+        seen.append(obs)
+    assert rewards == [1.0] * 99  # repeated every time; cut after RLlib's 100-token history
+    assert repeat.step(1 - ([0, 0] + seen)[-3])[1] == -1.0
 
 
 def test_aliases_and_ignored_keys_inside_evaluation_config():

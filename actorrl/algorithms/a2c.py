@@ -18,26 +18,32 @@ class A2CConfig(ActorCriticConfig):
 
     train_batch_size: int = tuned("a2c", "train_batch_size")
     """Rows per applied update (gradients of microbatches accumulate to it)."""
-    microbatch_size: int = tuned("a2c", "microbatch_size")
-    """Env steps per gradient computation; gradients accumulate to ``train_batch_size``."""
+    microbatch_size: int | None = tuned("a2c", "microbatch_size")
+    """Env steps per gradient computation; gradients accumulate to ``train_batch_size``.
+    None (RLlib's default), or a size of at least ``train_batch_size``: one gradient of
+    the whole train batch (plain A2C)."""
 
     def validate(self) -> list[str]:
-        """1 <= microbatch_size < train_batch_size. ``num_workers: 0`` samples with the
-        learner's local worker (as the seeds' microbatch optimizer does)."""
+        """microbatch_size >= 1 (or None). ``num_workers: 0`` samples with the learner's
+        local worker (as the seeds' microbatch optimizer does)."""
         problems = super().validate()
-        if self.microbatch_size < 1:
-            problems.append(f"microbatch_size must be >= 1, got {self.microbatch_size}")
-        elif self.train_batch_size <= self.microbatch_size:
-            problems.append(f"microbatch_size ({self.microbatch_size}) must be smaller than "
-                            f"train_batch_size ({self.train_batch_size})")
+        if self.microbatch_size is not None and self.microbatch_size < 1:
+            problems.append(f"microbatch_size must be >= 1 or null, got "
+                            f"{self.microbatch_size}")
         return problems
+
+    def effective_microbatch_size(self) -> int:
+        """The rows per gradient: ``microbatch_size``, at most ``train_batch_size``."""
+        if self.microbatch_size is None:
+            return self.train_batch_size
+        return min(self.microbatch_size, self.train_batch_size)
 
 
 def build_pipeline(trainer: Trainer, config: A2CConfig) -> MicrobatchOptimizer:
     """The microbatch pipeline."""
     return MicrobatchOptimizer(trainer.runtime, trainer.workers, trainer.learner_actor,
                                train_batch_size=config.train_batch_size,
-                               microbatch_size=config.microbatch_size,
+                               microbatch_size=config.effective_microbatch_size(),
                                sample_locally=config.num_workers == 0,
                                replace_worker=trainer.replace_worker)
 

@@ -241,13 +241,21 @@ class MultiAgentVectorEnv(_EnvSet):
 
 def make_vector_env(spec: EnvSpec, env_config: Mapping[str, Any] | None = None, *,
                     num_envs: int = 1, worker_index: int = 0, num_workers: int = 0,
-                    seed: int | None = None) -> VectorEnv | MultiAgentVectorEnv:
+                    seed: int | None = None, horizon: int | None = None
+                    ) -> VectorEnv | MultiAgentVectorEnv:
     """``num_envs`` envs from ``spec`` as a :class:`VectorEnv`, or a
-    :class:`MultiAgentVectorEnv` when the spec makes :class:`MultiAgentEnv` instances."""
+    :class:`MultiAgentVectorEnv` when the spec makes :class:`MultiAgentEnv` instances.
+    ``horizon`` (RLlib's): single-agent episodes are cut (truncated) after that many
+    steps, as gymnasium's ``TimeLimit`` cuts them."""
     if num_envs < 1:
         raise ValueError(f"num_envs_per_worker must be >= 1, got {num_envs}")
     envs = [make_env(spec, env_config, worker_index=worker_index, vector_index=i,
                      num_workers=num_workers) for i in range(num_envs)]
+    if horizon is not None:
+        if any(isinstance(e, MultiAgentEnv) for e in envs):
+            raise ValueError(f"horizon={horizon} cuts single-agent episodes; env {spec!r} is "
+                             "multi-agent: end its episodes in the env, or drop horizon")
+        envs = [gym.wrappers.TimeLimit(e, max_episode_steps=horizon) for e in envs]
     if all(isinstance(e, MultiAgentEnv) for e in envs):
         return MultiAgentVectorEnv(envs, seed=seed, worker_index=worker_index)
     if any(isinstance(e, MultiAgentEnv) for e in envs):

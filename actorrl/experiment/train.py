@@ -547,12 +547,11 @@ def oversubscription_warning(config: AlgorithmConfig, cores: int | None = None
 def without_missing_gpus(plan: TrainPlan, gpus: float | None = None) -> TrainPlan:
     """``plan`` for a local run on a machine without CUDA GPUs (``gpus``: how many it has,
     default :func:`~actorrl.runtime.resources.count_gpus`): a config asking for GPUs gets
-    its learner on the CPU, with one :class:`~actorrl.config_aliases.RLlibKeyWarning` line,
-    as RLlib's files with ``num_gpus: 1`` are often run on laptops. ``num_gpus`` up to 1
-    becomes 0; a whole ``num_gpus`` of 2 or more keeps its towers as CPU replicas
-    (``_fake_gpus``, RLlib's switch for this), so each tower's share of a batch is as on
-    the GPUs. What is computed is unchanged; only speed differs. A machine with some GPUs
-    is left to the learner's own check (it names the GPUs it lacks)."""
+    its learner on the CPU (``num_gpus: 0``), with one
+    :class:`~actorrl.config_aliases.RLlibKeyWarning` line, as RLlib's files with
+    ``num_gpus: 1`` are often run on laptops. N towers compute what one device does on
+    the whole batch, so only speed differs. A machine with some GPUs is left to the
+    learner's own check (it names the GPUs it lacks)."""
     from actorrl.config_aliases import RLlibKeyWarning
     from actorrl.runtime.resources import count_gpus
 
@@ -560,16 +559,10 @@ def without_missing_gpus(plan: TrainPlan, gpus: float | None = None) -> TrainPla
     asked = config.num_gpus
     if asked <= 0 or config._fake_gpus or (count_gpus() if gpus is None else gpus) > 0:
         return plan
-    if asked >= 2 and asked == int(asked):
-        changes: dict[str, Any] = {"_fake_gpus": True}
-        how = f"its {int(asked)} towers as CPU replicas (_fake_gpus: true)"
-    else:
-        changes = {"num_gpus": 0}
-        how = "on the CPU (num_gpus: 0)"
     warnings.warn(f"num_gpus: {asked:g} asks for CUDA GPUs, and this machine has none: the "
-                  f"learner runs {how}; it computes the same, slower (--set num_gpus=0 "
-                  "silences this)", RLlibKeyWarning, stacklevel=2)
-    return dataclasses.replace(plan, config=config.replace(**changes))
+                  "learner runs on the CPU (num_gpus: 0); it computes the same, slower "
+                  "(--set num_gpus=0 silences this)", RLlibKeyWarning, stacklevel=2)
+    return dataclasses.replace(plan, config=config.replace(num_gpus=0))
 
 
 class LocalRun(TrainingRun):

@@ -40,9 +40,9 @@ class MicrobatchOptimizer(SyncFleetMixin):
                  *, train_batch_size: int, microbatch_size: int,
                  sample_locally: bool = False,
                  replace_worker: ReplaceWorker | None = None) -> None:
-        if train_batch_size <= microbatch_size:
-            raise ValueError(f"The microbatch size must be smaller than the train batch "
-                             f"size, got microbatch_size={microbatch_size} vs "
+        if train_batch_size < microbatch_size:
+            raise ValueError(f"The microbatch size must be at most the train batch size, "
+                             f"got microbatch_size={microbatch_size} vs "
                              f"train_batch_size={train_batch_size}")
         if not workers and not sample_locally:
             raise ValueError("the microbatch optimizer needs remote workers or "

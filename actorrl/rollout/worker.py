@@ -90,7 +90,8 @@ class RolloutWorker:
             torch.manual_seed(int(seed) + worker_index)
         self.env = make_vector_env(
             env, rollout.env_config, num_envs=rollout.num_envs_per_worker,
-            worker_index=worker_index, num_workers=num_workers, seed=seed)
+            worker_index=worker_index, num_workers=num_workers, seed=seed,
+            horizon=rollout.horizon)
         self.env, obs_filter = filter_vector_env(rollout.observation_filter, self.env)
         self.obs_filters: dict[str, MeanStdFilter] = (
             {DEFAULT_POLICY_ID: obs_filter} if isinstance(obs_filter, MeanStdFilter) else {})
