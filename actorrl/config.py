@@ -406,7 +406,8 @@ _ROLLOUT_KEYS = ("num_envs_per_worker", "rollout_fragment_length", "batch_mode",
 _REPLAY_KEYS = ("buffer_size", "learning_starts", "prioritized_replay",
                 "prioritized_replay_alpha", "prioritized_replay_beta", "prioritized_replay_eps",
                 "num_replay_buffer_shards", "batch_replay", "worker_side_prioritization",
-                "compress_observations")
+                "compress_observations", "final_prioritized_replay_beta",
+                "prioritized_replay_beta_annealing_timesteps")
 _LEARNER_KEYS = ("num_sgd_iter", "minibatch_buffer_size", "learner_queue_size",
                  "learner_queue_timeout", "num_multi_gpu_tower_stacks", "num_data_load_threads",
                  "sgd_minibatch_size", "shuffle_sequences")

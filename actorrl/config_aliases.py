@@ -395,9 +395,11 @@ TRANSLATED: tuple[tuple[str, str, str], ...] = (
      "a list of ids: each policy with the default class, its agents' spaces; {type: X} "
      "for RLlib's example classes (RLLIB_CLASSES), others refused"),
     ("final_prioritized_replay_beta", "0.6-1.x",
-     "equal to prioritized_replay_beta, or any value on apex (RLlib's Ape-X never "
-     "annealed beta): ignored with a warning; otherwise refused (beta is constant)"),
-    ("beta_annealing_fraction, prioritized_replay_beta_annealing_timesteps", "0.6-1.x",
+     "dqn: beta anneals to it linearly over prioritized_replay_beta_annealing_timesteps "
+     "rows trained (default 20000), as RLlib's DQN; apex, or equal to "
+     "prioritized_replay_beta: ignored with a warning (RLlib's Ape-X never annealed)"),
+    ("beta_annealing_fraction", "0.6-0.8",
+     "dqn: times schedule_max_timesteps is prioritized_replay_beta_annealing_timesteps; "
      "ignored with a warning where final_prioritized_replay_beta is"),
 )
 """Keys translated by what else the config says (``_env_dependent``, ``_final_beta``), as
@@ -534,8 +536,10 @@ def resolve_rllib_keys(values: Mapping[str, Any], *, algorithm: str = "",
                 problems.append(f"unknown RLlib key {dotted!r}: actorrl reads "
                                 f"{parent}'s {', '.join(known)}; drop it or set the "
                                 "actorrl key it means")
+    horizon = out.get("schedule_max_timesteps",
+                      OLD_EXPLORATION_DEFAULTS["schedule_max_timesteps"])
     _old_exploration(out, put, problems)
-    _final_beta(out, given, algorithm, problems)
+    _final_beta(out, given, algorithm, horizon)
     _rllib_classes(out, problems)
     _model_keys(out, problems)
     _exploration_types(out, algorithm, problems)
@@ -733,15 +737,19 @@ def _learner_workers(out: dict[str, Any], problems: list[str]) -> None:
         out.update(towers)
 
 
-BETA_ANNEALING_KEYS = ("beta_annealing_fraction", "prioritized_replay_beta_annealing_timesteps")
+BETA_ANNEALING_KEYS = ("beta_annealing_fraction", "prioritized_replay_beta_annealing_timesteps",
+                       "final_prioritized_replay_beta_annealing_timesteps")
 """RLlib's keys for how fast beta moves to ``final_prioritized_replay_beta``."""
 
 
 def _final_beta(out: dict[str, Any], given: dict[str, list[tuple[str, Any]]], algorithm: str,
-                problems: list[str]) -> None:
-    """``final_prioritized_replay_beta`` (RLlib 0.6-1.x): where beta would anneal to. actorrl
-    keeps ``prioritized_replay_beta`` constant, as RLlib's Ape-X did (its replay shards never
-    annealed); elsewhere a final beta other than the starting one is refused."""
+                horizon: Any) -> None:
+    """``final_prioritized_replay_beta`` (RLlib 0.6-1.x): where beta anneals to. RLlib's
+    DQN anneals it over ``prioritized_replay_beta_annealing_timesteps`` rows trained (0.8:
+    ``beta_annealing_fraction`` x ``schedule_max_timesteps``, ``horizon`` here), as
+    actorrl's DQN does; RLlib's Ape-X never annealed (its replay shards use
+    ``prioritized_replay_beta`` throughout), nor does actorrl's: ignored there with a
+    warning."""
     if "final_prioritized_replay_beta" not in out:
         for key in BETA_ANNEALING_KEYS:
             if key in out:
@@ -754,17 +762,23 @@ def _final_beta(out: dict[str, Any], given: dict[str, list[tuple[str, Any]]], al
     beta = out.get("prioritized_replay_beta", sources[0][1] if sources else 0.4)
     if final == beta:
         _warn("final_prioritized_replay_beta", final, "equal to prioritized_replay_beta: "
-              "beta is constant, as actorrl keeps it")
+              "beta is constant")
     elif algorithm == "apex":
         _warn("final_prioritized_replay_beta", final, "RLlib's Ape-X never annealed beta "
               "(its replay shards use prioritized_replay_beta throughout), nor does actorrl")
     else:
-        problems.append(f"final_prioritized_replay_beta: {shown(final)} cannot be honoured: "
-                        f"actorrl keeps prioritized_replay_beta ({shown(beta)}) constant; set "
-                        "them equal or drop final_prioritized_replay_beta")
+        out["final_prioritized_replay_beta"] = final
+        if "prioritized_replay_beta_annealing_timesteps" in schedule:
+            out["prioritized_replay_beta_annealing_timesteps"] = \
+                schedule["prioritized_replay_beta_annealing_timesteps"]
+        elif "beta_annealing_fraction" in schedule:
+            fraction = schedule["beta_annealing_fraction"]
+            if isinstance(fraction, (int, float)) and isinstance(horizon, (int, float)):
+                out["prioritized_replay_beta_annealing_timesteps"] = max(
+                    1, int(fraction * horizon))
         return
     for key, value in schedule.items():
-        _warn(key, value, "beta is constant (final_prioritized_replay_beta equals it)")
+        _warn(key, value, "beta is constant (see final_prioritized_replay_beta)")
 
 
 def _env_dependent(out: dict[str, Any], put: Callable[[str, str, Any], None],

@@ -38,7 +38,7 @@ COMMON = {
     "num_cpus_per_worker": 0.5, "num_cpus_for_driver": 2.0,
     "timesteps_per_iteration": 10, "metrics_smoothing_episodes": 7,
     "num_envs_per_worker": 3, "rollout_fragment_length": 10, "explore": False,
-    "clip_actions": False, "observation_filter": "MeanStdFilter",
+    "clip_actions": False, "observation_filter": "MeanStdFilter", "horizon": 321,
     "multiagent": {"policies_to_train": ["default_policy"]},
     "lr": 0.123, "gamma": 0.9, "grad_clip": 3.0, "lr_schedule": [[0.0, 0.1], [50.0, 0.01]],
     "callbacks": "tests.actors.callbacks:CountingCallbacks",
@@ -92,11 +92,14 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
             "sgd_minibatch_size": 20, "shuffle_sequences": False, "clip_param": 0.2,
             "vf_clip_param": 5.0, "kl_coeff": 0.3, "kl_target": 0.02, "use_kl_loss": False},
 }
-NON_DEFAULT["dqn"] = dict(NON_DEFAULT["apex"])
+NON_DEFAULT["dqn"] = {**NON_DEFAULT["apex"], "final_prioritized_replay_beta": 0.9,
+                      "prioritized_replay_beta_annealing_timesteps": 99}
 """DQN has Ape-X's keys (other defaults: RLlib's DQN), so Ape-X's values are non-default
-for it too."""
-FIXED = {"impala": {"batch_mode"}, "appo": {"batch_mode"}}
-"""Keys with one valid value for an algorithm (IMPALA and APPO need truncated fragments)."""
+for it too, and anneals beta."""
+FIXED = {"impala": {"batch_mode"}, "appo": {"batch_mode"},
+         "apex": {"final_prioritized_replay_beta", "prioritized_replay_beta_annealing_timesteps"}}
+"""Keys with one valid value for an algorithm (IMPALA and APPO need truncated fragments;
+Ape-X's beta is constant, as RLlib's: its flat beta-annealing keys are ignored)."""
 LOAD_ONLY = {"preprocessor_pref"}
 """Keys read only when the config loads (RLlib's switch between its preprocessors: actorrl
 always preprocesses Atari ids the DeepMind way): no component carries them, so

@@ -243,6 +243,38 @@ def test_final_prioritized_replay_beta():
     assert config == _load("apex", {"prioritized_replay_beta": 0.5}) and len(messages) == 1
 
 
+async def test_dqn_anneals_beta_to_final_prioritized_replay_beta():
+    """RLlib's DQN: beta moves linearly from prioritized_replay_beta to the final value over
+    prioritized_replay_beta_annealing_timesteps rows trained (0.8: beta_annealing_fraction x
+    schedule_max_timesteps); the replay shard samples with it."""
+    import numpy as np
+
+    from actorrl.batch import SampleBatch
+    from actorrl.replay.actor import ReplayActor
+
+    config = _load("dqn", {"final_prioritized_replay_beta": 1.0,
+                           "prioritized_replay_beta_annealing_timesteps": 640})
+    assert config["replay"]["final_prioritized_replay_beta"] == 1.0
+    old = _load("dqn", {"final_prioritized_replay_beta": 1.0, "beta_annealing_fraction": 0.5,
+                        "schedule_max_timesteps": 4000})
+    assert old["replay"]["prioritized_replay_beta_annealing_timesteps"] == 2000
+    shard = ReplayActor({**config["replay"], "learning_starts": 0}, seed=0)
+    rows = SampleBatch({"obs": np.zeros((100, 2), np.float32),
+                        "new_obs": np.zeros((100, 2), np.float32),
+                        "actions": np.zeros(100, np.int64), "rewards": np.ones(100, np.float32),
+                        "terminateds": np.zeros(100, bool)})
+    shard.replay_buffers["default_policy"].add_batch(rows)
+    shard.num_added = 100
+    sampler = shard.replay_buffers["default_policy"].sampler
+    betas = []
+    for _ in range(25):  # 32-row batches: 800 rows, past the 640-row horizon
+        await shard.replay()
+        betas.append(sampler.beta)
+    assert betas[0] == pytest.approx(0.4)
+    assert betas[10] == pytest.approx(0.4 + 0.6 * 320 / 640)
+    assert betas[-1] == pytest.approx(1.0) and betas == sorted(betas)
+
+
 # ---- env-dependent keys ------------------------------------------------------------------------
 def test_atari_frameskip_one_is_actorrls_default_and_others_are_refused():
     pytest.importorskip("ale_py")

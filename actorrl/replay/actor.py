@@ -74,6 +74,8 @@ class ReplayActor:
         self.replay_timer = TimerStat()
         self.update_priorities_timer = TimerStat()
         self.num_added = 0
+        self.num_replayed = 0
+        """Train batches' rows this shard replayed (beta's annealing clock)."""
 
     async def add_batch(self, refs: list[ObjectRef]) -> int:
         """Fetch sample batches from their owners (freeing them there) and add them.
@@ -105,11 +107,16 @@ class ReplayActor:
             return None
         with self.replay_timer:
             samples = {}
+            # Rows trained on so far, all shards together (each replays its share).
+            beta = self.config.beta_after(self.num_replayed * self.config.num_replay_buffer_shards)
             for policy_id, buffer in self.replay_buffers.items():
+                if isinstance(buffer.sampler, PrioritizedSampler):
+                    buffer.sampler.beta = beta
                 batch = buffer.sample(self.train_batch_size)
                 if not self.config.prioritized_replay:  # uniform: every row weighs 1
                     batch[SampleBatch.WEIGHTS] = np.ones(batch.count, dtype=np.float32)
                 samples[policy_id] = batch
+        self.num_replayed += self.train_batch_size
         return MultiAgentBatch(samples, self.train_batch_size)
 
     async def update_priorities(self, prio_dict: dict[str, Any]) -> None:

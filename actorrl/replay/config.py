@@ -21,6 +21,12 @@ class ReplayConfig(ConfigSection):
     """Priority exponent."""
     prioritized_replay_beta: float = 0.4
     """Importance-weight exponent."""
+    final_prioritized_replay_beta: float | None = None
+    """Where the importance-weight exponent goes, linearly over
+    ``prioritized_replay_beta_annealing_timesteps`` rows replayed (RLlib's DQN; None: it
+    stays ``prioritized_replay_beta``, as in RLlib's Ape-X)."""
+    prioritized_replay_beta_annealing_timesteps: int = 20_000
+    """Rows replayed (trained on) over which beta anneals to its final value."""
     prioritized_replay_eps: float = 1e-6
     """Added to ``|td_error|`` for priorities."""
     num_replay_buffer_shards: int = 1
@@ -35,6 +41,14 @@ class ReplayConfig(ConfigSection):
     transition instead of ~8.4 kB, sampling ~2x slower). Needs the ``compress`` extra."""
     train_batch_size: int = derived(32, "train_batch_size")
     """Rows per replayed batch."""
+
+    def beta_after(self, rows_replayed: int) -> float:
+        """The importance-weight exponent once ``rows_replayed`` rows were trained on."""
+        final = self.final_prioritized_replay_beta
+        if final is None:
+            return self.prioritized_replay_beta
+        done = min(1.0, rows_replayed / self.prioritized_replay_beta_annealing_timesteps)
+        return self.prioritized_replay_beta + done * (final - self.prioritized_replay_beta)
 
     def validate(self) -> list[str]:
         """Shards >= 1 with at least one row each, non-negative starts and exponents, no
@@ -54,6 +68,13 @@ class ReplayConfig(ConfigSection):
             problems.append("batch_replay replays whole sample batches, without priorities: "
                             "set prioritized_replay: false with batch_replay: true (or "
                             "batch_replay: false for prioritized replay)")
+        if self.final_prioritized_replay_beta is not None and \
+                self.final_prioritized_replay_beta < 0:
+            problems.append(f"final_prioritized_replay_beta must be >= 0, got "
+                            f"{self.final_prioritized_replay_beta}")
+        if self.prioritized_replay_beta_annealing_timesteps < 1:
+            problems.append(f"prioritized_replay_beta_annealing_timesteps must be >= 1, got "
+                            f"{self.prioritized_replay_beta_annealing_timesteps}")
         if self.train_batch_size < 1:
             problems.append(f"train_batch_size must be >= 1, got {self.train_batch_size}")
         return problems
