@@ -513,6 +513,20 @@ def test_rllib_learners_are_towers_and_exploration_types_are_named():
         _load("ppo", {"vf_share_layers": True, "model": {"vf_share_layers": False}})
 
 
+def test_tune_experiment_keys_are_accepted_with_a_warning(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text("cartpole-impala:\n  env: CartPole-v1\n  run: IMPALA\n"
+                    "  checkpoint_freq: 5\n  checkpoint_at_end: true\n  local_dir: /x\n"
+                    "  config: {num_workers: 1}\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        file = read_config_file_sections(str(path))
+    assert file.values == {"env": "CartPole-v1", "num_workers": 1}
+    assert sorted(str(w.message).split(":")[0] for w in caught
+                  if w.category is RLlibKeyWarning) == [
+        "checkpoint_at_end", "checkpoint_freq", "local_dir"]
+
+
 def test_horizon_cuts_single_agent_episodes():
     from actorrl.rollout import RolloutWorker
 

@@ -54,7 +54,7 @@ from actorrl.config import (
     parse_override,
     read_config_file,
 )
-from actorrl.config_aliases import resolve_rllib_keys
+from actorrl.config_aliases import RLlibKeyWarning, resolve_rllib_keys
 from actorrl.envs import make_env
 from actorrl.experiment.errors import UsageError, error_summary
 from actorrl.experiment.progress import ProgressDisplay
@@ -139,6 +139,19 @@ FILE_RUN_KEYS = ("algorithm", "run")
 """Keys naming the algorithm in a config file (actorrl's and RLlib's)."""
 EXPERIMENT_KEYS = frozenset({*FILE_RUN_KEYS, "env", "stop", "config"})
 """Top-level keys of RLlib's experiment layout that ``actorrl train`` reads."""
+IGNORED_EXPERIMENT_KEYS: dict[str, str] = {
+    "checkpoint_freq": "actorrl checkpoints every --checkpoint-every iterations (default 10) "
+                       "and at the end",
+    "checkpoint_at_end": "actorrl always checkpoints at the end",
+    "keep_checkpoints_num": "actorrl keeps every checkpoint in the results folder",
+    "checkpoint_score_attr": "actorrl keeps every checkpoint in the results folder",
+    "local_dir": "results go to --output (default results/)",
+    "storage_path": "results go to --output (default results/)",
+    "max_failures": "actorrl replaces dead workers itself; a failed learner ends the run",
+    "verbose": "actorrl prints one progress line per iteration",
+}
+"""Tune's experiment settings beside ``run``/``config`` in RLlib's files: accepted with one
+warning line each, naming what actorrl does instead."""
 
 
 def read_config_file_sections(path: str) -> ConfigFile:
@@ -189,6 +202,9 @@ def config_file_sections(path: str, data: dict[str, Any]) -> ConfigFile:
         if not isinstance(nested, dict):
             raise UsageError(f"config file {path!r}: 'config' must be a mapping of config "
                              f"keys, got {nested!r}")
+        for key in sorted(set(data) & set(IGNORED_EXPERIMENT_KEYS)):
+            warnings.warn(f"{key}: {data.pop(key)!r} is ignored: "
+                          f"{IGNORED_EXPERIMENT_KEYS[key]}", RLlibKeyWarning, stacklevel=2)
         extra = sorted(set(data) - EXPERIMENT_KEYS)
         if extra:
             raise UsageError(f"config file {path!r} has a 'config' section, so its other "
