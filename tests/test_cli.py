@@ -497,7 +497,11 @@ class Client:
     def __init__(self, address, keys_dir=None, *, bind_host="auto", connect_timeout_s=10.0):
         print("FAKE client", address, keys_dir, flush=True)
     def submit(self, config):
-        print("FAKE submit", json.dumps(config, sort_keys=True, default=repr), flush=True)
+        # One write: concurrent trials submit from several threads (print writes the line
+        # and its newline apart, so two lines could interleave).
+        sys.stdout.write("FAKE submit " + json.dumps(config, sort_keys=True, default=repr)
+                         + "\n")
+        sys.stdout.flush()
         return Job(config)
     def close(self):
         print("FAKE closed", flush=True)

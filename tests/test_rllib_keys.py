@@ -75,7 +75,7 @@ IGNORED_OFF: dict[str, Any] = {
 }
 REFUSED: dict[str, Any] = {
     # key -> a value that would change learning and that actorrl cannot honour
-    "framework": "jax", "num_learner_workers": 2, "num_learners": 4,
+    "framework": "jax", "num_learner_workers": "two", "num_learners": 1.5,
     "num_gpus_per_learner_worker": 1, "num_gpus_per_learner": 1, "num_gpus_per_worker": 1,
     "num_gpus_per_env_runner": 0.5, "num_atoms": 51, "noisy": True, "replay_ratio": 0.5,
     "replay_proportion": 0.25, "replay_buffer_num_slots": 100, "vtrace_drop_last_ts": True,
