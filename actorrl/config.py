@@ -344,7 +344,7 @@ class RolloutConfig(ConfigSection):
     observation_filter: str = "NoFilter"
     """``NoFilter`` or ``MeanStdFilter``: observations normalised by running mean/std
     (clipped to [-10, 10]), kept per worker and merged by the driver every iteration
-    (single-agent envs; see actorrl.filters)."""
+    (per policy in multi-agent envs; see actorrl.filters)."""
     multiagent: dict[str, Any] = field(default_factory=dict)
     """``policies``, ``policy_mapping_fn``, ``policies_to_train`` (see actorrl.rollout)."""
     env_config: dict[str, Any] = derived(None, "env_config")

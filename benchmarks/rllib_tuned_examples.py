@@ -7,11 +7,13 @@
 several versions of it: this machine cannot download them). Every experiment of every file
 whose ``run`` is one of ``--algorithms`` (default: the algorithms actorrl has) is written
 to a file of its own and run as a user would: ``actorrl train --config FILE
---stop-timesteps 1`` (one training iteration), with ``--set num_workers=2`` only where the
-file asks for more than 2 workers, one file at a time. ``--plan-only`` validates each file
-(config, stop keys, env built once) without starting actors: seconds instead of minutes.
+--stop-timesteps 1``, with ``--set num_workers=2`` only where the file asks for more than 2
+workers, one file at a time, interrupted as Ctrl-C does once the first iteration's result
+line appears (the file trains; a sweep's later trials are not run). ``--plan-only``
+validates each file (config, stop keys, env built once) without starting actors: seconds
+instead of minutes.
 
-Each experiment is ``started`` (an iteration ran and the command exited 0; with
+Each experiment is ``started`` (an iteration ran and the command exited cleanly; with
 ``--plan-only``: ``accepted``, the run would start), ``refused``
 (exit 2 before anything started: the message names the setting) or ``failed`` (anything
 else: a traceback, a timeout, a failure after starting). Prints one JSON object, also
@@ -26,9 +28,11 @@ import contextlib
 import io
 import json
 import re
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -110,6 +114,38 @@ def plan_only(argv: list[str]) -> tuple[int, str]:
     return code, err.getvalue()
 
 
+def start_until_first_result(argv: list[str], timeout_s: float) -> tuple[int, str, str]:
+    """Run ``actorrl train`` until its first ``result`` line (a finished training iteration:
+    it started), then interrupt it as Ctrl-C does (a sweep's later trials are not run);
+    its exit code (130 when interrupted), stdout and stderr. -1 after ``timeout_s``."""
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "actorrl.cli", *argv], cwd=REPO,
+                                stdout=subprocess.PIPE, stderr=err, text=True)
+        assert proc.stdout is not None
+        lines: list[str] = []
+        deadline = time.monotonic() + timeout_s
+        timer = threading.Timer(timeout_s, proc.kill)
+        timer.start()
+        try:
+            for line in proc.stdout:
+                lines.append(line)
+                if line.startswith("result iter="):
+                    proc.send_signal(signal.SIGINT)
+                    break
+            try:
+                proc.wait(timeout=max(1.0, deadline - time.monotonic()) + 60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            lines += proc.stdout.readlines()
+        finally:
+            timer.cancel()
+        err.seek(0)
+        code = -1 if time.monotonic() > deadline and not any(
+            line.startswith("result iter=") for line in lines) else proc.returncode
+        return code, "".join(lines), err.read()
+
+
 def run_one(config: Path, workers: int | None, *, plan: bool, timeout_s: float,
             output: str) -> dict[str, Any]:
     """One experiment through ``actorrl train``; its status and evidence."""
@@ -122,13 +158,8 @@ def run_one(config: Path, workers: int | None, *, plan: bool, timeout_s: float,
         code, stderr = plan_only(argv)
         started = code == 0
     else:
-        try:
-            done = subprocess.run([sys.executable, "-m", "actorrl.cli", *argv], cwd=REPO,
-                                  capture_output=True, text=True, timeout=timeout_s)
-            code, stdout, stderr = done.returncode, done.stdout, done.stderr
-        except subprocess.TimeoutExpired as exc:
-            code, stdout, stderr = -1, str(exc.stdout or ""), str(exc.stderr or "")
-        started = code == 0 and bool(re.search(r"^result iter=", stdout, re.M))
+        code, stdout, stderr = start_until_first_result(argv, timeout_s)
+        started = code in (0, 130) and bool(re.search(r"^result iter=", stdout, re.M))
     status = ("accepted" if plan else "started") if started else (
         "refused" if code == 2 and "Traceback" not in stderr else "failed")
     return {"status": status, "exit_code": code,
