@@ -198,6 +198,10 @@ def test_error_summary_is_one_line() -> None:
     assert str(died) == ("actor a.b:C exited with code 1 while starting; its log "
                          "(/x/y.log) ends with:\nTraceback ...")
     assert error_summary(died) == "actor a.b:C exited with code 1 while starting"
+    from actorrl.config import ConfigError
+
+    listed = ConfigError("invalid PPOLearnerConfig:", problems=["a is bad", "b is worse"])
+    assert error_summary(listed) == "invalid PPOLearnerConfig: a is bad; b is worse"
     assert error_summary(OSError("no space")) == "OSError: no space"
     assert error_summary(KeyError()) == "KeyError"
 

@@ -419,6 +419,8 @@ def test_config_defaults_auto_fragments_and_errors() -> None:
         ({"sgd_minibatch_size": 5000, "train_batch_size": 4000}, "sgd_minibatch_size"),
         ({"clip_param": 0}, "clip_param must be > 0"),
         ({"use_critic": False, "use_gae": False}, "truncate_episodes"),
+        ({"num_gpus": 6, "_fake_gpus": True, "train_batch_size": 2048},
+         "set train_batch_size to a multiple of 6 (e.g. 2046 or 2052)"),
     ]:
         with pytest.raises(ConfigError) as info:
             load_config(spec.config_cls, values)

@@ -124,6 +124,12 @@ class PPOConfig(AlgorithmConfig):
         if minibatch > self.train_batch_size:
             problems.append(f"sgd_minibatch_size ({minibatch}) must be <= "
                             f"train_batch_size ({self.train_batch_size})")
+        elif towers > 1 and self.train_batch_size % towers:
+            below = self.train_batch_size - self.train_batch_size % towers
+            problems.append(f"train_batch_size ({self.train_batch_size}) must divide evenly "
+                            f"across the learner's {towers} towers (num_gpus={self.num_gpus:g}):"
+                            f" set train_batch_size to a multiple of {towers} (e.g. {below} or "
+                            f"{below + towers})")
         elif minibatch < max(towers, 1):
             problems.append(f"sgd_minibatch_size ({minibatch}) must be at least the number "
                             f"of towers ({towers}): each tower learns on a share of every "

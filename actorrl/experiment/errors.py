@@ -29,5 +29,15 @@ def error_summary(exc: BaseException) -> str:
             return type(exc).__name__
         if not type(exc).__module__.startswith("actorrl"):
             text = f"{type(exc).__name__}: {text}"
-    first = next((line.strip() for line in text.splitlines() if line.strip()), text)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    first = lines[0] if lines else text
+    if first.endswith(":") and len(lines) > 1:
+        # A header over its listed problems (ConfigError): the problems are the point.
+        problems = []
+        for line in lines[1:]:
+            if not line.startswith("- "):
+                break
+            problems.append(line[2:])
+        if problems:
+            return f"{first} {'; '.join(problems)}"
     return first
