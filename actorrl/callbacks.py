@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from actorrl.classpath import resolve
+from actorrl.util.classpath import resolve
 
 DEFAULT_CALLBACKS = "actorrl.callbacks:DefaultCallbacks"
 

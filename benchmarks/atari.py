@@ -75,8 +75,8 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402
 
 from actorrl.algorithms import AlgorithmSpec, Trainer, get_algorithm  # noqa: E402
-from actorrl.batch import SampleBatch  # noqa: E402
-from actorrl.config import AlgorithmConfig, parse_override  # noqa: E402
+from actorrl.config.sections import AlgorithmConfig, parse_override  # noqa: E402
+from actorrl.data.batch import SampleBatch  # noqa: E402
 from actorrl.experiment.train import (  # noqa: E402
     ConfigFile,
     read_config_file_sections,
@@ -117,7 +117,7 @@ def load_settings(algo: str, config_file: str | None, env: str | None,
 
 def wire_nbytes(batch: SampleBatch) -> int:
     """Bytes a batch takes on the wire: its encoded frames (frame stacks each frame
-    once, see actorrl/frames.py)."""
+    once, see actorrl/data/frames.py)."""
     return sum(memoryview(frame).nbytes for frame in encode(batch))
 
 

@@ -45,12 +45,12 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-import actorrl.batch  # noqa: E402,F401  (registers SampleBatch: sample() replies carry one)
-from actorrl.client import Client  # noqa: E402
-from actorrl.runtime.actor import ActorHandle  # noqa: E402
+import actorrl.data.batch  # noqa: E402,F401  (registers SampleBatch: sample() replies carry one)
+from actorrl.cluster.client import Client  # noqa: E402
+from actorrl.runtime.process.handles import ActorHandle  # noqa: E402
 from transport.auth import generate_keys  # noqa: E402
 
-CLI = [sys.executable, "-m", "actorrl.cli_cluster"]
+CLI = [sys.executable, "-m", "actorrl.cli.cluster"]
 APEX_TINY = {"algorithm": "apex", "num_workers": 2, "num_envs_per_worker": 1,
              "rollout_fragment_length": 16, "learning_starts": 64, "buffer_size": 4000,
              "train_batch_size": 32, "min_iter_time_s": 0.5}

@@ -46,7 +46,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from actorrl.runtime.process import descendant_pids  # noqa: E402
+from actorrl.runtime.node.process import descendant_pids  # noqa: E402
 
 ALGORITHMS = ("apex", "impala", "a3c", "a2c")
 SOLVED_REWARD = 450.0
@@ -138,7 +138,7 @@ def run_algorithm(algorithm: str, cap_s: float, sample_s: float, workdir: Path,
     """Train ``algorithm`` through the CLI and measure it (see the module docstring)."""
     output = workdir / f"{algorithm}-{num_workers}w-{start_method}"
     stderr_path = workdir / f"{algorithm}-{num_workers}w-{start_method}.stderr"
-    command = [sys.executable, "-m", "actorrl.cli", "train", algorithm, "--env", "CartPole-v1",
+    command = [sys.executable, "-m", "actorrl.cli.main", "train", algorithm, "--env", "CartPole-v1",
                "--num-workers", str(num_workers), "--start-method", start_method,
                "--stop-reward", str(SOLVED_REWARD), "--stop-time", str(cap_s),
                "--checkpoint-every", "0", "--progress", "plain", "--output", str(output)]

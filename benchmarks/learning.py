@@ -153,7 +153,7 @@ def write_curve(rows: list[dict[str, Any]], path: Path) -> None:
 
 def train(args: argparse.Namespace, results_root: Path) -> tuple[Path, float, int]:
     """Run ``actorrl train``; its results folder, peak PSS in MB and exit code."""
-    command = [sys.executable, "-m", "actorrl.cli", "train", args.algo, "--config",
+    command = [sys.executable, "-m", "actorrl.cli.main", "train", args.algo, "--config",
                args.config, "--output", str(results_root), "--progress", "plain",
                "--stop-time", str(int(args.max_minutes * 60))]
     if args.restore:
@@ -233,7 +233,7 @@ def main() -> None:
         "peak_pss_mb": round(max(peak_pss_mb, previous_pss), 1),
     }
     write_curve(rows, out_dir / f"{stem}.csv")
-    subprocess.run([sys.executable, "-m", "actorrl.cli", "plot", *map(str, chain), "-o",
+    subprocess.run([sys.executable, "-m", "actorrl.cli.main", "plot", *map(str, chain), "-o",
                     str(out_dir / f"{stem}.png")], cwd=REPO, check=False,
                    stdout=subprocess.DEVNULL)
     text = json.dumps(summary, indent=2)

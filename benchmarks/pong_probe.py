@@ -39,7 +39,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import actorrl.policy.impala as impala  # noqa: E402
-from actorrl.atari import make_atari  # noqa: E402
+from actorrl.envs.atari import make_atari  # noqa: E402
 from actorrl.experiment.evaluate import load_checkpoint_policy  # noqa: E402
 
 NUM_ENVS, HORIZON = 10, 50

@@ -49,7 +49,7 @@ def train(args: list[str], seconds: float, workdir: Path, stop_reward: str = "no
           ) -> list[dict[str, Any]]:
     """``actorrl train impala ARGS`` for ``seconds`` of training; its results."""
     output = Path(tempfile.mkdtemp(dir=workdir))
-    command = [sys.executable, "-m", "actorrl.cli", "train", "impala", *args,
+    command = [sys.executable, "-m", "actorrl.cli.main", "train", "impala", *args,
                "--stop-time", str(seconds), "--stop-reward", stop_reward,
                "--output", str(output), "--progress", "plain", "--checkpoint-every", "0"]
     subprocess.run(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

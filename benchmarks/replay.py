@@ -32,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from actorrl.batch import SampleBatch  # noqa: E402
+from actorrl.data.batch import SampleBatch  # noqa: E402
 from actorrl.replay import PrioritizedSampler, ReplayBuffer  # noqa: E402
 
 CAPACITY = 100_000

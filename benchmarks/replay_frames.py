@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from actorrl.batch import SampleBatch
-from actorrl.frames import FramePack, pack_frames
+from actorrl.data.batch import SampleBatch
+from actorrl.data.frames import FramePack, pack_frames
 from actorrl.replay import FrameStackStorage, PrioritizedSampler, ReplayBuffer
 from transport.codec import encode
 

@@ -87,7 +87,7 @@ def first_error(stderr: str) -> str:
 
 def plan_only(argv: list[str]) -> tuple[int, str]:
     """``actorrl train`` up to (not including) starting the run: its exit code and stderr."""
-    import actorrl.cli as cli
+    import actorrl.cli.main as cli
     from actorrl.envs import make_env
 
     def build_env_only(plan: Any, args: Any) -> int:
@@ -119,7 +119,7 @@ def start_until_first_result(argv: list[str], timeout_s: float) -> tuple[int, st
     it started), then interrupt it as Ctrl-C does (a sweep's later trials are not run);
     its exit code (130 when interrupted), stdout and stderr. -1 after ``timeout_s``."""
     with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "actorrl.cli", *argv], cwd=REPO,
+        proc = subprocess.Popen([sys.executable, "-m", "actorrl.cli.main", *argv], cwd=REPO,
                                 stdout=subprocess.PIPE, stderr=err, text=True)
         assert proc.stdout is not None
         lines: list[str] = []

@@ -67,12 +67,12 @@ sys.path.insert(0, str(REPO))
 
 import tests.actors.simulated  # noqa: E402,F401  (its wire types)
 from actorrl.algorithms import Trainer, get_algorithm  # noqa: E402
-from actorrl.config import load_config  # noqa: E402
-from actorrl.runtime.cluster_driver import ClusterDriver  # noqa: E402
-from actorrl.runtime.coordinator import Coordinator  # noqa: E402
-from actorrl.runtime.core import Runtime  # noqa: E402
-from actorrl.runtime.fork_server import PRELOAD_ENV, PRELOAD_MODULES  # noqa: E402
+from actorrl.config.sections import load_config  # noqa: E402
+from actorrl.runtime.cluster.coordinator import Coordinator  # noqa: E402
+from actorrl.runtime.cluster.driver import ClusterDriver  # noqa: E402
 from actorrl.runtime.network import Network  # noqa: E402
+from actorrl.runtime.node.fork_server import PRELOAD_ENV, PRELOAD_MODULES  # noqa: E402
+from actorrl.runtime.process.runtime import Runtime  # noqa: E402
 from transport.sockets import new_event_loop  # noqa: E402
 
 SIM_MODULE = "tests.actors.simulated"
@@ -80,7 +80,7 @@ SIM_MODULE = "tests.actors.simulated"
 fragments then reach every forked worker in shared pages."""
 SIM_WORKER = f"{SIM_MODULE}:SimulatedWorker"
 SINK_LEARNER = f"{SIM_MODULE}:SinkLearner"
-CLI = [sys.executable, "-m", "actorrl.cli_cluster"]
+CLI = [sys.executable, "-m", "actorrl.cli.cluster"]
 FRAGMENT = 50
 WORKER_NODES = 4
 NODE_CPUS = 96  # per worker node: N/4 workers plus room for the lost node's replacements

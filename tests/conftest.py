@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from actorrl.runtime.forking import KEPT, KEPT_FORK_SERVERS_IGNORE_ENV
+from actorrl.runtime.node.forking import KEPT, KEPT_FORK_SERVERS_IGNORE_ENV
 from tests.helpers.procs import NO_TORCH_PRELOAD, descendants, pids_alive
 
 # The suite starts hundreds of interpreters (drivers, CLI runs, fork servers, node agents).
@@ -166,7 +166,7 @@ def _named(items: list) -> list[str]:
 
 def kept_fork_servers_check(kept_servers=None) -> tuple[set[int], list[str]]:
     """The pids of this process's kept fork servers (``kept_servers``: a
-    :class:`~actorrl.runtime.forking.KeptForkServers`, default ``KEPT``), and what is wrong
+    :class:`~actorrl.runtime.node.forking.KeptForkServers`, default ``KEPT``), and what is wrong
     with them: a kept server is a legitimate process of ours only while it is alive, idle
     (no child, no request), bound to the process's lifeline (so it dies with it) and within
     the kept count. Checked before the session's leak check stops them."""

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from actorrl.batch import SampleBatch
+from actorrl.data.batch import SampleBatch
 from actorrl.envs import EpisodeWindow
 from actorrl.policy.action_dist import Categorical
 from actorrl.policy.actor_critic import (

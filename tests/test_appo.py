@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from actorrl.algorithms import Trainer, get_algorithm
-from actorrl.batch import SampleBatch
-from actorrl.config import ConfigError, load_config
+from actorrl.config.sections import ConfigError, load_config
+from actorrl.data.batch import SampleBatch
 from actorrl.learner.towers import TowerSet
 from actorrl.policy.appo import APPOPolicy
 from actorrl.rollout import RolloutWorker
@@ -343,7 +343,7 @@ def _train_cli(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess,
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     proc = subprocess.run(
-        [sys.executable, "-m", "actorrl.cli", "train", *args,
+        [sys.executable, "-m", "actorrl.cli.main", "train", *args,
          "--output", str(tmp_path / "results"), "--progress", "plain"],
         cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -9,7 +9,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from actorrl.atari import (
+from actorrl.envs import VectorEnv, make_env
+from actorrl.envs.atari import (
     GAME_OVER,
     GAME_REWARD,
     AtariOptions,
@@ -22,7 +23,6 @@ from actorrl.atari import (
     WarpFrame,
     is_atari_id,
 )
-from actorrl.envs import VectorEnv, make_env
 from tests.helpers.extras import installed
 
 
@@ -214,7 +214,7 @@ def test_breakout_metrics_count_whole_games_in_game_score():
 
 
 def test_missing_ale_names_the_extra(monkeypatch):
-    import actorrl.atari as atari
+    import actorrl.envs.atari as atari
 
     monkeypatch.setattr(atari, "register_ale", lambda: False)
     with pytest.raises(ValueError, match=r"\[atari\]"):

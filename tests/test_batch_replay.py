@@ -9,8 +9,8 @@ import time
 import numpy as np
 
 from actorrl.algorithms import Trainer, get_algorithm
-from actorrl.batch import MultiAgentBatch, SampleBatch
-from actorrl.config import load_config
+from actorrl.config.sections import load_config
+from actorrl.data.batch import MultiAgentBatch, SampleBatch
 from actorrl.runtime import Driver
 
 SHARD = "actorrl.replay.actor:BatchReplayActor"

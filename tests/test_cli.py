@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from actorrl.checkpoints import read_checkpoint
+from actorrl.algorithms.checkpoints import read_checkpoint
 from tests.helpers.cluster import (
     CLI,
     assert_no_process_left,
@@ -234,7 +234,7 @@ def test_evaluate_prints_mean_and_std(trained: dict) -> None:
 def test_a_checkpoints_policy_loads_for_analysis_scripts(trained: dict) -> None:
     """load_checkpoint_policy (what benchmarks/pong_probe.py uses) gives the checkpoint's
     greedy policy with its weights, env and step count, from a results folder."""
-    from actorrl.checkpoints import read_checkpoint
+    from actorrl.algorithms.checkpoints import read_checkpoint
     from actorrl.experiment.evaluate import load_checkpoint_policy
 
     loaded = load_checkpoint_policy(trained["run"])
@@ -396,7 +396,7 @@ def test_debug_flag_shows_the_traceback(trained: dict, tmp_path: Path) -> None:
     folder, _ = read_checkpoint(trained["run"])
     broken = tmp_path / "checkpoint_000001"
     shutil.copytree(folder, broken)
-    from actorrl.checkpoints import (
+    from actorrl.algorithms.checkpoints import (
         decode_state_file,
         encode_state_file,
     )
@@ -506,10 +506,10 @@ class Client:
     def close(self):
         print("FAKE closed", flush=True)
 
-module = types.ModuleType("actorrl.client")
+module = types.ModuleType("actorrl.cluster.client")
 module.Client = Client
-sys.modules["actorrl.client"] = module
-from actorrl.cli import main
+sys.modules["actorrl.cluster.client"] = module
+from actorrl.cli.main import main
 sys.exit(main(sys.argv[1:]))
 '''
 
@@ -549,7 +549,7 @@ def test_address_trains_on_a_real_cluster_and_records_results(tmp_path: Path) ->
     the local results folder, and once the criterion is met the job's checkpoint is a
     file on the coordinator's side and the job has ended (stopped by the command or by
     itself); the cluster keeps running no actor of it."""
-    from actorrl.client import Client
+    from actorrl.cluster.client import Client
 
     proc, address = start_coordinator(str(tmp_path), None, bind=None)
     sessions: list[str] = []
@@ -649,29 +649,29 @@ def test_address_job_that_ends_by_itself(tmp_path: Path) -> None:
 
 
 def test_address_without_a_client_module_is_a_clear_error(tmp_path: Path) -> None:
-    """When actorrl.client cannot be imported, --address exits 2 saying so."""
-    code = ("import sys; sys.modules['actorrl.client'] = None\n"
-            "from actorrl.cli import main; sys.exit(main(sys.argv[1:]))")
+    """When actorrl.cluster.client cannot be imported, --address exits 2 saying so."""
+    code = ("import sys; sys.modules['actorrl.cluster.client'] = None\n"
+            "from actorrl.cli.main import main; sys.exit(main(sys.argv[1:]))")
     output = tmp_path / "results"
     proc = run_cli(["train", "apex", "--address", "tcp://127.0.0.1:1", "--output",
                     str(output)], cwd=tmp_path, python=[sys.executable, "-c", code])
     assert proc.returncode == 2
-    assert "--address needs the cluster client (actorrl.client)" in proc.stderr
+    assert "--address needs the cluster client (actorrl.cluster.client)" in proc.stderr
     assert not run_dirs(output)
 
 
 def test_cluster_commands_are_registered_when_present(tmp_path: Path) -> None:
-    """cli.py adds the subcommands of actorrl.cli_cluster.register(subparsers)."""
+    """cli.py adds the subcommands of actorrl.cli.cluster.register(subparsers)."""
     code = r'''
 import sys, types
-module = types.ModuleType("actorrl.cli_cluster")
+module = types.ModuleType("actorrl.cli.cluster")
 def register(subparsers):
     p = subparsers.add_parser("jobs", help="list jobs (fake)")
     p.add_argument("--all", action="store_true")
     p.set_defaults(func=lambda args: 7 if args.all else 0)
 module.register = register
-sys.modules["actorrl.cli_cluster"] = module
-from actorrl.cli import main
+sys.modules["actorrl.cli.cluster"] = module
+from actorrl.cli.main import main
 sys.exit(main(sys.argv[1:]))
 '''
     proc = run_cli(["jobs", "--all"], cwd=tmp_path, python=[sys.executable, "-c", code])

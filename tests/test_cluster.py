@@ -28,8 +28,8 @@ from typing import Any
 import pytest
 import zmq
 
-from actorrl.checkpoints import read_checkpoint
-from actorrl.client import Client, ClusterConnectionError, Job
+from actorrl.algorithms.checkpoints import read_checkpoint
+from actorrl.cluster.client import Client, ClusterConnectionError, Job
 from actorrl.runtime.network import Network
 from actorrl.runtime.sessions import remove_stale_session_dirs
 from tests.helpers.cluster import (
@@ -432,7 +432,7 @@ def test_actors_of_a_client_that_died_are_stopped(cluster):
     creation, leaving its actor to no session, alive forever). (The dead client's own
     temp folder is left for the next runtime's sweep, run here.)"""
     script = ("import os, sys\n"
-              "from actorrl.client import Client\n"
+              "from actorrl.cluster.client import Client\n"
               "c = Client(sys.argv[1], keys_dir=sys.argv[2])\n"
               f"h = c.create_actor('tests.actors.basic:SlowBuilt', [{SESSION_TIMEOUT_S + 2}],"
               " num_cpus=0, node='a')\n"
@@ -756,7 +756,7 @@ def test_client_errors_arrive_typed():
     RemoteErrors without the coordinator's traceback): a failed actor creation is an
     ActorCreationError, an unknown job a JobError, a bad submission a ConfigError."""
     from actorrl.cluster import JobError
-    from actorrl.config import ConfigError
+    from actorrl.config.sections import ConfigError
     from actorrl.runtime.errors import ActorCreationError
     from transport.errors import RemoteError
 
@@ -797,9 +797,9 @@ def test_closing_a_client_never_waits_on_a_gone_coordinator(tmp_path, keys, how,
     the coordinator, ``Client.close()`` does not try to reach it; it used to wait 30 s on
     a fresh connection to the dead coordinator. Every timeout such a try could wait on is
     made 600 s here, so a close that tries misses the deadline by far on any machine."""
-    import actorrl.client
+    import actorrl.cluster.client
 
-    monkeypatch.setattr(actorrl.client, "CLOSE_TIMEOUT_S", 600.0)
+    monkeypatch.setattr(actorrl.cluster.client, "CLOSE_TIMEOUT_S", 600.0)
     proc, address = start_coordinator(str(tmp_path), keys)
     client = Client(address, keys_dir=keys, connect_timeout_s=600)
     closing = threading.Thread(target=client.close, name="client-close")

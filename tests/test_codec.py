@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import transport.codec as codec_module
-from actorrl.batch import MultiAgentBatch, SampleBatch
+from actorrl.data.batch import MultiAgentBatch, SampleBatch
 from tests.helpers.wire import colliding_key_map
 from transport.codec import (
     DEFAULT_INLINE_THRESHOLD,
@@ -699,7 +699,7 @@ def test_remote_errors_are_instances_of_their_registered_class():
     """Builtins and the project's registered errors arrive as RemoteError and their class,
     with type name, message and remote traceback; `except` of the class catches them."""
     from actorrl.cluster import JobError
-    from actorrl.config import ConfigError
+    from actorrl.config.sections import ConfigError
     from actorrl.runtime.errors import (
         ActorCreationError,
         ActorDiedError,

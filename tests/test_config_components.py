@@ -18,7 +18,7 @@ import gymnasium as gym
 import pytest
 
 from actorrl.algorithms import get_algorithm
-from actorrl.config import (
+from actorrl.config.sections import (
     ALGORITHM,
     FLAT_KEYS,
     WORKER,

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from actorrl.batch import SampleBatch
+from actorrl.data.batch import SampleBatch
 from actorrl.policy.dqn import (
     N_STEPS,
     DQNPolicy,

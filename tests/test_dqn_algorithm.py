@@ -15,7 +15,7 @@ import pytest
 
 from actorrl.algorithms import get_algorithm
 from actorrl.algorithms.dqn import DQNConfig
-from actorrl.config import ConfigError, load_config
+from actorrl.config.sections import ConfigError, load_config
 from actorrl.experiment.train import plan_training
 
 REPO = Path(__file__).resolve().parent.parent
@@ -151,7 +151,7 @@ def _cli(tmp_path: Path, *args: str, timeout_s: float = CLI_TIMEOUT_S
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     return subprocess.run(
-        [sys.executable, "-m", "actorrl.cli", "train", *args,
+        [sys.executable, "-m", "actorrl.cli.main", "train", *args,
          "--output", str(tmp_path / "results"), "--progress", "plain"],
         cwd=tmp_path, capture_output=True, text=True, timeout=timeout_s, env=env)
 

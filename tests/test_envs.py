@@ -304,7 +304,7 @@ def test_multi_agent_step_without_all_key_is_an_error():
 def test_catch_frames_show_ball_and_paddle():
     """The pixel env of the pixel learning tests draws ball and paddle (moved here from
     test_learning_pixels.py: it trains nothing)."""
-    from actorrl.envs.pixel import Catch
+    from actorrl.envs.custom.pixel import Catch
 
     env = Catch(rows=6, columns=4, scale=2)
     obs, _ = env.reset(seed=1)

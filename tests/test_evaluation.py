@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from actorrl.algorithms import Trainer, get_algorithm
-from actorrl.config import ConfigError, load_config
+from actorrl.config.sections import ConfigError, load_config
 from actorrl.runtime import Driver
 
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from actorrl.algorithms.stop import DEFAULT_STOP_TIME_S
 from actorrl.experiment.errors import UsageError
 from actorrl.experiment.train import TrainPlan, plan_training
 from actorrl.rollout import RolloutWorker
-from actorrl.stop import DEFAULT_STOP_TIME_S
 from tests.helpers.extras import installed
 
 REPO = Path(__file__).resolve().parent.parent
@@ -96,7 +96,7 @@ def test_a_cartpole_example_learns_through_the_cli(tmp_path: Path) -> None:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     proc = subprocess.run(
-        [sys.executable, "-m", "actorrl.cli", "train", "--config",
+        [sys.executable, "-m", "actorrl.cli.main", "train", "--config",
          str(EXAMPLES / "cartpole-a2c.yaml"), "--stop-reward", str(SMOKE_REWARD),
          "--stop-timesteps", "60000", "--stop-time", "150",
          "--set", "min_iter_time_s=0.5", "--output", str(tmp_path / "results"),
@@ -170,7 +170,7 @@ def test_cli_without_any_algorithm_exits_2(tmp_path: Path) -> None:
     """``actorrl train`` with neither ALGO nor a file naming one: exit 2, one message."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    proc = subprocess.run([sys.executable, "-m", "actorrl.cli", "train", "--output",
+    proc = subprocess.run([sys.executable, "-m", "actorrl.cli.main", "train", "--output",
                            str(tmp_path / "results")], cwd=tmp_path, capture_output=True,
                           text=True, timeout=60, env=env)
     assert proc.returncode == 2

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from actorrl import checkpoints as ckpt
+from actorrl.algorithms import checkpoints as ckpt
+from actorrl.algorithms.stop import StopCriteria, default_stop_reward
 from actorrl.experiment.errors import error_summary
 from actorrl.experiment.results import (
     ResultWriter,
@@ -22,7 +23,6 @@ from actorrl.experiment.results import (
     read_results,
 )
 from actorrl.runtime.errors import ActorCreationError
-from actorrl.stop import StopCriteria, default_stop_reward
 from transport.errors import RemoteError
 
 
@@ -198,7 +198,7 @@ def test_error_summary_is_one_line() -> None:
     assert str(died) == ("actor a.b:C exited with code 1 while starting; its log "
                          "(/x/y.log) ends with:\nTraceback ...")
     assert error_summary(died) == "actor a.b:C exited with code 1 while starting"
-    from actorrl.config import ConfigError
+    from actorrl.config.sections import ConfigError
 
     listed = ConfigError("invalid PPOLearnerConfig:", problems=["a is bad", "b is worse"])
     assert error_summary(listed) == "invalid PPOLearnerConfig: a is bad; b is worse"

@@ -9,12 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from actorrl import checkpoints as ckpt
 from actorrl.algorithms import Trainer, get_algorithm
-from actorrl.batch import DEFAULT_POLICY_ID
-from actorrl.config import ConfigError, load_config
+from actorrl.algorithms import checkpoints as ckpt
+from actorrl.config.sections import ConfigError, load_config
+from actorrl.data.batch import DEFAULT_POLICY_ID
+from actorrl.envs.filters import CLIP, FilterManager, MeanStdFilter, RunningStat
 from actorrl.experiment.evaluate import evaluate_checkpoint
-from actorrl.filters import CLIP, FilterManager, MeanStdFilter, RunningStat
 from actorrl.rollout import RolloutWorker
 from actorrl.runtime import Driver
 

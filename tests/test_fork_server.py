@@ -16,15 +16,15 @@ import pytest
 
 from actorrl.runtime.driver import Driver
 from actorrl.runtime.errors import ActorDiedError
-from actorrl.runtime.fork_server import preload_for_class
-from actorrl.runtime.forking import (
+from actorrl.runtime.node.fork_server import preload_for_class
+from actorrl.runtime.node.forking import (
     KEPT,
     ForkedProcess,
     ForkServerClient,
     KeptForkServers,
     resolve_start_method,
 )
-from actorrl.runtime.process import ChildProcess
+from actorrl.runtime.node.process import ChildProcess
 from tests.helpers.procs import pids_alive
 
 INFO = "tests.actors.process_info:ProcessInfo"
@@ -224,7 +224,7 @@ async def test_another_working_directory_or_variable_starts_another_server(monke
 async def test_edited_modules_start_another_server(monkeypatch, tmp_path):
     """A kept server imported the modules as they were: once one of them is edited (its
     mtime or size changes), the next node starts a server that imports them afresh."""
-    import actorrl.runtime.forking as forking
+    import actorrl.runtime.node.forking as forking
 
     source = tmp_path / "pkg"
     source.mkdir()
@@ -316,7 +316,7 @@ def test_start_method_switch(monkeypatch):
 def test_a_node_agent_refuses_an_unknown_start_method(tmp_path):
     """``actorrl node join --start-method`` reaches the node's LocalNode; a wrong value
     fails when the agent is built, before anything starts."""
-    from actorrl.runtime.node_agent import NodeAgent
+    from actorrl.runtime.cluster.node_agent import NodeAgent
 
     address = f"ipc://{tmp_path}/coordinator.sock"
     assert NodeAgent(address, start_method="spawn").start_method == "spawn"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from actorrl.batch import SampleBatch
+from actorrl.data.batch import SampleBatch
 from actorrl.replay import FrameStackStorage, PrioritizedSampler, ReplayBuffer
 from tests.helpers.frame_data import stacked_fragment
 from transport.codec import decode, encode

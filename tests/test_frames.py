@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from actorrl.batch import MultiAgentBatch, SampleBatch
-from actorrl.frames import pack_frames, packable_columns, stack_axis
+from actorrl.data.batch import MultiAgentBatch, SampleBatch
+from actorrl.data.frames import pack_frames, packable_columns, stack_axis
 from tests.helpers.frame_data import stacked_fragment
 from transport.codec import decode, encode
 

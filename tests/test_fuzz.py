@@ -1,7 +1,7 @@
 """Fuzzing the wire as a hostile local peer would (issue #13): raw ZeroMQ sockets and raw TCP
 against a keyless runtime server that also serves the ``coord.*`` protocol (a child
 process running a :class:`~actorrl.runtime.Driver` and a
-:class:`~actorrl.runtime.coordinator.Coordinator`) and against its actor (a grandchild).
+:class:`~actorrl.runtime.cluster.coordinator.Coordinator`) and against its actor (a grandchild).
 
 Every phase is bounded in count and time (the module takes well under a minute on two busy
 cores). After each one, a legitimate call to the server and to the actor must answer
@@ -32,7 +32,7 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from actorrl.runtime.core import check_request
+from actorrl.runtime.process.runtime import check_request
 from tests.helpers.procs import NO_TORCH_PRELOAD, ready_line, start_python, terminate
 from tests.helpers.wire import PREFIX, colliding_key_map
 from tests.helpers.wire import collect_replies as raw_collect_replies
@@ -53,7 +53,7 @@ NO_TORCH = NO_TORCH_PRELOAD  # the targets' only actor is a test Counter
 TARGET_SRC = r"""
 import asyncio, json, os, sys
 from actorrl.runtime import Driver
-from actorrl.runtime.coordinator import Coordinator
+from actorrl.runtime.cluster.coordinator import Coordinator
 
 
 async def main():
@@ -290,7 +290,7 @@ def _crafted_headers() -> list[bytes]:
         msgpack.packb(msgpack.ExtType(EXT_ARRAY, b"\xff" * 7)),
         msgpack.packb(msgpack.ExtType(99, b"")),
         msgpack.packb({"\x00actorrl.type": "no.such.type", "v": 1}),
-        msgpack.packb({"\x00actorrl.type": "actorrl.batch.SampleBatch", "v": [1, 2]}),
+        msgpack.packb({"\x00actorrl.type": "actorrl.data.batch.SampleBatch", "v": [1, 2]}),
         colliding_key_map(20_000),
         msgpack.packb([colliding_key_map(2_000)] * 8),
     ]
@@ -552,9 +552,9 @@ it."""
 
 def _start_cli(args: list[str], log_path: Path, ready: str, timeout_s: float = 90,
                env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
-    """Start ``python -m actorrl.cli_cluster ARGS`` (``env``: variables set for it) and
+    """Start ``python -m actorrl.cli.cluster ARGS`` (``env``: variables set for it) and
     wait for a stdout line starting with ``ready``; returns the process and that line."""
-    proc = start_python(["-m", "actorrl.cli_cluster", *args], log_path,
+    proc = start_python(["-m", "actorrl.cli.cluster", *args], log_path,
                         stdin=subprocess.DEVNULL, env=env)
     try:
         line = ready_line(proc, proc.stdout, ready, timeout_s, log_path)

@@ -14,7 +14,7 @@ import msgpack
 import pytest
 
 from actorrl.runtime import Driver
-from actorrl.runtime.node import log_label
+from actorrl.runtime.node.node import log_label
 from transport.codec import EXT_ARRAY, DecodeError, decode
 from transport.rpc import RpcClient
 
@@ -104,7 +104,7 @@ async def test_death_reports_are_checked_and_bounded(tmp_path) -> None:
     """``coord.actor_died`` keeps nothing for unknown nodes, for actors of another node or
     for actors no node is starting; reasons are truncated; malformed fields are refused.
     300 reports with 1 MB reasons used to keep +308 MB for good."""
-    from actorrl.runtime.coordinator import MAX_REASON_CHARS, Coordinator
+    from actorrl.runtime.cluster.coordinator import MAX_REASON_CHARS, Coordinator
 
     async with Driver.start(str(tmp_path / "s")) as driver:
         coordinator = Coordinator(driver.runtime)
@@ -140,7 +140,7 @@ def _long_dir(tmp_path) -> str:
 async def test_socket_fallback_folders_are_private_and_removed(tmp_path) -> None:
     """A session directory too long for ipc paths puts its sockets in a per-user folder
     of mode 0700, removed when the session ends (they used to pile up, mode 0755)."""
-    from actorrl.runtime.peers import ipc_fallback_dir
+    from actorrl.runtime.process.peers import ipc_fallback_dir
 
     session = _long_dir(tmp_path)
     async with Driver.start(session) as driver:
@@ -156,7 +156,7 @@ async def test_socket_fallback_folders_are_private_and_removed(tmp_path) -> None
 def test_a_socket_folder_others_can_enter_is_refused(tmp_path) -> None:
     """A fallback folder planted with mode 0777 (or owned by someone else) is refused
     with a message naming it; a stale one whose session is gone is cleaned up."""
-    from actorrl.runtime.peers import ipc_fallback_dir, remove_ipc_fallback
+    from actorrl.runtime.process.peers import ipc_fallback_dir, remove_ipc_fallback
 
     session = _long_dir(tmp_path)
     planted = ipc_fallback_dir(session, create=False)
@@ -271,8 +271,8 @@ async def test_placement_avoids_a_node_that_missed_its_heartbeats(tmp_path) -> N
     picked last, so a replacement does not try it first."""
     import time as _time
 
-    from actorrl.runtime.actor import ActorSpec
-    from actorrl.runtime.coordinator import Coordinator
+    from actorrl.runtime.cluster.coordinator import Coordinator
+    from actorrl.runtime.process.handles import ActorSpec
 
     async with Driver.start(str(tmp_path / "s")) as driver:
         coordinator = Coordinator(driver.runtime, heartbeat_s=1.0)
@@ -289,7 +289,7 @@ async def test_placement_avoids_a_node_that_missed_its_heartbeats(tmp_path) -> N
 async def test_waits_for_unannounced_objects_are_bounded() -> None:
     """Waits for ids nobody announced expire, and beyond MAX_UNKNOWN_WAITS such ids a new
     one is answered "missing" at once (any peer could otherwise park unbounded waits)."""
-    from actorrl.runtime.refs import MAX_UNKNOWN_WAITS, STATUS_MISSING, ObjectStore
+    from actorrl.runtime.process.refs import MAX_UNKNOWN_WAITS, STATUS_MISSING, ObjectStore
 
     store = ObjectStore(asyncio.get_running_loop(), unknown_wait_s=60.0)
     answers: list[int] = []
@@ -432,7 +432,7 @@ def test_the_coordinator_caps_frames_and_raises_its_fd_limit(tmp_path) -> None:
 
     import numpy as np
 
-    from actorrl.client import Client
+    from actorrl.cluster.client import Client
     from tests.helpers.procs import ready_line, start_python, terminate
     from transport.errors import CallTimeoutError, PeerLostError
     from transport.rpc import RpcClient
@@ -441,7 +441,7 @@ def test_the_coordinator_caps_frames_and_raises_its_fd_limit(tmp_path) -> None:
     read_fd, write_fd = os.pipe()
     state = tmp_path / "state"
     proc = start_python(
-        ["-m", "actorrl.cli_cluster", "coordinator", "start", "--state-dir", str(state),
+        ["-m", "actorrl.cli.cluster", "coordinator", "start", "--state-dir", str(state),
          "--ready-fd", str(write_fd), "--max-frame-mb", "1"], tmp_path / "coordinator.log",
         stdin=subprocess.DEVNULL, stdout=None, pass_fds=(write_fd,),
         preexec_fn=_lower_fd_limit)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from actorrl.batch import SampleBatch
+from actorrl.data.batch import SampleBatch
 from actorrl.learner.actor import LearnerActor
 from actorrl.learner.config import LearnerConfig
 from actorrl.learner.minibatch_buffer import LearnerStarvedError, MinibatchBuffer

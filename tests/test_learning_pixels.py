@@ -9,7 +9,7 @@ import time
 import pytest
 
 from actorrl.algorithms import Trainer, get_algorithm
-from actorrl.config import load_config
+from actorrl.config.sections import load_config
 from actorrl.runtime import Driver
 
 pytestmark = pytest.mark.learning
@@ -29,7 +29,7 @@ SETTINGS = {
 async def test_algorithm_learns_catch_from_pixels(algorithm, tmp_path):
     spec = get_algorithm(algorithm)
     config = load_config(spec.config_cls, {
-        "env": "actorrl.envs.pixel:catch", "env_config": {"scale": 2}, "num_workers": 2,
+        "env": "actorrl.envs.custom.pixel:catch", "env_config": {"scale": 2}, "num_workers": 2,
         "seed": 0, "min_iter_time_s": 1.0,
         "model": {"fcnet_hiddens": [64], "fcnet_activation": "relu"},
         **SETTINGS[algorithm]})

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from actorrl.algorithms import Trainer, get_algorithm
-from actorrl.batch import DEFAULT_POLICY_ID
-from actorrl.config import load_config
-from actorrl.filters import RunningStat
+from actorrl.config.sections import load_config
+from actorrl.data.batch import DEFAULT_POLICY_ID
+from actorrl.envs.filters import RunningStat
 from actorrl.runtime import Driver
 
 SMALL = {

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from actorrl.runtime import Driver, Runtime
-from actorrl.runtime.coordinator import Coordinator
+from actorrl.runtime.cluster.coordinator import Coordinator
 from tests.helpers.waiting import wait_until
 
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actorrl.metrics import RunningStat, TimerStat, WindowStat
+from actorrl.util.stats import RunningStat, TimerStat, WindowStat
 
 
 class FakeClock:

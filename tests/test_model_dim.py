@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from actorrl import atari
 from actorrl.algorithms import get_algorithm
-from actorrl.atari import model_env_config
-from actorrl.config import ConfigError, load_config
+from actorrl.config.sections import ConfigError, load_config
+from actorrl.envs import atari
+from actorrl.envs.atari import model_env_config
 from actorrl.policy.model_config import MODEL_DEFAULTS, MODEL_KEY_DOCS
 from actorrl.policy.models import ConvEncoder, build_encoder
 from actorrl.rollout import RolloutWorker
@@ -225,7 +225,7 @@ def test_preprocessor_pref():
 
 
 def test_every_model_key_has_a_reference_line():
-    from actorrl.config_reference import model_reference
+    from actorrl.config.reference import model_reference
 
     assert set(MODEL_KEY_DOCS) == set(MODEL_DEFAULTS)
     table = "\n".join(model_reference())

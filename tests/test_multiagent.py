@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 
 from actorrl.algorithms import Trainer, get_algorithm
-from actorrl.config import ConfigError, load_config
+from actorrl.config.sections import ConfigError, load_config
 from actorrl.envs import EpisodeMetrics, EpisodeWindow
-from actorrl.multi_agent_envs import TWO_CARTPOLES_MULTIAGENT, policy_for_agent
+from actorrl.envs.custom.multi_agent import TWO_CARTPOLES_MULTIAGENT, policy_for_agent
 from actorrl.rollout import RolloutWorker
 from actorrl.runtime import Driver
 
-ENV = "actorrl.multi_agent_envs:two_cartpoles"
+ENV = "actorrl.envs.custom.multi_agent:two_cartpoles"
 POLICIES = ("policy_0", "policy_1")
 THRESHOLD = 100.0
 BUDGET_S = {"apex": 240.0, "impala": 180.0, "a2c": 180.0, "a3c": 180.0}

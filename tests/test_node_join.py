@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from actorrl.runtime.node_agent import CoordinatorAddressError, NodeAgent, NodeJoinError
+from actorrl.runtime.cluster.node_agent import CoordinatorAddressError, NodeAgent, NodeJoinError
 from tests.helpers.cluster import CLUSTER_CLI, REPO, read, run_cli, run_dirs, start_coordinator
 from transport.auth import generate_keys
 

@@ -13,8 +13,8 @@ import pytest
 
 from actorrl.algorithms.a2c import A2CConfig
 from actorrl.algorithms.a3c import A3CConfig
-from actorrl.batch import SampleBatch
-from actorrl.config import ConfigError
+from actorrl.config.sections import ConfigError
+from actorrl.data.batch import SampleBatch
 from actorrl.learner.actor import LearnerActor
 from actorrl.pipelines.a3c import AsyncGradientsOptimizer
 from actorrl.pipelines.apex import AsyncReplayOptimizer

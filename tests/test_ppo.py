@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from actorrl.algorithms import Trainer, get_algorithm
-from actorrl.batch import SampleBatch
-from actorrl.config import ConfigError, load_config
+from actorrl.config.sections import ConfigError, load_config
+from actorrl.data.batch import SampleBatch
 from actorrl.learner.actor import LearnerActor
 from actorrl.learner.config import PPOLearnerConfig
 from actorrl.learner.towers import TowerSet, epoch_minibatches
@@ -545,11 +545,11 @@ async def test_a_dead_worker_is_replaced_and_its_step_goes_on(tmp_path: Path) ->
 async def test_both_policies_of_a_multi_agent_env_learn(tmp_path: Path) -> None:
     """Two CartPoles, one policy each: both trainable policies learn (each its own
     minibatch epochs and KL coefficient) to a mean return of 100 within 150k env steps."""
-    from actorrl.multi_agent_envs import TWO_CARTPOLES_MULTIAGENT
+    from actorrl.envs.custom.multi_agent import TWO_CARTPOLES_MULTIAGENT
 
     spec = get_algorithm("ppo")
     config = load_config(spec.config_cls, {
-        "env": "actorrl.multi_agent_envs:two_cartpoles", "num_workers": 2, "seed": 0,
+        "env": "actorrl.envs.custom.multi_agent:two_cartpoles", "num_workers": 2, "seed": 0,
         "multiagent": TWO_CARTPOLES_MULTIAGENT})
     history = []
     async with Driver.start(str(tmp_path / "session")) as driver:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from actorrl.config_reference import main
+from actorrl.config.reference import main
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -12,4 +12,4 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 def test_config_reference_is_up_to_date() -> None:
     """Every key, default and docstring in the README comes from the code as it is."""
     assert main(["--check", str(README)]) == 0, (
-        "run `python -m actorrl.config_reference --write README.md`")
+        "run `python -m actorrl.config.reference --write README.md`")

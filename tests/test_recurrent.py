@@ -13,11 +13,11 @@ import torch
 from torch import nn
 
 from actorrl.algorithms import get_algorithm
-from actorrl.batch import SampleBatch, chop_into_sequences
-from actorrl.checkpoints import read_checkpoint
-from actorrl.config import ConfigError, load_component, load_config
+from actorrl.algorithms.checkpoints import read_checkpoint
+from actorrl.config.sections import ConfigError, load_component, load_config
+from actorrl.data.batch import SampleBatch, chop_into_sequences
+from actorrl.envs.custom.partial import STATELESS_CARTPOLE_ID
 from actorrl.learner.towers import TowerSet
-from actorrl.partial_envs import STATELESS_CARTPOLE_ID
 from actorrl.policy.actor_critic import ActorCriticPolicy
 from actorrl.policy.config import DQNPolicyConfig, ImpalaPolicyConfig
 from actorrl.policy.impala import ImpalaPolicy

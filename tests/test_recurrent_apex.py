@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from actorrl.algorithms import Trainer, get_algorithm
-from actorrl.batch import MultiAgentBatch, SampleBatch, chop_into_sequences
-from actorrl.config import ConfigError, load_config
+from actorrl.config.sections import ConfigError, load_config
+from actorrl.data.batch import MultiAgentBatch, SampleBatch, chop_into_sequences
 from actorrl.envs import make_env
-from actorrl.envs.memory import MEMORY_CUE_ID
+from actorrl.envs.custom.memory import MEMORY_CUE_ID
 from actorrl.policy.dqn import N_STEPS, DQNPolicy, adjust_nstep
 from actorrl.policy.recurrent_q import RecurrentQNetwork, unroll_q
 from actorrl.rollout import RolloutWorker

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actorrl.batch import SampleBatch
+from actorrl.data.batch import SampleBatch
 from actorrl.replay import (
     MinSegmentTree,
     PrioritizedSampler,

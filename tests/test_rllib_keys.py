@@ -1,4 +1,4 @@
-"""RLlib's other spellings of actorrl's settings (``actorrl.config_aliases``), as a table:
+"""RLlib's other spellings of actorrl's settings (``actorrl.config.aliases``), as a table:
 every alias sets what its canonical key sets, every accepted-and-ignored key warns once
 and changes nothing, refused values name their key, suggestions never propose a key with
 another meaning; RLlib 2.x files load and one trains through the CLI; a file asking for
@@ -16,17 +16,17 @@ from typing import Any
 import pytest
 
 from actorrl.algorithms import algorithm_names, get_algorithm
-from actorrl.config import ConfigError, config_fields, load_config
-from actorrl.config_aliases import (
+from actorrl.algorithms.stop import StopCriteria
+from actorrl.config.aliases import (
     ALIASES,
     IGNORED,
     IGNORED_SUBKEYS,
     STOP_ALIASES,
     RLlibKeyWarning,
 )
+from actorrl.config.sections import ConfigError, config_fields, load_config
 from actorrl.experiment.errors import UsageError
 from actorrl.experiment.train import plan_training, read_config_file_sections
-from actorrl.stop import StopCriteria
 from tests.helpers.cluster import read_jsonl, run_cli, run_dirs
 
 SAMPLES: dict[str, Any] = {
@@ -249,7 +249,7 @@ async def test_dqn_anneals_beta_to_final_prioritized_replay_beta():
     schedule_max_timesteps); the replay shard samples with it."""
     import numpy as np
 
-    from actorrl.batch import SampleBatch
+    from actorrl.data.batch import SampleBatch
     from actorrl.replay.actor import ReplayActor
 
     config = _load("dqn", {"final_prioritized_replay_beta": 1.0,
@@ -307,7 +307,7 @@ def test_suggestions_never_propose_another_setting():
     with pytest.raises(ConfigError) as info:
         _load("impala", {"frameskip": 4})
     assert "did you mean" not in str(info.value)
-    from actorrl.atari import AtariOptions
+    from actorrl.envs.atari import AtariOptions
 
     with pytest.raises(ValueError) as atari_info:
         AtariOptions.from_env_config({"frameskip": 4})
@@ -543,13 +543,13 @@ def test_rllib_example_envs():
     from actorrl.envs import make_env
 
     env = make_env("ray.rllib.examples.env.random_env.RandomLargeObsSpaceEnv".replace(
-        "ray.rllib.examples.env.random_env.", "actorrl.envs.rllib_examples:"),
+        "ray.rllib.examples.env.random_env.", "actorrl.envs.custom.rllib_examples:"),
         {"p_done": 0.5})
     obs, _ = env.reset(seed=0)
     assert obs.shape == (5000,) and env.action_space.n == 2
     ends = sum(env.step(0)[2] for _ in range(400))
     assert 120 < ends < 280  # p_done 0.5 (RLlib's older name of p_terminated)
-    repeat = make_env("actorrl.envs.rllib_examples:RepeatAfterMeEnv", {"repeat_delay": 2})
+    repeat = make_env("actorrl.envs.custom.rllib_examples:RepeatAfterMeEnv", {"repeat_delay": 2})
     seen = [repeat.reset(seed=1)[0]]
     rewards, truncated = [], False
     while not truncated:
@@ -573,8 +573,8 @@ def test_aliases_and_ignored_keys_inside_evaluation_config():
 def test_rllib_example_classes_and_multiagent_forms():
     """RLlib's MultiAgentCartPole and example mapping class read as actorrl's equals; a
     list of policy ids is policies with default specs; another {type: class} is refused."""
-    from actorrl.config_aliases import RLLIB_CLASSES, resolve_rllib_keys
-    from actorrl.multi_agent_envs import MultiAgentCartPole, policy_p_agent_id
+    from actorrl.config.aliases import RLLIB_CLASSES, resolve_rllib_keys
+    from actorrl.envs.custom.multi_agent import MultiAgentCartPole, policy_p_agent_id
 
     resolved = resolve_rllib_keys({
         "env": "ray.rllib.examples.env.multi_agent.MultiAgentCartPole",
@@ -582,11 +582,11 @@ def test_rllib_example_classes_and_multiagent_forms():
             "type": "ray.rllib.examples.multi_agent_and_self_play.policy_mapping_fn."
                     "PolicyMappingFn"}}})
     assert resolved.problems == []
-    assert resolved.values["env"] == "actorrl.multi_agent_envs:MultiAgentCartPole"
+    assert resolved.values["env"] == "actorrl.envs.custom.multi_agent:MultiAgentCartPole"
     multiagent = resolved.values["multiagent"]
     assert multiagent["policies"] == {"p0": [None, None, None, {}],
                                       "p1": [None, None, None, {}]}
-    assert multiagent["policy_mapping_fn"] == "actorrl.multi_agent_envs:policy_p_agent_id"
+    assert multiagent["policy_mapping_fn"] == "actorrl.envs.custom.multi_agent:policy_p_agent_id"
     assert resolve_rllib_keys({"env": "ray.rllib.examples.envs.classes.multi_agent."
                                       "MultiAgentCartPole"}).values["env"] == \
         RLLIB_CLASSES["ray.rllib.examples.env.multi_agent.MultiAgentCartPole"]

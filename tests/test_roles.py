@@ -20,15 +20,15 @@ from typing import Any
 
 import pytest
 
-from actorrl.cli_cluster import CommandError, key_names
+from actorrl.cli.cluster import CommandError, key_names
 from actorrl.cluster import JobError
 from actorrl.cluster.jobs import Job, JobManager, JobOptions, Submission
-from actorrl.runtime.actor import ActorSpec
-from actorrl.runtime.cluster_records import ActorRecord
-from actorrl.runtime.coordinator import Coordinator
-from actorrl.runtime.core import Runtime
+from actorrl.runtime.cluster.coordinator import Coordinator
+from actorrl.runtime.cluster.node_agent import NodeAgent
+from actorrl.runtime.cluster.records import ActorRecord
 from actorrl.runtime.network import Network
-from actorrl.runtime.node_agent import NodeAgent
+from actorrl.runtime.process.handles import ActorSpec
+from actorrl.runtime.process.runtime import Runtime
 from transport.auth import (
     KeyFileError,
     generate_keys,

@@ -14,7 +14,7 @@ import torch
 import actorrl.rollout
 import actorrl.rollout.samplers
 import actorrl.rollout.worker
-from actorrl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
+from actorrl.data.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from actorrl.envs import EnvContext, EpisodeMetrics, MultiAgentEnv
 from actorrl.policy.actor_critic import ActorCriticPolicy
 from actorrl.rollout import RolloutWorker

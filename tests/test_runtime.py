@@ -332,7 +332,7 @@ async def test_every_waiter_of_a_call_still_being_sent_wakes():
     wait on it at the same time must both see it resolve."""
     # Private: the placeholder exists only between a cross-thread submit and its send on
     # the loop, a window no public call can hold open.
-    from actorrl.runtime.calls import _PendingFuture
+    from actorrl.runtime.process.calls import _PendingFuture
 
     pending = _PendingFuture()
     waiters = [asyncio.ensure_future(pending.wait()) for _ in range(3)]
@@ -406,7 +406,7 @@ async def test_a_call_whose_send_fails_fails_its_ref(tmp_path):
 
     import zmq
 
-    from actorrl.runtime.actor import ActorHandle
+    from actorrl.runtime.process.handles import ActorHandle
 
     async with Driver.start(str(tmp_path / "s")) as driver:
         handle = ActorHandle("x" * 32, "ipc://" + str(tmp_path / "nobody.sock"))
@@ -431,7 +431,7 @@ async def test_a_call_whose_send_fails_fails_its_ref(tmp_path):
 async def test_an_id_asked_for_early_waits_as_long_as_its_call_runs():
     """A fetch that overtook the call producing the object starts the unknown-id timer;
     once the call is announced the waiter waits for the value, however long it takes."""
-    from actorrl.runtime.refs import STATUS_OK, ObjectStore
+    from actorrl.runtime.process.refs import STATUS_OK, ObjectStore
 
     store = ObjectStore(asyncio.get_running_loop(), unknown_wait_s=0.05)
     got = []
@@ -450,9 +450,9 @@ async def test_puts_of_a_method_are_stored_before_its_reply(tmp_path):
     inside the delivery of the first (the executor's ``after_flush_puts`` test hook)."""
     # HostedCall is how a served call is handed to the executor; the race needs one
     # made by hand (finished through the public hand_back).
-    from actorrl.runtime.core import Runtime
-    from actorrl.runtime.hosting import HostedCall
-    from actorrl.runtime.refs import STATUS_OK, new_object_id
+    from actorrl.runtime.process.hosting import HostedCall
+    from actorrl.runtime.process.refs import STATUS_OK, new_object_id
+    from actorrl.runtime.process.runtime import Runtime
 
     late_put = new_object_id()
     replied = asyncio.Event()
@@ -515,7 +515,7 @@ async def test_an_actor_given_up_on_at_start_is_not_reported_dead(tmp_path):
 
 
 async def test_one_failing_waiter_does_not_starve_the_others():
-    from actorrl.runtime.refs import STATUS_OK, ObjectStore
+    from actorrl.runtime.process.refs import STATUS_OK, ObjectStore
 
     store = ObjectStore(asyncio.get_running_loop())
     store.add_pending(b"y" * 16)
@@ -538,7 +538,7 @@ async def test_frees_of_collected_refs_travel_with_the_next_call(tmp_path):
     FREE_DELAY_S."""
     import gc
 
-    from actorrl.runtime.frees import FREE_BATCH, FREE_DELAY_S
+    from actorrl.runtime.process.frees import FREE_BATCH, FREE_DELAY_S
 
     many = FREE_BATCH // 16
     async with Driver.start(str(tmp_path / "s")) as driver:

@@ -31,20 +31,20 @@ import yaml
 
 import tests.actors.simulated  # noqa: F401  (its wire types, for replies decoded here)
 from actorrl.algorithms import Trainer, get_algorithm
-from actorrl.config import load_config
-from actorrl.runtime.cluster_driver import ClusterDriver
-from actorrl.runtime.coordinator import Coordinator
-from actorrl.runtime.core import Runtime
-from actorrl.runtime.fork_server import PRELOAD_ENV
+from actorrl.config.sections import load_config
+from actorrl.runtime.cluster.coordinator import Coordinator
+from actorrl.runtime.cluster.driver import ClusterDriver
 from actorrl.runtime.network import Network
-from actorrl.runtime.process import descendant_pids
+from actorrl.runtime.node.fork_server import PRELOAD_ENV
+from actorrl.runtime.node.process import descendant_pids
+from actorrl.runtime.process.runtime import Runtime
 from actorrl.runtime.sessions import remove_stale_session_dirs
 from tests.helpers.procs import NO_TORCH_PRELOAD, pids_alive, terminate
 from transport.auth import generate_keys
 from transport.sockets import new_event_loop
 
 REPO = Path(__file__).resolve().parent.parent
-CLI = [sys.executable, "-m", "actorrl.cli_cluster"]
+CLI = [sys.executable, "-m", "actorrl.cli.cluster"]
 FRAGMENT = 50
 NUM_WORKERS = 64
 SIMULATED_PRELOAD = {PRELOAD_ENV: "numpy,tests.actors.simulated"}
@@ -285,7 +285,7 @@ def _cli_commands() -> dict[str, set[str]]:
     """Each cluster command's flags, from the CLI's own parser."""
     import argparse
 
-    from actorrl.cli_cluster import register
+    from actorrl.cli.cluster import register
 
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command")

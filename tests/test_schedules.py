@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from actorrl.algorithms import Trainer, get_algorithm
-from actorrl.config import ConfigError, load_config
+from actorrl.config.sections import ConfigError, load_config
 from actorrl.policy.actor_critic import ActorCriticPolicy
 from actorrl.policy.impala import ImpalaPolicy
+from actorrl.policy.schedules import PiecewiseSchedule
 from actorrl.runtime import Driver
-from actorrl.schedules import PiecewiseSchedule
 
 CARTPOLE_OBS = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
 
@@ -62,7 +62,7 @@ def test_policy_applies_schedules_from_the_global_timestep(policy_cls) -> None:
     policy.on_global_timestep(500)
     assert policy.optimizer.param_groups[0]["lr"] == pytest.approx(0.0055)
     assert policy.entropy_coeff == pytest.approx(0.05)
-    from actorrl.batch import SampleBatch
+    from actorrl.data.batch import SampleBatch
     rng = np.random.default_rng(0)
     obs = rng.uniform(-1, 1, (8, 4)).astype(np.float32)
     actions, extra = policy.compute_actions(obs)

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from actorrl.algorithms import Trainer, get_algorithm
-from actorrl.config import ConfigError, load_config
+from actorrl.config.sections import ConfigError, load_config
 from actorrl.runtime import Driver
 
 

@@ -21,8 +21,8 @@ import actorrl.runtime as rt
 from actorrl.pipelines.apex import AsyncReplayOptimizer
 from actorrl.replay.config import ReplayConfig
 from actorrl.runtime import ActorDiedError, Driver, DriverLike, ObjectLostError, Runtime
-from actorrl.runtime.cluster_driver import ClusterDriver
-from actorrl.runtime.coordinator import Coordinator
+from actorrl.runtime.cluster.coordinator import Coordinator
+from actorrl.runtime.cluster.driver import ClusterDriver
 from tests.actors.failing import SampleFailure
 from tests.helpers.procs import descendants
 
@@ -215,7 +215,7 @@ SPAWN_GUARD = textwrap.dedent("""
         if hasattr(os, name):
             setattr(os, name, refuse)
 
-    from actorrl.cli import main
+    from actorrl.cli.main import main
 
     code = main(sys.argv[1:])
     children = []
@@ -247,7 +247,7 @@ async def test_algorithm_learns_cartpole_serially(algorithm, tmp_path):
     """The same pipelines, serially: each algorithm reaches a mean return of 150 on
     CartPole-v1 with 2 workers, without a child process of its own."""
     from actorrl.algorithms import Trainer, get_algorithm
-    from actorrl.config import load_config
+    from actorrl.config.sections import load_config
 
     spec = get_algorithm(algorithm)
     config = load_config(spec.config_cls, {"num_workers": 2, "seed": 0,

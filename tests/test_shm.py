@@ -18,7 +18,7 @@ import pytest
 
 import actorrl.runtime as rt
 from actorrl.runtime import Driver
-from actorrl.runtime.core import Runtime
+from actorrl.runtime.process.runtime import Runtime
 from actorrl.runtime.sessions import remove_stale_session_dirs
 from transport import shm
 

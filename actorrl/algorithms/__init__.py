@@ -1,45 +1,31 @@
-"""Algorithms: a typed config, a policy and a pipeline each, run by the Trainer."""
+"""Algorithms: a typed config, a policy and a pipeline each, run by the Trainer.
+
+Modules: :mod:`~actorrl.algorithms.registry` (the algorithms by name),
+:mod:`~actorrl.algorithms.trainer` (the Trainer), :mod:`~actorrl.algorithms.run_loop`,
+:mod:`~actorrl.algorithms.stop`, :mod:`~actorrl.algorithms.checkpoints` and
+:mod:`~actorrl.algorithms.evaluation` (running one), and one module per algorithm. The
+names below load on first use, so importing a light module of this package (stop
+criteria, checkpoints) does not import torch.
+"""
 
 from __future__ import annotations
 
-import difflib
+import importlib
+from typing import Any
 
-from actorrl.algorithms.trainer import AlgorithmSpec, Trainer
-
-
-def _registry() -> dict[str, AlgorithmSpec]:
-    from actorrl.algorithms.a2c import A2C
-    from actorrl.algorithms.a3c import A3C
-    from actorrl.algorithms.apex import APEX
-    from actorrl.algorithms.appo import APPO
-    from actorrl.algorithms.dqn import DQN
-    from actorrl.algorithms.impala import IMPALA
-    from actorrl.algorithms.ppo import PPO
-
-    return {spec.name: spec for spec in (APEX, DQN, A3C, IMPALA, A2C, APPO, PPO)}
+_NAMES = {
+    "AlgorithmSpec": "actorrl.algorithms.trainer",
+    "Trainer": "actorrl.algorithms.trainer",
+    "algorithm_names": "actorrl.algorithms.registry",
+    "get_algorithm": "actorrl.algorithms.registry",
+}
 
 
-def algorithm_names() -> list[str]:
-    """Names accepted by :func:`get_algorithm`."""
-    return sorted(_registry())
+def __getattr__(name: str) -> Any:
+    module = _NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'actorrl.algorithms' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
 
 
-def get_algorithm(name: str) -> AlgorithmSpec:
-    """The spec of algorithm ``name``; a clear error with suggestions otherwise."""
-    registry = _registry()
-    spec = registry.get(name.lower())
-    if spec is None:
-        from actorrl.config_aliases import RLLIB_ONLY_ALGORITHMS
-
-        if name.lower() in {n.lower() for n in RLLIB_ONLY_ALGORITHMS}:
-            raise ValueError(f"algorithm {name!r} is RLlib's, and actorrl does not have it; "
-                             f"actorrl has {', '.join(algorithm_names())}: use one of those "
-                             "(with a config file written for it)")
-        close = difflib.get_close_matches(name.lower(), list(registry), n=2, cutoff=0.5)
-        hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-        raise ValueError(f"unknown algorithm {name!r}; choose one of "
-                         f"{', '.join(algorithm_names())}.{hint}")
-    return spec
-
-
-__all__ = ["AlgorithmSpec", "Trainer", "algorithm_names", "get_algorithm"]
+__all__ = sorted(_NAMES)

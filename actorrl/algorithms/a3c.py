@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from actorrl.algorithms.trainer import AlgorithmSpec, Trainer
 from actorrl.algorithms.tuned import preset
-from actorrl.config import AlgorithmConfig, RolloutConfig
+from actorrl.config.sections import AlgorithmConfig, RolloutConfig
 from actorrl.learner.config import LearnerConfig
 from actorrl.pipelines.a3c import AsyncGradientsOptimizer
 from actorrl.policy.config import ActorCriticPolicyConfig

@@ -5,7 +5,8 @@ request, checkpoint on a policy.
 --address`` on a job followed through the client (its "iterations" are the job's streamed
 results), and a cluster job on the coordinator's Trainer. What differs between them is
 passed in: the sinks (results folder and live display, or the job's record), the
-:class:`~actorrl.stop.StopCriteria`, the :class:`CheckpointPolicy` (every N iterations, or
+:class:`~actorrl.algorithms.stop.StopCriteria`,
+the :class:`CheckpointPolicy` (every N iterations, or
 every N seconds, and a final one) and an optional :class:`StopRequest` (signals).
 
 Exceptions of an iteration propagate (the caller decides: a failed run, or a job restarted
@@ -21,7 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar
 
-from actorrl.stop import StopCriteria
+from actorrl.algorithms.stop import StopCriteria
 
 T = TypeVar("T")
 

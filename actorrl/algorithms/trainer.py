@@ -15,11 +15,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from actorrl.algorithms.evaluation import Evaluator
 from actorrl.callbacks import CustomMetricsWindow, DefaultCallbacks, make_callbacks
-from actorrl.config import AlgorithmConfig
+from actorrl.config.sections import AlgorithmConfig
 from actorrl.envs import EpisodeMetrics, EpisodeWindow
-from actorrl.evaluation import Evaluator
-from actorrl.filters import MEAN_STD_FILTER, FilterManager
+from actorrl.envs.filters import MEAN_STD_FILTER, FilterManager
 from actorrl.learner.config import LearnerConfig
 from actorrl.runtime import ActorDiedError, ActorHandle, DriverLike, Runtime
 
@@ -270,7 +270,7 @@ class Trainer:
 
     async def evaluate(self) -> dict[str, Any]:
         """Evaluate the learner's current weights on the evaluation workers (see
-        :mod:`actorrl.evaluation`); the result's ``evaluation`` section."""
+        :mod:`actorrl.algorithms.evaluation`); the result's ``evaluation`` section."""
         assert self.evaluator is not None and self.learner is not None
         return await self.evaluator.evaluate(self.learner.get_weights.remote(),
                                              self._filters_payload())

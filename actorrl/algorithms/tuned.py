@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from actorrl.config import S
+from actorrl.config.sections import S
 
 CARTPOLE_TUNED: dict[str, dict[str, Any]] = {
     # Ape-X: small batches trained 8 rows per sampled env step (training_intensity), a

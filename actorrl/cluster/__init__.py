@@ -1,6 +1,6 @@
 """Running algorithms on a cluster: jobs (one Trainer each) on a coordinator, and the
 coordinator / node-agent processes. The placement and membership machinery lives below,
-in :mod:`actorrl.runtime.coordinator`; the client is :mod:`actorrl.client`."""
+in :mod:`actorrl.runtime.cluster.coordinator`; the client is :mod:`actorrl.cluster.client`."""
 
 from transport.error_types import register_error
 

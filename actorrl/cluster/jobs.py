@@ -12,7 +12,7 @@ A submission is a mapping::
 Each job has a directory ``STATE_DIR/jobs/JOB_ID`` with ``job.json`` (its record),
 ``result.jsonl`` (every result), ``job.log`` (coordinator-side events: placement, deaths,
 replacements, restarts) and ``checkpoints/checkpoint_NNNNNN/`` folders in the format of
-:mod:`actorrl.checkpoints` (wire codec, no pickle), so ``actorrl evaluate`` reads
+:mod:`actorrl.algorithms.checkpoints` (wire codec, no pickle), so ``actorrl evaluate`` reads
 them.
 
 Recovery, in the order it is tried:
@@ -48,11 +48,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from actorrl.algorithms import Trainer, get_algorithm
+from actorrl.algorithms.checkpoints import list_checkpoints, read_checkpoint, write_checkpoint
 from actorrl.algorithms.run_loop import CheckpointPolicy, run_trainer
-from actorrl.checkpoints import list_checkpoints, read_checkpoint, write_checkpoint
+from actorrl.algorithms.stop import StopCriteria
 from actorrl.cluster import RUNNING_STATES, TERMINAL_STATES, JobError
-from actorrl.config import ConfigError, load_config
-from actorrl.runtime.callers import (
+from actorrl.config.sections import ConfigError, load_config
+from actorrl.runtime.cluster.callers import (
     CLIENT_ROLES,
     Caller,
     current_caller,
@@ -60,12 +61,11 @@ from actorrl.runtime.callers import (
     serve_guarded,
     trusted_context,
 )
-from actorrl.runtime.cluster_driver import ClusterDriver
-from actorrl.runtime.cluster_records import ActorRecord
-from actorrl.runtime.coordinator import Coordinator
+from actorrl.runtime.cluster.coordinator import Coordinator
+from actorrl.runtime.cluster.driver import ClusterDriver
+from actorrl.runtime.cluster.records import ActorRecord
 from actorrl.runtime.errors import GetTimeoutError
-from actorrl.stop import StopCriteria
-from actorrl.storage import atomic_write_json, jsonable
+from actorrl.util.files import atomic_write_json, jsonable
 from transport.timeouts import wait_for
 
 log = logging.getLogger(__name__)

@@ -31,12 +31,12 @@ from typing import Any
 from urllib.parse import urlparse
 
 from actorrl.cluster.jobs import JobManager
-from actorrl.runtime.coordinator import DEFAULT_SESSION_TIMEOUT_S, Coordinator
-from actorrl.runtime.core import Runtime
-from actorrl.runtime.membership import DEFAULT_HEARTBEAT_S, DEFAULT_HEARTBEAT_TIMEOUT_S
+from actorrl.runtime.cluster.coordinator import DEFAULT_SESSION_TIMEOUT_S, Coordinator
+from actorrl.runtime.cluster.membership import DEFAULT_HEARTBEAT_S, DEFAULT_HEARTBEAT_TIMEOUT_S
+from actorrl.runtime.cluster.node_agent import NodeAgent
 from actorrl.runtime.network import Network
-from actorrl.runtime.node_agent import NodeAgent
-from actorrl.runtime.peers import remove_ipc_fallback
+from actorrl.runtime.process.peers import remove_ipc_fallback
+from actorrl.runtime.process.runtime import Runtime
 from transport.auth import Security, check_bind
 from transport.limits import raise_fd_limit
 from transport.rpc import DEFAULT_MAX_PEERS
@@ -248,14 +248,14 @@ def run_coordinator(bind: str | None = None, *, keys_dir: str | None = None,
 
 
 def start_daemon(argv: list[str], state_dir: str, timeout_s: float = 60.0) -> str:
-    """Start ``python -m actorrl.cli_cluster coordinator start ARGV`` detached (new session,
+    """Start ``python -m actorrl.cli.cluster coordinator start ARGV`` detached (new session,
     output to ``STATE_DIR/coordinator.log``); return its address once it serves."""
     make_private_dir(state_dir)
     read_fd, write_fd = os.pipe()
     log_path = os.path.join(state_dir, "coordinator.log")
     with open(log_path, "ab") as log_file:
         process = subprocess.Popen(
-            [sys.executable, "-m", "actorrl.cli_cluster", "coordinator", "start", *argv,
+            [sys.executable, "-m", "actorrl.cli.cluster", "coordinator", "start", *argv,
              "--state-dir", state_dir, "--ready-fd", str(write_fd)],
             stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
             pass_fds=(write_fd,), start_new_session=True, close_fds=True)

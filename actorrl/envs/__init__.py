@@ -6,9 +6,9 @@ Env specs
     ``worker_index``, ``vector_index``, ``num_workers``); a gymnasium id gets ``env_config``
     as keyword arguments of ``gymnasium.make``. gymnasium's own ``"module:EnvId"`` form also
     works (the module is imported, then the id made). actorrl ships
-    ``actorrl/StatelessCartPole-v1`` (:mod:`actorrl.partial_envs`), a partially observed
+    ``actorrl/StatelessCartPole-v1`` (:mod:`actorrl.envs.custom.partial`), a partially observed
     CartPole for recurrent policies, and ``actorrl/MemoryCue-v0``
-    (:mod:`actorrl.envs.memory`), a cue to recall a few steps later.
+    (:mod:`actorrl.envs.custom.memory`), a cue to recall a few steps later.
 
 Vectorization
     :class:`VectorEnv` holds ``num_envs`` single-agent envs and steps them one after the
@@ -40,12 +40,13 @@ Episode metrics
 Modules
     :mod:`actorrl.envs.make` (env specs to envs, the multi-agent protocol),
     :mod:`actorrl.envs.vector` (the vectorized envs a worker steps),
-    :mod:`actorrl.envs.metrics` (episode metrics), :mod:`actorrl.envs.pixel` (a small
-    pixel game, ``--env actorrl.envs.pixel:catch``). The names below are re-exported here.
+    :mod:`actorrl.envs.episodes` (episode metrics), :mod:`actorrl.envs.custom.pixel` (a small
+    pixel game, ``--env actorrl.envs.custom.pixel:catch``). The names below are re-exported here.
 """
 
 from __future__ import annotations
 
+from actorrl.envs.episodes import EpisodeMetrics, EpisodeWindow
 from actorrl.envs.make import (
     ALL_AGENTS,
     MINATAR_HINT,
@@ -55,7 +56,6 @@ from actorrl.envs.make import (
     make_env,
     register_minatar,
 )
-from actorrl.envs.metrics import EpisodeMetrics, EpisodeWindow
 from actorrl.envs.vector import (
     SEED_STRIDE_PER_WORKER,
     MultiAgentStep,

@@ -11,10 +11,10 @@ from typing import Any
 
 import gymnasium as gym
 
-from actorrl.atari import INSTALL_HINT, is_atari_id, make_atari, register_ale
-from actorrl.classpath import resolve_callable
-from actorrl.envs.memory import register_memory_envs
-from actorrl.partial_envs import register_partial_envs
+from actorrl.envs.atari import INSTALL_HINT, is_atari_id, make_atari, register_ale
+from actorrl.envs.custom.memory import register_memory_envs
+from actorrl.envs.custom.partial import register_partial_envs
+from actorrl.util.classpath import resolve_callable
 
 register_partial_envs()
 register_memory_envs()

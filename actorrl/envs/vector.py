@@ -11,10 +11,10 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from actorrl.atari import GAME_OVER, GAME_REWARD
+from actorrl.data.spaces import observation_preprocessor
+from actorrl.envs.atari import GAME_OVER, GAME_REWARD
+from actorrl.envs.episodes import EpisodeMetrics
 from actorrl.envs.make import ALL_AGENTS, EnvSpec, MultiAgentEnv, make_env
-from actorrl.envs.metrics import EpisodeMetrics
-from actorrl.spaces import observation_preprocessor
 
 SEED_STRIDE_PER_WORKER = 1000
 
@@ -76,7 +76,7 @@ class VectorEnv(_EnvSet):
         self.observation_space = self.envs[0].observation_space
         self.action_space = self.envs[0].action_space
         self._discrete_actions = isinstance(self.action_space, gym.spaces.Discrete)
-        # Dict/Tuple/... observations become flat float32 vectors (actorrl.spaces)
+        # Dict/Tuple/... observations become flat float32 vectors (actorrl.data.spaces)
         self._preprocess = observation_preprocessor(self.observation_space)
         self._seeds = _env_seeds(seed, worker_index, self.num_envs)
         self._episode_rewards = [0.0] * self.num_envs

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from actorrl.algorithms import get_algorithm
-from actorrl.batch import DEFAULT_POLICY_ID
-from actorrl.checkpoints import CheckpointError, read_checkpoint
+from actorrl.algorithms.checkpoints import CheckpointError, read_checkpoint
+from actorrl.data.batch import DEFAULT_POLICY_ID
 from actorrl.experiment.errors import UsageError, error_summary
 
 MAX_PARALLEL_ENVS = 16
@@ -155,10 +155,10 @@ def _load_policy(policy_class: str, env_id: str, env_config: dict[str, Any],
 def observation_fn(space: Any, config: dict[str, Any], state: dict[str, Any]
                    ) -> Callable[[list[Any]], np.ndarray]:
     """What turns envs' raw observations into the policy's batch, as on the training
-    workers: structured observations flattened (actorrl.spaces), then the checkpoint's
+    workers: structured observations flattened (actorrl.data.spaces), then the checkpoint's
     observation filter applied without updating it (RLlib's ``update=False``)."""
-    from actorrl.filters import MeanStdFilter, filter_shape, make_filter
-    from actorrl.spaces import observation_preprocessor
+    from actorrl.data.spaces import observation_preprocessor
+    from actorrl.envs.filters import MeanStdFilter, filter_shape, make_filter
 
     prep = observation_preprocessor(space)
     name = (config.get("rollout") or {}).get("observation_filter",

@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any, Protocol, TextIO
 
-from actorrl.stop import StopCriteria
+from actorrl.algorithms.stop import StopCriteria
 
 
 def _fmt_duration(seconds: float | None) -> str:

@@ -1,8 +1,8 @@
 """``actorrl train --address ADDR``: the same training job, run by an existing coordinator.
 
-The job is submitted through :class:`actorrl.client.Client` with the resolved config, its
+The job is submitted through :class:`actorrl.cluster.client.Client` with the resolved config, its
 ``"algorithm"`` key and the stop criteria as the job's ``"stop"`` mapping
-(:meth:`~actorrl.stop.StopCriteria.to_mapping`: ``episode_reward_mean``,
+(:meth:`~actorrl.algorithms.stop.StopCriteria.to_mapping`: ``episode_reward_mean``,
 ``timesteps_total``, ``time_total_s``), so the job ends by itself even if this command goes
 away. Results stream back (``job.results()``) through the same run loop as a local run
 (:func:`~actorrl.algorithms.run_loop.run_trainer`, with the job as its trainable) into the
@@ -38,12 +38,12 @@ CONNECT_TIMEOUT_S = 10.0
 
 
 def load_client_class() -> type:
-    """``actorrl.client.Client``, imported on demand; :class:`UsageError` when this
+    """``actorrl.cluster.client.Client``, imported on demand; :class:`UsageError` when this
     installation has no cluster client."""
     try:
-        from actorrl.client import Client
+        from actorrl.cluster.client import Client
     except ImportError as exc:
-        raise UsageError(f"--address needs the cluster client (actorrl.client), which "
+        raise UsageError(f"--address needs the cluster client (actorrl.cluster.client), which "
                          f"cannot be imported here ({exc}); train locally without "
                          "--address") from None
     return Client

@@ -9,13 +9,13 @@
         result.jsonl        one result dict per training iteration (RLlib keys, nested)
         progress.csv        the same, flattened with "/" ("info/learner_queue/size_mean")
         events.out.tfevents.*   TensorBoard scalars (x axis: timesteps_total)
-        checkpoints/checkpoint_<iteration>/   see :mod:`actorrl.checkpoints`
+        checkpoints/checkpoint_<iteration>/   see :mod:`actorrl.algorithms.checkpoints`
         logs/               one log per actor process, plus driver.log
 
 The folder is created only after every input has been validated, so bad input never
 leaves a folder behind; a run that fails later says so in ``run.json``. Whole-file
 rewrites (``run.json``, ``config.json``, a widened ``progress.csv``) go through
-:func:`actorrl.storage.atomic_write`.
+:func:`actorrl.util.files.atomic_write`.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from actorrl.checkpoints import CHECKPOINTS_DIR
-from actorrl.storage import atomic_write, atomic_write_json, jsonable
+from actorrl.algorithms.checkpoints import CHECKPOINTS_DIR
+from actorrl.util.files import atomic_write, atomic_write_json, jsonable
 
 RUN_FILE = "run.json"
 CONFIG_FILE = "config.json"

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from actorrl.algorithms import AlgorithmSpec, Trainer, algorithm_names, get_algorithm
+from actorrl.algorithms.checkpoints import CheckpointError, read_checkpoint, write_checkpoint
 from actorrl.algorithms.run_loop import (
     FINISHED,
     INTERRUPTED,
@@ -45,8 +46,16 @@ from actorrl.algorithms.run_loop import (
     Trainable,
     run_trainer,
 )
-from actorrl.checkpoints import CheckpointError, read_checkpoint, write_checkpoint
-from actorrl.config import (
+from actorrl.algorithms.stop import (
+    DEFAULT_STOP_TIME_S,
+    REWARD_KEY,
+    TIME_TOTAL_KEY,
+    TIMESTEPS_KEY,
+    StopCriteria,
+    default_stop_reward,
+)
+from actorrl.config.aliases import RLlibKeyWarning, resolve_rllib_keys
+from actorrl.config.sections import (
     AlgorithmConfig,
     ConfigError,
     config_fields,
@@ -54,7 +63,6 @@ from actorrl.config import (
     parse_override,
     read_config_file,
 )
-from actorrl.config_aliases import RLlibKeyWarning, resolve_rllib_keys
 from actorrl.envs import make_env
 from actorrl.experiment.errors import UsageError, error_summary
 from actorrl.experiment.progress import ProgressDisplay
@@ -69,14 +77,6 @@ from actorrl.experiment.results import (
 from actorrl.experiment.signals import exit_code_for
 from actorrl.runtime import Driver
 from actorrl.runtime.sessions import make_session_dir
-from actorrl.stop import (
-    DEFAULT_STOP_TIME_S,
-    REWARD_KEY,
-    TIME_TOTAL_KEY,
-    TIMESTEPS_KEY,
-    StopCriteria,
-    default_stop_reward,
-)
 from transport.timeouts import wait_for
 
 log = logging.getLogger(__name__)
@@ -302,7 +302,7 @@ def resolve_config(spec: AlgorithmSpec, *, base: dict[str, Any] | None = None,
 
 def rllib_layer(spec: AlgorithmSpec, values: Mapping[str, Any]) -> dict[str, Any]:
     """One layer of input (a file, a ``--set``) with RLlib's other spellings read as
-    actorrl's keys (:func:`~actorrl.config_aliases.resolve_rllib_keys`), so that a later
+    actorrl's keys (:func:`~actorrl.config.aliases.resolve_rllib_keys`), so that a later
     layer's key overrides an earlier layer's alias of it; :class:`ConfigError` listing the
     problems. Keys whose meaning depends on the env stay for the final load (``--env``
     may still change it)."""
@@ -317,7 +317,8 @@ def stop_criteria(env: str, file: ConfigFile | None, *, stop_reward: float | Non
                   stop_reward_given: bool, stop_timesteps: int | None,
                   stop_time_s: float | None, stop_time_given: bool) -> StopCriteria:
     """The run's stop criteria: the config file's ``stop`` mapping when it has one (it
-    replaces the defaults: 450 on CartPole-v1 and :data:`~actorrl.stop.DEFAULT_STOP_TIME_S`),
+    replaces the defaults: 450 on CartPole-v1 and
+    :data:`~actorrl.algorithms.stop.DEFAULT_STOP_TIME_S`),
     with each ``--stop-*`` flag given on the command line replacing its criterion."""
     if file is None or file.stop is None:
         reward = stop_reward if stop_reward_given else default_stop_reward(env)
@@ -562,14 +563,14 @@ def oversubscription_warning(config: AlgorithmConfig, cores: int | None = None
 
 def without_missing_gpus(plan: TrainPlan, gpus: float | None = None) -> TrainPlan:
     """``plan`` for a local run on a machine without CUDA GPUs (``gpus``: how many it has,
-    default :func:`~actorrl.runtime.resources.count_gpus`): a config asking for GPUs gets
+    default :func:`~actorrl.runtime.node.resources.count_gpus`): a config asking for GPUs gets
     its learner on the CPU (``num_gpus: 0``), with one
-    :class:`~actorrl.config_aliases.RLlibKeyWarning` line, as RLlib's files with
+    :class:`~actorrl.config.aliases.RLlibKeyWarning` line, as RLlib's files with
     ``num_gpus: 1`` are often run on laptops. N towers compute what one device does on
     the whole batch, so only speed differs. A machine with some GPUs is left to the
     learner's own check (it names the GPUs it lacks)."""
-    from actorrl.config_aliases import RLlibKeyWarning
-    from actorrl.runtime.resources import count_gpus
+    from actorrl.config.aliases import RLlibKeyWarning
+    from actorrl.runtime.node.resources import count_gpus
 
     config = plan.config
     asked = config.num_gpus

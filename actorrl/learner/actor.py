@@ -21,9 +21,8 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from actorrl.batch import MultiAgentBatch, SampleBatch, as_multi_agent
-from actorrl.classpath import resolve_callable
-from actorrl.config import WorkerConfig, load_worker_config
+from actorrl.config.sections import WorkerConfig, load_worker_config
+from actorrl.data.batch import MultiAgentBatch, SampleBatch, as_multi_agent
 from actorrl.envs import EpisodeMetrics
 from actorrl.learner.config import LearnerConfig
 from actorrl.learner.thread import LearnerResult, make_learner_thread
@@ -38,6 +37,7 @@ from actorrl.messages import (
 from actorrl.policy.config import PolicyConfig
 from actorrl.rollout import RolloutWorker
 from actorrl.runtime import ObjectRef, Runtime
+from actorrl.util.classpath import resolve_callable
 from transport.error_types import register_error
 from transport.timeouts import wait_for
 

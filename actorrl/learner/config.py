@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from actorrl.config import ALGORITHM, ConfigSection, derived
+from actorrl.config.sections import ALGORITHM, ConfigSection, derived
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -21,11 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from actorrl.batch import MultiAgentBatch, SampleBatch, as_multi_agent
+from actorrl.data.batch import MultiAgentBatch, SampleBatch, as_multi_agent
 from actorrl.learner.config import LearnerConfig
 from actorrl.learner.minibatch_buffer import MinibatchBuffer
 from actorrl.learner.towers import TowerSet, tower_devices
-from actorrl.metrics import TimerStat, WindowStat
+from actorrl.util.stats import TimerStat, WindowStat
 
 
 class InQueue(queue.Queue):

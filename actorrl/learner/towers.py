@@ -10,7 +10,7 @@ parameters back to the replicas, so all towers stay identical.
 Because each tower's loss is a mean over its shard and the shards are equal in size, the
 averaged gradient equals the full-batch gradient: N towers give the same update as one.
 
-A sequenced batch (a recurrent policy's, see :mod:`actorrl.batch`) is split only at
+A sequenced batch (a recurrent policy's, see :mod:`actorrl.data.batch`) is split only at
 sequence boundaries, each tower getting whole sequences with their start states, into
 shards as equal as the boundaries allow; the towers' gradients are then averaged weighted
 by their shards' row counts, which again equals the full-batch gradient of a mean loss.
@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from actorrl.batch import SampleBatch, is_sequence_column
+from actorrl.data.batch import SampleBatch, is_sequence_column
 from actorrl.policy.base import LossOutput, TorchPolicy
 
 

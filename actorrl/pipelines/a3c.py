@@ -15,7 +15,6 @@ import logging
 from typing import Any
 
 from actorrl.messages import GradientsApplied, GradientsReply
-from actorrl.metrics import TimerStat
 from actorrl.pipelines.pieces import (
     FleetPipelineMixin,
     ReplaceWorker,
@@ -23,6 +22,7 @@ from actorrl.pipelines.pieces import (
     require_at_least_one,
 )
 from actorrl.runtime import ActorDiedError, ActorHandle, ObjectLostError, ObjectRef, Runtime
+from actorrl.util.stats import TimerStat
 
 log = logging.getLogger(__name__)
 

@@ -39,7 +39,6 @@ import time
 from typing import Any
 
 from actorrl.messages import EnqueueReply, SampleReply, TrainedNotice
-from actorrl.metrics import TimerStat
 from actorrl.pipelines.pieces import (
     CreditWindow,
     Fleet,
@@ -52,6 +51,7 @@ from actorrl.pipelines.pieces import (
     Wakeup,
 )
 from actorrl.runtime import ActorDiedError, ActorHandle, ObjectLostError, ObjectRef, Runtime
+from actorrl.util.stats import TimerStat
 
 log = logging.getLogger(__name__)
 

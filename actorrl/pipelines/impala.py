@@ -20,7 +20,6 @@ import logging
 from typing import Any
 
 from actorrl.messages import SampleReply, TrainedNotice
-from actorrl.metrics import TimerStat
 from actorrl.pipelines.pieces import (
     CreditWindow,
     FleetPipelineMixin,
@@ -30,6 +29,7 @@ from actorrl.pipelines.pieces import (
     require_at_least_one,
 )
 from actorrl.runtime import ActorDiedError, ActorHandle, ObjectLostError, ObjectRef, Runtime
+from actorrl.util.stats import TimerStat
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 from typing import Any
 
 from actorrl.messages import SampleReply
-from actorrl.metrics import TimerStat
 from actorrl.pipelines.pieces import (
     SYNC_CALL_TIMEOUT_S,
     Fleet,
@@ -31,6 +30,7 @@ from actorrl.pipelines.pieces import (
     SyncFleetMixin,
 )
 from actorrl.runtime import ActorHandle, Runtime
+from actorrl.util.stats import TimerStat
 
 
 class MicrobatchOptimizer(SyncFleetMixin):

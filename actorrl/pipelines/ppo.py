@@ -22,7 +22,6 @@ from __future__ import annotations
 from typing import Any
 
 from actorrl.messages import SampleReply
-from actorrl.metrics import TimerStat
 from actorrl.pipelines.pieces import (
     SYNC_CALL_TIMEOUT_S,
     Fleet,
@@ -31,6 +30,7 @@ from actorrl.pipelines.pieces import (
     SyncFleetMixin,
 )
 from actorrl.runtime import ActorHandle, ObjectRef, Runtime
+from actorrl.util.stats import TimerStat
 
 CALL_TIMEOUT_S = SYNC_CALL_TIMEOUT_S
 """Longest wait for one round of samples or one learner step."""

@@ -24,7 +24,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from actorrl.batch import SampleBatch
+from actorrl.data.batch import SampleBatch
 from actorrl.policy.action_dist import dist_class_for
 from actorrl.policy.base import LossOutput, TorchPolicy
 from actorrl.policy.config import ActorCriticPolicyConfig

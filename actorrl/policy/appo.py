@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from actorrl.batch import SampleBatch
+from actorrl.data.batch import SampleBatch
 from actorrl.policy.actor_critic import compute_advantages, explained_variance
 from actorrl.policy.base import LossOutput
 from actorrl.policy.config import APPOPolicyConfig

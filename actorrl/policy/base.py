@@ -15,7 +15,7 @@ Recurrent policies
     ``state_out_1``... Samplers carry those to the next step, record the state input of
     every row as ``state_in_*`` for postprocessing, then cut each fragment into sequences of
     at most ``max_seq_len`` steps that keep only their start states
-    (:func:`actorrl.batch.chop_into_sequences`). Losses unroll the model over those
+    (:func:`actorrl.data.batch.chop_into_sequences`). Losses unroll the model over those
     sequences (:mod:`actorrl.policy.recurrent`).
 
 Policies import neither asyncio nor transport: plain code, plain tests.
@@ -31,12 +31,12 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from actorrl.batch import SampleBatch
-from actorrl.config import load_component
+from actorrl.config.sections import load_component
+from actorrl.data.batch import SampleBatch
 from actorrl.policy.config import PolicyConfig
 from actorrl.policy.model_config import missing_recurrent_methods, resolve_model_config
 from actorrl.policy.recurrent import RecurrentInputs, initial_state, step_model
-from actorrl.schedules import PiecewiseSchedule
+from actorrl.policy.schedules import PiecewiseSchedule
 
 
 @dataclass
@@ -58,7 +58,7 @@ class TorchPolicy:
 
     ``config`` is the policy's :attr:`config_class` instance. A mapping is accepted too
     (an algorithm-style config with RLlib key names, e.g. a checkpoint's): it is loaded
-    with :func:`actorrl.config.load_component`, which refuses unknown keys. ``device``
+    with :func:`actorrl.config.sections.load_component`, which refuses unknown keys. ``device``
     defaults to CPU; the learner builds its own copy on CUDA when present.
     """
 

@@ -1,7 +1,7 @@
 """Encoder for structured observations (``Dict``, ``Tuple``...; RLlib's ComplexInputNetwork).
 
 The rollout worker hands the policy such observations as one flat float32 vector
-(:mod:`actorrl.spaces`). :class:`ComplexEncoder` cuts it back into the space's leaves:
+(:mod:`actorrl.data.spaces`). :class:`ComplexEncoder` cuts it back into the space's leaves:
 each image leaf (rank-3 ``Box``) goes through its own conv encoder
 (:func:`~actorrl.policy.models.build_conv_encoder`, with the model's ``conv_filters``);
 all other leaves (already flat: ``Box`` values, one-hot ``Discrete``/``MultiDiscrete``)
@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from actorrl.spaces import check_observation_space, flat_leaves, flat_size
+from actorrl.data.spaces import check_observation_space, flat_leaves, flat_size
 
 
 class ComplexEncoder(nn.Module):

@@ -3,7 +3,7 @@
 :class:`PolicyConfig` holds what every torch policy reads (``lr``, ``grad_clip``,
 ``gamma``, ``model``); each policy class names its subclass as ``config_class``. Fields
 marked ``derived`` are filled by the algorithm from the one place that sets them (see
-:mod:`actorrl.config`).
+:mod:`actorrl.config.sections`).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from actorrl.config import WORKER, ConfigSection, checked, derived
-from actorrl.schedules import check_schedule
+from actorrl.config.sections import WORKER, ConfigSection, checked, derived
+from actorrl.policy.schedules import check_schedule
 
 
 def check_model(model: dict[str, Any]) -> list[tuple[str, str]]:
@@ -43,7 +43,7 @@ def _custom_model_problems(model: dict[str, Any]) -> list[tuple[str, str]]:
     not installed is checked again when the policy builds its model)."""
     if not model["use_lstm"] or model["custom_model"] is None:
         return []
-    from actorrl.classpath import resolve_callable
+    from actorrl.util.classpath import resolve_callable
 
     try:
         cls = resolve_callable(model["custom_model"], "model.custom_model")

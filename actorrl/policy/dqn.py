@@ -46,7 +46,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from actorrl.batch import SampleBatch, chop_into_sequences
+from actorrl.data.batch import SampleBatch, chop_into_sequences
 from actorrl.policy.base import LossOutput, TorchPolicy
 from actorrl.policy.config import DQNPolicyConfig, ExplorationConfig
 from actorrl.policy.models import (

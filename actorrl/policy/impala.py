@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from actorrl.batch import SampleBatch
+from actorrl.data.batch import SampleBatch
 from actorrl.policy.action_dist import dist_class_for
 from actorrl.policy.base import LossOutput, TorchPolicy
 from actorrl.policy.config import ImpalaPolicyConfig

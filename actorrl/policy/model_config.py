@@ -50,7 +50,7 @@ MODEL_DEFAULTS: dict[str, Any] = {
     # Feed the previous reward to the LSTM with the features.
     "lstm_use_prev_reward": False,
     # RLlib's Atari preprocessor keys. On Atari ids they set the DeepMind wrappers
-    # (actorrl.atari.model_env_config folds them into env_config): frames of dim x dim
+    # (actorrl.envs.atari.model_env_config folds them into env_config): frames of dim x dim
     # (84: RLlib's 84x84 conv stack; 42: its 42x42 one). Elsewhere only dim=84 (a no-op)
     # is accepted.
     "dim": 84,

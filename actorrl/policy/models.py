@@ -52,7 +52,7 @@ Images
     refused with an error naming the shape and the key. uint8 frames stay uint8 until the
     first conv layer, which casts and scales them by 1/255 (to [0, 1]; with the model
     option ``zero_mean``, x/127.5 - 1, to [-1, 1]). ``dim``, ``grayscale`` and
-    ``framestack`` shape Atari frames on the env side (``actorrl.atari.model_env_config``);
+    ``framestack`` shape Atari frames on the env side (``actorrl.envs.atari.model_env_config``);
     the default conv stack then follows the frame size (RLlib's 84x84 or 42x42 stack).
 
 ``model_config`` keys (RLlib names; unknown keys are rejected): see :data:`MODEL_DEFAULTS`.
@@ -70,10 +70,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from actorrl.classpath import resolve_callable
+from actorrl.data.spaces import needs_flattening
 from actorrl.policy.model_config import missing_recurrent_methods, resolve_model_config
 from actorrl.policy.paired_lstm import PairedBranches
-from actorrl.spaces import needs_flattening
+from actorrl.util.classpath import resolve_callable
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {
     "tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "swish": nn.SiLU, "linear": nn.Identity,
@@ -329,7 +329,7 @@ def build_encoder(obs_space: gym.Space, model_config: Mapping[str, Any] | None
         pre, in_dim = Flatten(), int(math.prod(obs_space.shape))
     elif isinstance(obs_space, gym.spaces.Discrete):
         pre, in_dim = OneHot(int(obs_space.n)), int(obs_space.n)
-    elif needs_flattening(obs_space):  # Dict, Tuple...: flat vectors (actorrl.spaces)
+    elif needs_flattening(obs_space):  # Dict, Tuple...: flat vectors (actorrl.data.spaces)
         from actorrl.policy.complex_encoder import build_complex_encoder
 
         return build_complex_encoder(obs_space, cfg)

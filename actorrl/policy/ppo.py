@@ -28,7 +28,7 @@ from typing import Any
 import gymnasium as gym
 import torch
 
-from actorrl.batch import SampleBatch
+from actorrl.data.batch import SampleBatch
 from actorrl.policy.actor_critic import ActorCriticPolicy, explained_variance
 from actorrl.policy.base import LossOutput
 from actorrl.policy.config import PPOPolicyConfig

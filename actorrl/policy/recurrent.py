@@ -3,7 +3,7 @@
 A recurrent policy's model follows :class:`actorrl.policy.models.RecurrentModel`. Acting
 (:func:`step_model`) runs one step of every env of a worker as ``B`` sequences of length 1
 from each env's carried state. Learning (:class:`SequenceLayout`) lays a sequenced batch's
-flat rows (see :mod:`actorrl.batch`) out as ``[S, T]`` padded sequences, unrolls the model
+flat rows (see :mod:`actorrl.data.batch`) out as ``[S, T]`` padded sequences, unrolls the model
 from each sequence's recorded start state, and gathers the real rows back, so a loss
 written over flat rows masks the padding by construction.
 
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from actorrl.batch import SampleBatch
+from actorrl.data.batch import SampleBatch
 from actorrl.policy.model_config import resolve_model_config
 
 

@@ -10,7 +10,7 @@ an advantage head and, when ``dueling``, a value head, each with the ``hiddens``
 aggregated as ``V + A - mean(A)``. Its outputs are the Q-values; its "values" are
 ``max_a Q`` (nothing reads them but the recurrent interface's shape).
 
-:func:`unroll_q` runs a Q-network over a sequenced batch (see :mod:`actorrl.batch`) from
+:func:`unroll_q` runs a Q-network over a sequenced batch (see :mod:`actorrl.data.batch`) from
 each sequence's stored start state, over the sequence's rows plus one more step on the
 last row's ``new_obs`` (fed with the last action and reward as its previous action and
 reward, as :meth:`actorrl.policy.recurrent.SequenceLayout.unroll` does for bootstrap
@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from actorrl.batch import SampleBatch
+from actorrl.data.batch import SampleBatch
 from actorrl.policy.model_config import resolve_model_config
 from actorrl.policy.models import RecurrentModel, build_encoder, build_mlp, run_lstm
 from actorrl.policy.recurrent import SequenceLayout, state_column_names

@@ -17,14 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from actorrl.batch import MultiAgentBatch, SampleBatch, as_multi_agent
-from actorrl.metrics import TimerStat
+from actorrl.data.batch import MultiAgentBatch, SampleBatch, as_multi_agent
 from actorrl.replay.buffer import ReplayBuffer
 from actorrl.replay.config import ReplayConfig
 from actorrl.replay.frame_storage import FrameStackStorage
 from actorrl.replay.prioritized import PrioritizedSampler
 from actorrl.replay.sampler import UniformSampler
 from actorrl.runtime import ObjectRef, Runtime
+from actorrl.util.stats import TimerStat
 
 
 def shard_config(config: ReplayConfig | Mapping[str, Any]) -> ReplayConfig:

@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from actorrl.batch import SampleBatch
-from actorrl.metrics import WindowStat
+from actorrl.data.batch import SampleBatch
 from actorrl.replay.sampler import Sampler, UniformSampler
 from actorrl.replay.storage import RowStorage, Storage, Written
+from actorrl.util.stats import WindowStat
 
 EVICTED_HIT_WINDOW = 1000
 """How many evicted rows' sample counts ``stats(debug=True)`` summarises."""

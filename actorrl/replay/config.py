@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from actorrl.config import ConfigSection, derived
+from actorrl.config.sections import ConfigSection, derived
 
 
 @dataclass(frozen=True, kw_only=True)

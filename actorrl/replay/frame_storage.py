@@ -4,11 +4,11 @@ A transition of an Atari-like env holds ``obs`` and ``new_obs``, two stacks of 4
 (56 KB at 84x84), though consecutive transitions share all but one frame. Here the frames
 live once in a circular :class:`FrameStore`; a transition keeps, per stacked column, the
 absolute ids of its frames (``[stack]`` int64), and sampling rebuilds the stacks (as a
-:class:`~actorrl.frames.FramePack` attached to the returned batch, so the learner gets the
+:class:`~actorrl.data.frames.FramePack` attached to the returned batch, so the learner gets the
 frames once over the wire too). A Pong-like shard then costs about one frame (7 KB) per
 transition instead of eight. With ``unpack=False`` (a replay shard that only sends what it
 samples) the stacks are not rebuilt here at all: the batch holds them only as the pack
-(:meth:`~actorrl.batch.SampleBatch.packed`) and the receiver rebuilds them.
+(:meth:`~actorrl.data.batch.SampleBatch.packed`) and the receiver rebuilds them.
 
 Frames and transitions are both written in order, so when the frame ring wraps the
 transitions whose frames it overwrote are the oldest ones: they are retired (never
@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from actorrl.batch import SampleBatch
-from actorrl.frames import FramePack, pack_frames, packable_columns
+from actorrl.data.batch import SampleBatch
+from actorrl.data.frames import FramePack, pack_frames, packable_columns
 from actorrl.replay.storage import RowStorage, Written
 
 FRAME_HEADROOM = 1.15

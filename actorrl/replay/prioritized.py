@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from actorrl.metrics import WindowStat
 from actorrl.replay.segment_tree import (
     MinSegmentTree,
     SumSegmentTree,
@@ -22,6 +21,7 @@ from actorrl.replay.segment_tree import (
     next_power_of_two,
 )
 from actorrl.replay.storage import Storage, Written
+from actorrl.util.stats import WindowStat
 
 REPRIORITIZATION_WINDOW = 1000
 """How many priority changes ``stats(debug=True)`` summarises."""

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from actorrl.batch import SampleBatch
+from actorrl.data.batch import SampleBatch
 
 _NO_SLOTS = np.zeros(0, dtype=np.int64)
 

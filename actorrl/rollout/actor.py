@@ -11,8 +11,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from actorrl.batch import MultiAgentBatch, SampleBatch
-from actorrl.config import WorkerConfig
+from actorrl.config.sections import WorkerConfig
+from actorrl.data.batch import MultiAgentBatch, SampleBatch
 from actorrl.envs import EpisodeMetrics
 from actorrl.messages import GradientsReply, SampleReply
 from actorrl.rollout.worker import RolloutWorker

@@ -18,10 +18,10 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from actorrl.batch import MultiAgentBatch, SampleBatch, chop_into_sequences
 from actorrl.callbacks import EpisodeTracker
+from actorrl.data.batch import MultiAgentBatch, SampleBatch, chop_into_sequences
 from actorrl.envs import ALL_AGENTS, MultiAgentVectorEnv, VectorEnv
-from actorrl.filters import MeanStdFilter
+from actorrl.envs.filters import MeanStdFilter
 from actorrl.policy.base import TorchPolicy
 
 

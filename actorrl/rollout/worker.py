@@ -24,9 +24,10 @@ Gradients (RLlib's convention)
     trainable policies in the batch. ``apply_gradients`` takes either form.
     ``learn_on_batch`` always returns ``{policy_id: info}``.
 
-Config: a :class:`~actorrl.config.WorkerConfig` (its ``rollout`` section,
-:class:`~actorrl.config.RolloutConfig`, and its ``policy`` section, the policy class's
-``config_class``), or a mapping loaded into one by :func:`~actorrl.config.load_worker_config`
+Config: a :class:`~actorrl.config.sections.WorkerConfig` (its ``rollout`` section,
+:class:`~actorrl.config.sections.RolloutConfig`, and its ``policy`` section, the policy class's
+``config_class``), or a mapping loaded into one by
+:func:`~actorrl.config.sections.load_worker_config`
 (RLlib flat names or sections; unknown keys refused). ``multiagent.policies`` maps policy
 id -> ``(policy_cls or "pkg.module:Class" or None, obs_space or None, action_space or
 None, config_overrides)``; ``None`` class means the worker's ``policy`` argument, ``None``
@@ -45,21 +46,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from actorrl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from actorrl.callbacks import DefaultCallbacks, EpisodeTracker, make_callbacks
-from actorrl.classpath import resolve_callable
-from actorrl.config import (
+from actorrl.config.sections import (
     ConfigSection,
     RolloutConfig,
     WorkerConfig,
     load_component,
     load_worker_config,
 )
+from actorrl.data.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from actorrl.envs import EnvSpec, EpisodeMetrics, MultiAgentVectorEnv, make_vector_env
-from actorrl.filters import MeanStdFilter, filter_vector_env, policy_filters
+from actorrl.envs.filters import MeanStdFilter, filter_vector_env, policy_filters
 from actorrl.policy.base import TorchPolicy
 from actorrl.policy.config import PolicyConfig
 from actorrl.rollout.samplers import MultiAgentSampler, SamplingOptions, SingleAgentSampler
+from actorrl.util.classpath import resolve_callable
 
 PolicyClass = type[TorchPolicy]
 
@@ -220,7 +221,7 @@ class RolloutWorker:
         tracker = self.episode_tracker
         return tracker.pop_custom_metrics() if tracker is not None else []
 
-    # ---- observation filters (actorrl.filters) -----------------------------------------
+    # ---- observation filters (actorrl.envs.filters) -----------------------------------------
     def get_filters(self, flush_after: bool = False) -> dict[str, dict[str, Any]]:
         """``{policy_id: delta}``: the observation statistics gathered since the last
         flush (cleared when ``flush_after``); empty without a MeanStdFilter."""

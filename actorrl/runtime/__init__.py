@@ -4,10 +4,9 @@ Sync facade (scripts, tests): :func:`init`, :func:`create_actor`, :func:`get`, :
 :func:`put`, :func:`free`, :func:`get_and_free`, :func:`shutdown`. Async API:
 :class:`Driver` (and :class:`Runtime` underneath); :class:`DriverLike` is the surface the
 local, serial and cluster drivers share. ``Driver.start(serial=True)`` /
-``init(serial=True)`` run every actor in this process (:mod:`actorrl.runtime.serial`).
+``init(serial=True)`` run every actor in this process (:mod:`actorrl.runtime.process.serial`).
 """
 
-from actorrl.runtime.actor import ActorHandle, ActorSpec
 from actorrl.runtime.api import (
     create_actor,
     driver,
@@ -22,7 +21,6 @@ from actorrl.runtime.api import (
     shutdown,
     wait,
 )
-from actorrl.runtime.core import Runtime
 from actorrl.runtime.driver import Driver, DriverLike
 from actorrl.runtime.errors import (
     ActorCreationError,
@@ -32,7 +30,9 @@ from actorrl.runtime.errors import (
     RemoteError,
     RuntimeNotStartedError,
 )
-from actorrl.runtime.refs import ObjectRef
+from actorrl.runtime.process.handles import ActorHandle, ActorSpec
+from actorrl.runtime.process.refs import ObjectRef
+from actorrl.runtime.process.runtime import Runtime
 
 __all__ = [
     "ActorCreationError",

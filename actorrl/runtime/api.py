@@ -10,7 +10,7 @@
 
 The event loop runs in a background thread of this process (still one loop per process).
 ``init(serial=True)`` runs the actors in that loop too, not in processes (see
-:mod:`actorrl.runtime.serial`).
+:mod:`actorrl.runtime.process.serial`).
 
 **The one module-level default.** This facade keeps the :class:`Driver` that :func:`init`
 started in a module variable, so scripts need not carry it around; it is the only
@@ -27,12 +27,12 @@ import threading
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
-from actorrl.runtime.actor import ActorHandle
-from actorrl.runtime.core import Runtime
 from actorrl.runtime.driver import Driver
 from actorrl.runtime.errors import GetTimeoutError, RemoteError, RuntimeNotStartedError
-from actorrl.runtime.hosting import current_hosting
-from actorrl.runtime.refs import ObjectRef
+from actorrl.runtime.process.handles import ActorHandle
+from actorrl.runtime.process.hosting import current_hosting
+from actorrl.runtime.process.refs import ObjectRef
+from actorrl.runtime.process.runtime import Runtime
 from transport.sockets import new_event_loop
 
 T = TypeVar("T")

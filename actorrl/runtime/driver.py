@@ -8,7 +8,7 @@
         print(await driver.get(ref))
 
 ``Driver.start(serial=True)`` runs every actor inside this process and event loop instead
-(see :mod:`actorrl.runtime.serial`). :class:`DriverLike` is the surface shared with the
+(see :mod:`actorrl.runtime.process.serial`). :class:`DriverLike` is the surface shared with the
 cluster's ``ClusterDriver``; code that starts actors (the Trainer) is typed for it.
 """
 
@@ -19,19 +19,19 @@ import shutil
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from actorrl.runtime.actor import ActorHandle, ActorSpec
-from actorrl.runtime.core import Runtime
-from actorrl.runtime.node import DEFAULT_START_TIMEOUT_S, LocalNode
-from actorrl.runtime.peers import remove_ipc_fallback
-from actorrl.runtime.refs import ObjectRef
-from actorrl.runtime.serial import SerialNode
+from actorrl.runtime.node.node import DEFAULT_START_TIMEOUT_S, LocalNode
+from actorrl.runtime.process.handles import ActorHandle, ActorSpec
+from actorrl.runtime.process.peers import remove_ipc_fallback
+from actorrl.runtime.process.refs import ObjectRef
+from actorrl.runtime.process.runtime import Runtime
+from actorrl.runtime.process.serial import SerialNode
 from actorrl.runtime.sessions import make_session_dir
 
 
 @runtime_checkable
 class DriverLike(Protocol):
     """What code that starts and calls actors needs from a driver: :class:`Driver` (one
-    host, or serial) and ``actorrl.runtime.cluster_driver.ClusterDriver`` (a cluster) both
+    host, or serial) and ``actorrl.runtime.cluster.driver.ClusterDriver`` (a cluster) both
     satisfy it."""
 
     @property
@@ -112,7 +112,7 @@ class ObjectOps:
 class Driver(ObjectOps):
     """Owns this process's :class:`Runtime` and the node its actors run on: a
     :class:`LocalNode` (a child process per actor) or, in serial mode, a
-    :class:`~actorrl.runtime.serial.SerialNode` (every actor in this process and loop)."""
+    :class:`~actorrl.runtime.process.serial.SerialNode` (every actor in this process and loop)."""
 
     def __init__(self, runtime: Runtime, node: LocalNode | SerialNode, session_dir: str,
                  owns_session_dir: bool) -> None:

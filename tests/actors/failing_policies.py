@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from actorrl.batch import SampleBatch
+from actorrl.data.batch import SampleBatch
 from actorrl.policy.dqn import DQNPolicy
 from actorrl.policy.impala import ImpalaPolicy
 

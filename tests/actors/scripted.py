@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 import actorrl.runtime as rt
-from actorrl.batch import SampleBatch
+from actorrl.data.batch import SampleBatch
 from actorrl.envs import EpisodeMetrics
 from actorrl.learner.actor import LearnerActor
 from actorrl.messages import SampleReply

@@ -30,10 +30,10 @@ from typing import Any
 
 import numpy as np
 
-from actorrl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch, as_multi_agent
-from actorrl.config import ConfigSection
+from actorrl.config.sections import ConfigSection
+from actorrl.data.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch, as_multi_agent
+from actorrl.data.frames import FRAME_COLUMNS, pack_frames, packable_columns
 from actorrl.envs import EpisodeMetrics
-from actorrl.frames import FRAME_COLUMNS, pack_frames, packable_columns
 from actorrl.messages import EnqueueReply, SampleReply, TrainedBatch, TrainedNotice
 from actorrl.runtime import ObjectRef, Runtime
 from transport.codec import register_type

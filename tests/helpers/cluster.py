@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from actorrl.runtime.fork_server import PRELOAD_ENV
+from actorrl.runtime.node.fork_server import PRELOAD_ENV
 from tests.helpers.procs import REPO, child_env, ready_line, start_python
 
-CLI = [sys.executable, "-m", "actorrl.cli"]
-CLUSTER_CLI = [sys.executable, "-m", "actorrl.cli_cluster"]
+CLI = [sys.executable, "-m", "actorrl.cli.main"]
+CLUSTER_CLI = [sys.executable, "-m", "actorrl.cli.cluster"]
 TAG_VARIABLE = "ACTORRL_TEST_CLI_RUN"
 """Set to a test's tag in a CLI run's environment (its actor processes inherit it)."""
 SESSION_TIMEOUT_S = 4.0
@@ -56,9 +56,9 @@ def read(path: str | Path) -> str:
 
 def spawn(args: list[str], log_path: str, pass_fds: tuple[int, ...] = (),
           env: dict[str, str] | None = None) -> subprocess.Popen:
-    """``actorrl.cli_cluster ARGS`` as a subprocess with its output in ``log_path``
+    """``actorrl.cli.cluster ARGS`` as a subprocess with its output in ``log_path``
     (``env``: variables set for it)."""
-    return start_python(["-m", "actorrl.cli_cluster", *args], log_path,
+    return start_python(["-m", "actorrl.cli.cluster", *args], log_path,
                         stdin=subprocess.DEVNULL, stdout=None, pass_fds=pass_fds, env=env)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from actorrl.batch import SampleBatch
+from actorrl.data.batch import SampleBatch
 
 
 def stacked_fragment(rng: np.random.Generator, steps: int, *, stack: int = 4,

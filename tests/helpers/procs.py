@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
-from actorrl.runtime.fork_server import PRELOAD_ENV
-from actorrl.runtime.process import descendant_pids
+from actorrl.runtime.node.fork_server import PRELOAD_ENV
+from actorrl.runtime.node.process import descendant_pids
 
 NO_TORCH_PRELOAD = {PRELOAD_ENV: "numpy"}
 """Environment for a node or driver whose actors are plain test actors: its fork server
