@@ -75,7 +75,8 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402
 
 from actorrl.algorithms import AlgorithmSpec, Trainer, get_algorithm  # noqa: E402
-from actorrl.config.sections import AlgorithmConfig, parse_override  # noqa: E402
+from actorrl.config.algorithm import AlgorithmConfig  # noqa: E402
+from actorrl.config.files import parse_override  # noqa: E402
 from actorrl.data.batch import SampleBatch  # noqa: E402
 from actorrl.experiment.train import (  # noqa: E402
     ConfigFile,

@@ -35,7 +35,7 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402
 
 from actorrl.algorithms.impala import ImpalaConfig  # noqa: E402
-from actorrl.config.sections import load_config  # noqa: E402
+from actorrl.config.algorithm import load_config  # noqa: E402
 from actorrl.data.batch import SampleBatch  # noqa: E402
 from actorrl.learner.config import LearnerConfig  # noqa: E402
 from actorrl.learner.thread import LearnerThread, make_learner_thread  # noqa: E402

@@ -43,7 +43,7 @@ sys.path.insert(0, ROOT)
 
 from actorrl.algorithms import Trainer, get_algorithm  # noqa: E402
 from actorrl.algorithms.trainer import WORKER_CLASS  # noqa: E402
-from actorrl.config.sections import load_config  # noqa: E402
+from actorrl.config.algorithm import load_config  # noqa: E402
 from actorrl.runtime import Driver  # noqa: E402
 
 OVERRIDES = {"apex": {"training_intensity": None}, "a3c": {}, "impala": {}}

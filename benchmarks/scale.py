@@ -67,7 +67,7 @@ sys.path.insert(0, str(REPO))
 
 import tests.actors.simulated  # noqa: E402,F401  (its wire types)
 from actorrl.algorithms import Trainer, get_algorithm  # noqa: E402
-from actorrl.config.sections import load_config  # noqa: E402
+from actorrl.config.algorithm import load_config  # noqa: E402
 from actorrl.runtime.cluster.coordinator import Coordinator  # noqa: E402
 from actorrl.runtime.cluster.driver import ClusterDriver  # noqa: E402
 from actorrl.runtime.network import Network  # noqa: E402

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from actorrl.algorithms import Trainer, get_algorithm
-from actorrl.config.sections import load_config
+from actorrl.config.algorithm import load_config
 from actorrl.runtime import Driver
 
 TRAIN_BATCH = 512

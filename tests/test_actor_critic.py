@@ -13,11 +13,8 @@ import torch
 from actorrl.data.batch import SampleBatch
 from actorrl.envs import EpisodeWindow
 from actorrl.policy.action_dist import Categorical
-from actorrl.policy.actor_critic import (
-    ActorCriticPolicy,
-    compute_advantages,
-    discount_cumsum,
-)
+from actorrl.policy.actor_critic import ActorCriticPolicy
+from actorrl.policy.advantages import compute_advantages, discount_cumsum
 from actorrl.rollout import RolloutWorker
 from tests.helpers.configs import A2C_CARTPOLE
 

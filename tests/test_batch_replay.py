@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from actorrl.algorithms import Trainer, get_algorithm
-from actorrl.config.sections import load_config
+from actorrl.config.algorithm import load_config
 from actorrl.data.batch import MultiAgentBatch, SampleBatch
 from actorrl.runtime import Driver
 

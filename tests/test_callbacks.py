@@ -12,7 +12,8 @@ import pytest
 
 from actorrl.algorithms import Trainer, get_algorithm
 from actorrl.callbacks import CustomMetricsWindow, summarize_custom_metrics
-from actorrl.config.sections import ConfigError, load_config
+from actorrl.config.algorithm import load_config
+from actorrl.config.sections import ConfigError
 from actorrl.experiment.plot import plot_runs
 from actorrl.experiment.progress import plain_line
 from actorrl.experiment.results import ResultWriter, RunDirectory, read_results

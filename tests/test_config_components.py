@@ -18,16 +18,9 @@ import gymnasium as gym
 import pytest
 
 from actorrl.algorithms import get_algorithm
-from actorrl.config.sections import (
-    ALGORITHM,
-    FLAT_KEYS,
-    WORKER,
-    AlgorithmConfig,
-    ConfigError,
-    ConfigSection,
-    load_config,
-    load_worker_config,
-)
+from actorrl.config.algorithm import AlgorithmConfig, load_config
+from actorrl.config.loading import FLAT_KEYS, load_worker_config
+from actorrl.config.sections import ALGORITHM, WORKER, ConfigError, ConfigSection
 from actorrl.learner.config import LearnerConfig
 from actorrl.replay.actor import ReplayActor, shard_config
 from actorrl.rollout import RolloutWorker

@@ -15,7 +15,8 @@ import pytest
 
 from actorrl.algorithms import get_algorithm
 from actorrl.algorithms.dqn import DQNConfig
-from actorrl.config.sections import ConfigError, load_config
+from actorrl.config.algorithm import load_config
+from actorrl.config.sections import ConfigError
 from actorrl.experiment.train import plan_training
 
 REPO = Path(__file__).resolve().parent.parent

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from actorrl.algorithms import Trainer, get_algorithm
-from actorrl.config.sections import ConfigError, load_config
+from actorrl.config.algorithm import load_config
+from actorrl.config.sections import ConfigError
 from actorrl.runtime import Driver
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from actorrl.algorithms import Trainer, get_algorithm
 from actorrl.algorithms.trainer import WORKER_CLASS
-from actorrl.config.sections import load_config
+from actorrl.config.algorithm import load_config
 from actorrl.learner.actor import LearnerError
 from actorrl.learner.config import LearnerConfig
 from actorrl.learner.minibatch_buffer import LearnerStarvedError, MinibatchBuffer

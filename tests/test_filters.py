@@ -11,7 +11,8 @@ import pytest
 
 from actorrl.algorithms import Trainer, get_algorithm
 from actorrl.algorithms import checkpoints as ckpt
-from actorrl.config.sections import ConfigError, load_config
+from actorrl.config.algorithm import load_config
+from actorrl.config.sections import ConfigError
 from actorrl.data.batch import DEFAULT_POLICY_ID
 from actorrl.envs.filters import CLIP, FilterManager, MeanStdFilter, RunningStat
 from actorrl.experiment.evaluate import evaluate_checkpoint

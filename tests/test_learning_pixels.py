@@ -9,7 +9,7 @@ import time
 import pytest
 
 from actorrl.algorithms import Trainer, get_algorithm
-from actorrl.config.sections import load_config
+from actorrl.config.algorithm import load_config
 from actorrl.runtime import Driver
 
 pytestmark = pytest.mark.learning

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from actorrl.algorithms import Trainer, get_algorithm
-from actorrl.config.sections import load_config
+from actorrl.config.algorithm import load_config
 from actorrl.data.batch import DEFAULT_POLICY_ID
 from actorrl.envs.filters import RunningStat
 from actorrl.runtime import Driver

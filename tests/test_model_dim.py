@@ -12,11 +12,12 @@ import pytest
 import torch
 
 from actorrl.algorithms import get_algorithm
-from actorrl.config.sections import ConfigError, load_config
+from actorrl.config.algorithm import load_config
+from actorrl.config.sections import ConfigError
 from actorrl.envs import atari
 from actorrl.envs.atari import model_env_config
+from actorrl.policy.encoders import ConvEncoder, build_encoder
 from actorrl.policy.model_config import MODEL_DEFAULTS, MODEL_KEY_DOCS
-from actorrl.policy.models import ConvEncoder, build_encoder
 from actorrl.rollout import RolloutWorker
 from tests.helpers.extras import installed
 from transport.codec import encode

@@ -11,17 +11,15 @@ import pytest
 import torch
 
 from actorrl.policy.action_dist import Categorical, DiagGaussian, dist_class_for
-from actorrl.policy.models import (
+from actorrl.policy.encoders import (
     NATURE_CONV_FILTERS,
-    ActorCriticModel,
     ConvEncoder,
     FullExtentConv2d,
     build_encoder,
     build_mlp,
     default_conv_filters,
-    make_model,
-    resolve_model_config,
 )
+from actorrl.policy.models import ActorCriticModel, make_model, resolve_model_config
 
 torch.set_num_threads(1)
 
@@ -367,7 +365,7 @@ def test_same_padding_matches_explicit_tf_padding():
     remainder) compute exactly TF/RLlib "same" padding: pad (lo, hi), then convolve."""
     import torch.nn.functional as F
 
-    from actorrl.policy.models import tf_same_padding
+    from actorrl.policy.encoders import tf_same_padding
 
     torch.manual_seed(0)
     encoder, _ = build_encoder(gym.spaces.Box(0, 255, (84, 84, 4), np.uint8), {})

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from actorrl.algorithms import Trainer, get_algorithm
-from actorrl.config.sections import ConfigError, load_config
+from actorrl.config.algorithm import load_config
+from actorrl.config.sections import ConfigError
 from actorrl.envs import EpisodeMetrics, EpisodeWindow
 from actorrl.envs.custom.multi_agent import TWO_CARTPOLES_MULTIAGENT, policy_for_agent
 from actorrl.rollout import RolloutWorker

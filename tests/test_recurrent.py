@@ -14,7 +14,9 @@ from torch import nn
 
 from actorrl.algorithms import get_algorithm
 from actorrl.algorithms.checkpoints import read_checkpoint
-from actorrl.config.sections import ConfigError, load_component, load_config
+from actorrl.config.algorithm import load_config
+from actorrl.config.loading import load_component
+from actorrl.config.sections import ConfigError
 from actorrl.data.batch import SampleBatch, chop_into_sequences
 from actorrl.envs.custom.partial import STATELESS_CARTPOLE_ID
 from actorrl.learner.towers import TowerSet

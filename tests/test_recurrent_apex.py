@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from actorrl.algorithms import Trainer, get_algorithm
-from actorrl.config.sections import ConfigError, load_config
+from actorrl.config.algorithm import load_config
+from actorrl.config.sections import ConfigError
 from actorrl.data.batch import MultiAgentBatch, SampleBatch, chop_into_sequences
 from actorrl.envs import make_env
 from actorrl.envs.custom.memory import MEMORY_CUE_ID

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from actorrl.algorithms import Trainer, get_algorithm
-from actorrl.config.sections import load_config
+from actorrl.config.algorithm import load_config
 from actorrl.runtime import Driver
 
 RESTORED_STEPS = 100_000

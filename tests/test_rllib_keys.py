@@ -17,6 +17,7 @@ import pytest
 
 from actorrl.algorithms import algorithm_names, get_algorithm
 from actorrl.algorithms.stop import StopCriteria
+from actorrl.config.algorithm import config_fields, load_config
 from actorrl.config.aliases import (
     ALIASES,
     IGNORED,
@@ -24,7 +25,7 @@ from actorrl.config.aliases import (
     STOP_ALIASES,
     RLlibKeyWarning,
 )
-from actorrl.config.sections import ConfigError, config_fields, load_config
+from actorrl.config.sections import ConfigError
 from actorrl.experiment.errors import UsageError
 from actorrl.experiment.train import plan_training, read_config_file_sections
 from tests.helpers.cluster import read_jsonl, run_cli, run_dirs

@@ -22,7 +22,7 @@ import pytest
 
 from actorrl.cli.cluster import CommandError, key_names
 from actorrl.cluster import JobError
-from actorrl.cluster.jobs import Job, JobManager, JobOptions, Submission
+from actorrl.cluster.jobs import JobManager, JobOptions, ManagedJob, Submission
 from actorrl.runtime.cluster.coordinator import Coordinator
 from actorrl.runtime.cluster.node_agent import NodeAgent
 from actorrl.runtime.cluster.records import ActorRecord
@@ -240,9 +240,9 @@ async def test_a_client_sees_and_stops_only_its_own_sessions_actors(cluster):
     assert cluster.coordinator.actors == {}
 
 
-def add_job(cluster: Cluster, job_id: str, key_of: str) -> Job:
+def add_job(cluster: Cluster, job_id: str, key_of: str) -> ManagedJob:
     """A (not running) job submitted with ``key_of``'s key."""
-    job = Job(job_id, Submission("apex", {}, {}, JobOptions()),
+    job = ManagedJob(job_id, Submission("apex", {}, {}, JobOptions()),
               os.path.join(cluster.jobs.state_dir, "jobs", job_id))
     job.owner_key = load_public_key(cluster.keys, key_of).decode()
     cluster.jobs.jobs[job_id] = job
@@ -270,7 +270,7 @@ async def test_a_client_sees_and_stops_only_its_own_jobs(cluster):
     assert (await cluster.call("client", "job.status", "job-alice"))["owner_key"] == \
         load_public_key(cluster.keys, "client").decode()
     # The owner is kept in job.json: a restarted coordinator still knows it.
-    assert Job.load(bobs.dir).owner_key == bobs.owner_key
+    assert ManagedJob.load(bobs.dir).owner_key == bobs.owner_key
 
 
 async def test_with_an_admin_key_only_admins_shut_the_coordinator_down(cluster):

@@ -31,7 +31,7 @@ import yaml
 
 import tests.actors.simulated  # noqa: F401  (its wire types, for replies decoded here)
 from actorrl.algorithms import Trainer, get_algorithm
-from actorrl.config.sections import load_config
+from actorrl.config.algorithm import load_config
 from actorrl.runtime.cluster.coordinator import Coordinator
 from actorrl.runtime.cluster.driver import ClusterDriver
 from actorrl.runtime.network import Network

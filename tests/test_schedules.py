@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from actorrl.algorithms import Trainer, get_algorithm
-from actorrl.config.sections import ConfigError, load_config
+from actorrl.config.algorithm import load_config
+from actorrl.config.sections import ConfigError
 from actorrl.policy.actor_critic import ActorCriticPolicy
 from actorrl.policy.impala import ImpalaPolicy
 from actorrl.policy.schedules import PiecewiseSchedule

@@ -8,7 +8,8 @@ import time
 import pytest
 
 from actorrl.algorithms import Trainer, get_algorithm
-from actorrl.config.sections import ConfigError, load_config
+from actorrl.config.algorithm import load_config
+from actorrl.config.sections import ConfigError
 from actorrl.runtime import Driver
 
 

@@ -247,7 +247,7 @@ async def test_algorithm_learns_cartpole_serially(algorithm, tmp_path):
     """The same pipelines, serially: each algorithm reaches a mean return of 150 on
     CartPole-v1 with 2 workers, without a child process of its own."""
     from actorrl.algorithms import Trainer, get_algorithm
-    from actorrl.config.sections import load_config
+    from actorrl.config.algorithm import load_config
 
     spec = get_algorithm(algorithm)
     config = load_config(spec.config_cls, {"num_workers": 2, "seed": 0,

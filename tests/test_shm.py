@@ -26,6 +26,7 @@ from transport import shm
 # tests forge handles byte for byte with it.
 from transport.codec import _SHM_HEAD, EXT_SHM_ARRAY, Codec, DecodeError
 from transport.rpc import LOCAL_ID_BIT, RpcClient, RpcServer
+from transport.shm import segments as shm_segments_file
 from transport.timeouts import wait_for
 
 pytestmark = [pytest.mark.skipif(not shm.available(), reason="no writable /dev/shm"),
@@ -204,7 +205,7 @@ def test_a_full_dev_shm_falls_back_to_frames_with_one_warning(monkeypatch, caplo
     monkeypatch.setattr(shm.Segment, "create", full)
     monkeypatch.setattr(shm.Segment, "from_array", full)
     # Private: the warning is once per process; reset so this test sees its own.
-    monkeypatch.setattr(shm, "_warned", False)
+    monkeypatch.setattr(shm_segments_file, "_warned", False)
     codec = Codec()
     pool = shm.SegmentPool()
     value = [np.ones(BIG // 8), np.zeros(BIG // 8)]

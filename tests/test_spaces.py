@@ -13,10 +13,10 @@ import torch
 from gymnasium import spaces
 
 from actorrl.algorithms import Trainer, get_algorithm
-from actorrl.config.sections import load_config
+from actorrl.config.algorithm import load_config
 from actorrl.data.spaces import flat_leaves, flat_size, observation_preprocessor
 from actorrl.policy.action_dist import Categorical, dist_class_for
-from actorrl.policy.complex_encoder import ComplexEncoder
+from actorrl.policy.encoders import ComplexEncoder
 from actorrl.policy.model_config import resolve_model_config
 from actorrl.rollout import RolloutWorker
 from actorrl.runtime import Driver

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from actorrl.algorithms import get_algorithm
-from actorrl.config.sections import ConfigError, load_config
+from actorrl.config.algorithm import load_config
+from actorrl.config.sections import ConfigError
 from actorrl.data.batch import SampleBatch
 from actorrl.learner.towers import TowerSet
 from actorrl.rollout import RolloutWorker

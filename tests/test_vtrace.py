@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from actorrl.policy.vtrace import vtrace_from_importance_weights
+from actorrl.policy.advantages import vtrace_from_importance_weights
 
 
 def paper_vtrace(log_rhos: np.ndarray, discounts: np.ndarray, rewards: np.ndarray,

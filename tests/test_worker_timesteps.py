@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from actorrl.algorithms import Trainer, get_algorithm
-from actorrl.config.sections import load_config
+from actorrl.config.algorithm import load_config
 from actorrl.runtime import Driver
 
 RESTORED_STEPS = 100_000

@@ -47,8 +47,9 @@ from typing import Any, TypeVar
 import msgpack
 import numpy as np
 
-from transport import shm
-from transport.shm import Placer
+from transport.shm.mappings import open_segment
+from transport.shm.placers import Placer
+from transport.shm.segments import ShmError
 
 __all__ = [
     "Codec",
@@ -204,22 +205,31 @@ def _array_ext(arr: np.ndarray, frames: list, inline_budget: list[int], allow_la
     return msgpack.ExtType(code, head + dtype_str + shape)
 
 
+def _checked_dtype_and_shape(data: bytes, pos: int, dlen: int,
+                             ndim: int) -> tuple[np.dtype, tuple[int, ...], int]:
+    """The dtype (text of ``dlen`` bytes at ``pos``) and shape (``ndim`` int64s after it)
+    of an array record off the wire, and the position after them. The security checks of
+    every array header: DecodeError for an unknown dtype, an object or structured dtype
+    (never accepted from the wire), or a negative dimension."""
+    dtype_text = data[pos:pos + dlen].decode()
+    try:
+        dtype = np.dtype(dtype_text)
+    except TypeError:  # repr: a name read off the wire never reaches a log unescaped
+        raise DecodeError(f"malformed array header: unknown dtype {dtype_text!r}") from None
+    pos += dlen
+    shape = struct.unpack_from(f"<{ndim}q", data, pos)
+    pos += 8 * ndim
+    if dtype.hasobject or dtype.fields is not None:
+        raise DecodeError("object and structured arrays are never accepted from the wire")
+    if any(d < 0 for d in shape):
+        raise DecodeError(f"malformed array header: negative dimension in array shape {shape}")
+    return dtype, shape, pos
+
+
 def _array_from_ext(data: bytes, frames: Sequence[Any]) -> np.ndarray:
     try:
         dlen, ndim, flags, index = _HEAD.unpack_from(data)
-        pos = _HEAD.size
-        dtype_text = data[pos:pos + dlen].decode()
-        try:
-            dtype = np.dtype(dtype_text)
-        except TypeError:  # repr: a name read off the wire never reaches a log unescaped
-            raise DecodeError(f"malformed array header: unknown dtype {dtype_text!r}") from None
-        pos += dlen
-        shape = struct.unpack_from(f"<{ndim}q", data, pos)
-        pos += 8 * ndim
-        if dtype.hasobject or dtype.fields is not None:
-            raise DecodeError("object and structured arrays are never accepted from the wire")
-        if any(d < 0 for d in shape):
-            raise DecodeError(f"malformed array header: negative dimension in array shape {shape}")
+        dtype, shape, pos = _checked_dtype_and_shape(data, _HEAD.size, dlen, ndim)
         count = math.prod(shape)
         if index < 0:
             buf: Any = bytearray(memoryview(data)[pos:])  # small: copy so it is writable
@@ -243,34 +253,23 @@ def _array_from_ext(data: bytes, frames: Sequence[Any]) -> np.ndarray:
 
 def _array_from_shm(data: bytes, mapped: dict[str, Any]) -> np.ndarray:
     """The array a shared-memory record names, mapped (once per segment per message, in
-    ``mapped``); every field off the wire is checked (see :func:`transport.shm.open_segment`)."""
+    ``mapped``); every field off the wire is checked (see
+    :func:`transport.shm.mappings.open_segment`)."""
     try:
         dlen, ndim, flags, slot, offset = _SHM_HEAD.unpack_from(data)
-        pos = _SHM_HEAD.size
-        dtype_text = data[pos:pos + dlen].decode()
-        try:
-            dtype = np.dtype(dtype_text)
-        except TypeError:
-            raise DecodeError(f"malformed array header: unknown dtype {dtype_text!r}") from None
-        pos += dlen
-        shape = struct.unpack_from(f"<{ndim}q", data, pos)
-        pos += 8 * ndim
-        if dtype.hasobject or dtype.fields is not None:
-            raise DecodeError("object and structured arrays are never accepted from the wire")
-        if any(d < 0 for d in shape):
-            raise DecodeError(f"malformed array header: negative dimension in array shape {shape}")
+        dtype, shape, pos = _checked_dtype_and_shape(data, _SHM_HEAD.size, dlen, ndim)
         nbytes = math.prod(shape) * dtype.itemsize
         name = data[pos:].decode("ascii")
         segment = mapped.get(name)
         if segment is None:
-            segment = mapped[name] = shm.open_segment(name, slot - 1 if slot else None)
+            segment = mapped[name] = open_segment(name, slot - 1 if slot else None)
         flat = segment.array(offset, nbytes)
         mapped[""] = mapped.get("", 0) + nbytes  # bytes that arrived through segments
         order = "F" if flags & _FLAG_FORTRAN else "C"
         return flat.view(dtype).reshape(shape, order=order)
     except DecodeError:
         raise
-    except shm.ShmError as exc:
+    except ShmError as exc:
         raise DecodeError(f"bad shared-memory handle: {exc}") from None
     except Exception as exc:  # any malformed record is a decode error, never a crash
         raise DecodeError(f"malformed shared-memory array header: {str(exc)!r}") from exc

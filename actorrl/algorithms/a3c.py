@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 
 from actorrl.algorithms.trainer import AlgorithmSpec, Trainer
 from actorrl.algorithms.tuned import preset
-from actorrl.config.sections import AlgorithmConfig, RolloutConfig
+from actorrl.config.algorithm import AlgorithmConfig
+from actorrl.config.rollout import RolloutConfig
 from actorrl.learner.config import LearnerConfig
 from actorrl.pipelines.a3c import AsyncGradientsOptimizer
 from actorrl.policy.config import ActorCriticPolicyConfig

@@ -9,7 +9,7 @@ from actorrl.algorithms.impala import ImpalaConfig
 from actorrl.algorithms.impala import build_pipeline as build_impala_pipeline
 from actorrl.algorithms.trainer import AlgorithmSpec
 from actorrl.algorithms.tuned import preset, tuned
-from actorrl.config.sections import RolloutConfig
+from actorrl.config.rollout import RolloutConfig
 from actorrl.policy.config import APPOPolicyConfig
 
 

@@ -122,7 +122,7 @@ class DQNConfig(ApexConfig):
 
     def component(self, section: str) -> Any:
         """As :meth:`AlgorithmConfig.component`; the rollout section goes out as a plain
-        :class:`~actorrl.config.sections.RolloutConfig`."""
+        :class:`~actorrl.config.rollout.RolloutConfig`."""
         built = super().component(section)
         if isinstance(built, PPORolloutConfig):
             return built.resolved(DQN_AUTO_FRAGMENT)

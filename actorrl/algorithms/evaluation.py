@@ -21,7 +21,7 @@ import logging
 from typing import Any
 
 from actorrl.callbacks import summarize_custom_metrics
-from actorrl.config.sections import WorkerConfig
+from actorrl.config.rollout import WorkerConfig
 from actorrl.envs import EpisodeMetrics
 from actorrl.pipelines.pieces import Fleet, FleetMixin
 from actorrl.runtime import ActorHandle, DriverLike, ObjectRef, Runtime

@@ -8,7 +8,8 @@ from typing import Any, ClassVar
 
 from actorrl.algorithms.trainer import AlgorithmSpec, Trainer
 from actorrl.algorithms.tuned import preset, tuned
-from actorrl.config.sections import AlgorithmConfig, RolloutConfig
+from actorrl.config.algorithm import AlgorithmConfig
+from actorrl.config.rollout import RolloutConfig
 from actorrl.learner.config import LearnerConfig
 from actorrl.pipelines.impala import AsyncSamplesOptimizer
 from actorrl.policy.config import ImpalaPolicyConfig

@@ -16,7 +16,9 @@ from typing import Any, ClassVar
 
 from actorrl.algorithms.trainer import AlgorithmSpec, Trainer
 from actorrl.algorithms.tuned import preset, tuned
-from actorrl.config.sections import AlgorithmConfig, ConfigError, RolloutConfig
+from actorrl.config.algorithm import AlgorithmConfig
+from actorrl.config.rollout import RolloutConfig
+from actorrl.config.sections import ConfigError
 from actorrl.learner.config import PPOLearnerConfig
 from actorrl.pipelines.ppo import SyncSamplesOptimizer
 from actorrl.policy.config import PPOPolicyConfig
@@ -30,7 +32,7 @@ AUTO = "auto"
 
 @dataclass(frozen=True, kw_only=True)
 class PPORolloutConfig(RolloutConfig):
-    """PPO's rollout section: as :class:`~actorrl.config.sections.RolloutConfig`, except that
+    """PPO's rollout section: as :class:`~actorrl.config.rollout.RolloutConfig`, except that
     ``rollout_fragment_length`` may be ``"auto"`` (RLlib's PPO default), which
     :class:`PPOConfig` resolves to ``ceil(train_batch_size / (max(num_workers, 1) *
     num_envs_per_worker))`` when it is built (so configs saved with a run, and

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from actorrl.algorithms.evaluation import Evaluator
 from actorrl.callbacks import CustomMetricsWindow, DefaultCallbacks, make_callbacks
-from actorrl.config.sections import AlgorithmConfig
+from actorrl.config.algorithm import AlgorithmConfig
 from actorrl.envs import EpisodeMetrics, EpisodeWindow
 from actorrl.envs.filters import MEAN_STD_FILTER, FilterManager
 from actorrl.learner.config import LearnerConfig

@@ -315,7 +315,7 @@ def _cmd_nodes(args: argparse.Namespace) -> int:
 
 
 def _read_submission(args: argparse.Namespace) -> dict[str, Any]:
-    from actorrl.config.sections import parse_override, read_config_file
+    from actorrl.config.files import parse_override, read_config_file
 
     config = read_config_file(args.config)
     for text in args.set or []:
@@ -454,6 +454,14 @@ def _cmd_stop_job(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- parser
 def register(subparsers: Any) -> None:
     """Add the cluster commands to the ``actorrl`` parser's subparsers."""
+    _add_keys_commands(subparsers)
+    _add_coordinator_commands(subparsers)
+    _add_node_commands(subparsers)
+    _add_job_commands(subparsers)
+
+
+def _add_keys_commands(subparsers: Any) -> None:
+    """The ``keys`` command: CURVE key pairs for a cluster."""
     keys = subparsers.add_parser("keys", help="CURVE key pairs for a cluster")
     keys_sub = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
     p = keys_sub.add_parser("generate", help="write coordinator, node and client key pairs")
@@ -466,6 +474,9 @@ def register(subparsers: Any) -> None:
                    "(--role admin --names alice writes admin-alice); default: from the names")
     p.set_defaults(func=_guarded(_cmd_keys_generate))
 
+
+def _add_coordinator_commands(subparsers: Any) -> None:
+    """The ``coordinator start|status|stop`` commands."""
     coord = subparsers.add_parser("coordinator", help="start, inspect or stop the coordinator")
     coord_sub = coord.add_subparsers(dest="coordinator_command", metavar="ACTION",
                                      required=True)
@@ -508,6 +519,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for it to exit")
     p.set_defaults(func=_guarded(_cmd_coordinator_stop))
 
+
+def _add_node_commands(subparsers: Any) -> None:
+    """``node join`` (run a node agent here) and ``nodes`` (list them)."""
     node = subparsers.add_parser("node", help="run a node agent on this host")
     node_sub = node.add_subparsers(dest="node_command", metavar="ACTION", required=True)
     p = node_sub.add_parser("join", help="join a coordinator and run actors for it")
@@ -538,6 +552,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_guarded(_cmd_nodes))
 
+
+def _add_job_commands(subparsers: Any) -> None:
+    """``submit``, ``jobs [follow]``, ``logs`` and ``stop``: a cluster's jobs."""
     p = subparsers.add_parser("submit", help="submit a job from a YAML/JSON config")
     p.add_argument("config", metavar="CONFIG", help="config file with 'algorithm', config "
                    "keys, optional 'stop' and 'job' mappings")

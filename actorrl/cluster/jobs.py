@@ -52,7 +52,8 @@ from actorrl.algorithms.checkpoints import list_checkpoints, read_checkpoint, wr
 from actorrl.algorithms.run_loop import CheckpointPolicy, run_trainer
 from actorrl.algorithms.stop import StopCriteria
 from actorrl.cluster import RUNNING_STATES, TERMINAL_STATES, JobError
-from actorrl.config.sections import ConfigError, load_config
+from actorrl.config.algorithm import load_config
+from actorrl.config.sections import ConfigError
 from actorrl.runtime.cluster.callers import (
     CLIENT_ROLES,
     Caller,
@@ -75,7 +76,7 @@ COLOCATE = {"replay-*": "learner"}
 MAX_RESULTS_IN_MEMORY = 10_000
 MAX_WAIT_S = 30.0
 
-_current_job: contextvars.ContextVar[Job | None] = contextvars.ContextVar(
+_current_job: contextvars.ContextVar[ManagedJob | None] = contextvars.ContextVar(
     "actorrl_job", default=None)
 
 
@@ -165,8 +166,9 @@ STOP_WAIT_S = 30.0
 COUNTERS = ("training_iteration", "timesteps_total", "num_steps_trained", "time_total_s")
 
 
-class Job:
-    """One job: its record, results, log and (while running) its Trainer."""
+class ManagedJob:
+    """One job the :class:`JobManager` runs: its record, results, log and (while running) its
+    Trainer. (Clients hold :class:`actorrl.cluster.client.Job`, a handle to one.)"""
 
     def __init__(self, job_id: str, submission: Submission, directory: str) -> None:
         self.id = job_id
@@ -214,7 +216,7 @@ class Job:
         atomic_write_json(os.path.join(self.dir, "job.json"), self.record(), indent=1)
 
     @classmethod
-    def load(cls, directory: str) -> Job:
+    def load(cls, directory: str) -> ManagedJob:
         """Rebuild a job from its directory (after a coordinator restart)."""
         with open(os.path.join(directory, "job.json")) as f:
             record = json.load(f)
@@ -319,7 +321,7 @@ class JobManager:
     def __init__(self, coordinator: Coordinator, state_dir: str) -> None:
         self.coordinator = coordinator
         self.state_dir = state_dir
-        self.jobs: dict[str, Job] = {}
+        self.jobs: dict[str, ManagedJob] = {}
         os.makedirs(os.path.join(state_dir, "jobs"), mode=0o700, exist_ok=True)
         self._router = _JobLogRouter()
         self._router.setFormatter(logging.Formatter(
@@ -344,7 +346,7 @@ class JobManager:
         serve_guarded(rt, "job.actors", lambda r: r.reply(self.coordinator.describe_actors(
             f"job:{self._job(*r.args).id}")), CLIENT_ROLES)
 
-    def _job(self, job_id: Any) -> Job:
+    def _job(self, job_id: Any) -> ManagedJob:
         """The job ``job_id`` (or the one job whose id starts with it) among the jobs the
         current caller may see (its own, or all for an admin or an in-process caller)."""
         caller = current_caller()
@@ -390,7 +392,7 @@ class JobManager:
         """Validate and start a job; returns its id."""
         parsed = Submission.parse(submission)
         job_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-        job = Job(job_id, parsed, os.path.join(self.state_dir, "jobs", job_id))
+        job = ManagedJob(job_id, parsed, os.path.join(self.state_dir, "jobs", job_id))
         job.owner_key = current_caller().key
         self.coordinator.owner_keys[f"job:{job_id}"] = job.owner_key
         self.jobs[job_id] = job
@@ -399,7 +401,7 @@ class JobManager:
         self._start(job)
         return job_id
 
-    def _start(self, job: Job) -> None:
+    def _start(self, job: ManagedJob) -> None:
         # The job runs for no caller in particular (not as the client whose submit or
         # restart started it): a trusted context.
         job.task = asyncio.get_running_loop().create_task(self._run(job),
@@ -414,7 +416,7 @@ class JobManager:
             if entry in self.jobs or not os.path.exists(os.path.join(directory, "job.json")):
                 continue
             try:
-                job = Job.load(directory)
+                job = ManagedJob.load(directory)
             except Exception as exc:
                 log.error("cannot load job %s: %s", entry, exc)
                 continue
@@ -428,7 +430,7 @@ class JobManager:
                 resumed.append(job.id)
         return resumed
 
-    async def _run(self, job: Job) -> None:
+    async def _run(self, job: ManagedJob) -> None:
         _current_job.set(job)
         try:
             while True:
@@ -458,7 +460,7 @@ class JobManager:
                 job.set_state("stopped")
             raise
 
-    async def _attempt(self, job: Job) -> None:
+    async def _attempt(self, job: ManagedJob) -> None:
         spec = get_algorithm(job.submission.algorithm)
         config = load_config(spec.config_cls, job.submission.config)
         driver = ClusterDriver(self.coordinator, f"job:{job.id}",
@@ -492,19 +494,19 @@ class JobManager:
                     await wait_for(trainer.stop(), 30)
             await driver.shutdown()
 
-    async def _restore(self, job: Job, trainer: Trainer) -> None:
+    async def _restore(self, job: ManagedJob, trainer: Trainer) -> None:
         assert job.checkpoint is not None
         folder, state = await asyncio.to_thread(read_checkpoint, job.checkpoint["path"])
         await trainer.set_state(state)
         job.log(f"restored {folder.name} (iteration {job.checkpoint['iteration']})")
 
-    async def _checkpoint(self, job: Job, trainer: Trainer) -> dict[str, Any]:
+    async def _checkpoint(self, job: ManagedJob, trainer: Trainer) -> dict[str, Any]:
         """Write ``checkpoints/checkpoint_<iteration>/`` (the format ``actorrl train``
         writes and ``actorrl evaluate`` reads); keep the newest ``keep_checkpoints``."""
         async with job.checkpoint_lock:
             return await self._write_checkpoint(job, trainer)
 
-    async def _write_checkpoint(self, job: Job, trainer: Trainer) -> dict[str, Any]:
+    async def _write_checkpoint(self, job: ManagedJob, trainer: Trainer) -> dict[str, Any]:
         state = await trainer.get_state()
         written = job.checkpoint
         if written is not None and written["iteration"] == int(state["iteration"]) \

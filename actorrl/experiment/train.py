@@ -54,15 +54,10 @@ from actorrl.algorithms.stop import (
     StopCriteria,
     default_stop_reward,
 )
+from actorrl.config.algorithm import AlgorithmConfig, config_fields, load_config
 from actorrl.config.aliases import RLlibKeyWarning, resolve_rllib_keys
-from actorrl.config.sections import (
-    AlgorithmConfig,
-    ConfigError,
-    config_fields,
-    load_config,
-    parse_override,
-    read_config_file,
-)
+from actorrl.config.files import parse_override, read_config_file
+from actorrl.config.sections import ConfigError
 from actorrl.envs import make_env
 from actorrl.experiment.errors import UsageError, error_summary
 from actorrl.experiment.progress import ProgressDisplay

@@ -21,7 +21,8 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from actorrl.config.sections import WorkerConfig, load_worker_config
+from actorrl.config.loading import load_worker_config
+from actorrl.config.rollout import WorkerConfig
 from actorrl.data.batch import MultiAgentBatch, SampleBatch, as_multi_agent
 from actorrl.envs import EpisodeMetrics
 from actorrl.learner.config import LearnerConfig

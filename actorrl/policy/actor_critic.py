@@ -26,46 +26,11 @@ import torch
 
 from actorrl.data.batch import SampleBatch
 from actorrl.policy.action_dist import dist_class_for
+from actorrl.policy.advantages import compute_advantages
 from actorrl.policy.base import LossOutput, TorchPolicy
 from actorrl.policy.config import ActorCriticPolicyConfig
 from actorrl.policy.models import make_model
 from actorrl.policy.recurrent import SequenceLayout, trajectory_bootstrap_value
-
-
-def discount_cumsum(values: np.ndarray, discount: float) -> np.ndarray:
-    """``out[t] = sum_k discount**k * values[t + k]`` (float32), by a reverse recursion."""
-    out = np.empty(len(values), dtype=np.float64)
-    running = 0.0
-    for t, value in zip(range(len(values) - 1, -1, -1), values[::-1].tolist()):
-        running = value + discount * running
-        out[t] = running
-    return out.astype(np.float32)
-
-
-def compute_advantages(rewards: np.ndarray, vf_preds: np.ndarray | None, last_value: float,
-                       gamma: float, lambda_: float, use_gae: bool = True,
-                       use_critic: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """Advantages and value targets of one trajectory fragment (RLlib's semantics).
-
-    ``last_value`` is the bootstrap value after the last step (0 when it terminated).
-    GAE: ``delta_t = r_t + gamma V_{t+1} - V_t``, advantages the (gamma lambda)-discounted
-    sum of deltas, targets advantages + V. Without GAE: discounted returns R (with the
-    bootstrap) minus V, targets R. Without a critic: advantages R, targets 0.
-    """
-    rewards = np.asarray(rewards, dtype=np.float64)
-    if use_gae:
-        if not use_critic or vf_preds is None:
-            raise ValueError("use_gae=True needs use_critic=True and vf_preds")
-        values = np.append(np.asarray(vf_preds, dtype=np.float64), last_value)
-        deltas = rewards + gamma * values[1:] - values[:-1]
-        advantages = discount_cumsum(deltas, gamma * lambda_)
-        return advantages, (advantages + values[:-1]).astype(np.float32)
-    returns = discount_cumsum(np.append(rewards, last_value), gamma)[:-1]
-    if use_critic:
-        if vf_preds is None:
-            raise ValueError("use_critic=True needs vf_preds")
-        return (returns - np.asarray(vf_preds, dtype=np.float32)).astype(np.float32), returns
-    return returns, np.zeros_like(returns)
 
 
 def explained_variance(targets: torch.Tensor, predictions: torch.Tensor) -> torch.Tensor:

@@ -40,7 +40,8 @@ import torch
 from torch import nn
 
 from actorrl.data.batch import SampleBatch
-from actorrl.policy.actor_critic import compute_advantages, explained_variance
+from actorrl.policy.actor_critic import explained_variance
+from actorrl.policy.advantages import compute_advantages
 from actorrl.policy.base import LossOutput
 from actorrl.policy.config import APPOPolicyConfig
 from actorrl.policy.impala import ImpalaPolicy, TrainForward

@@ -31,7 +31,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from actorrl.config.sections import load_component
+from actorrl.config.loading import load_component
 from actorrl.data.batch import SampleBatch
 from actorrl.policy.config import PolicyConfig
 from actorrl.policy.model_config import missing_recurrent_methods, resolve_model_config
@@ -58,7 +58,7 @@ class TorchPolicy:
 
     ``config`` is the policy's :attr:`config_class` instance. A mapping is accepted too
     (an algorithm-style config with RLlib key names, e.g. a checkpoint's): it is loaded
-    with :func:`actorrl.config.sections.load_component`, which refuses unknown keys. ``device``
+    with :func:`actorrl.config.loading.load_component`, which refuses unknown keys. ``device``
     defaults to CPU; the learner builds its own copy on CUDA when present.
     """
 

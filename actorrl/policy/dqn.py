@@ -49,12 +49,8 @@ from torch import nn
 from actorrl.data.batch import SampleBatch, chop_into_sequences
 from actorrl.policy.base import LossOutput, TorchPolicy
 from actorrl.policy.config import DQNPolicyConfig, ExplorationConfig
-from actorrl.policy.models import (
-    build_encoder,
-    build_mlp,
-    make_model,
-    resolve_model_config,
-)
+from actorrl.policy.encoders import build_encoder, build_mlp
+from actorrl.policy.models import make_model, resolve_model_config
 from actorrl.policy.recurrent_q import RecurrentQNetwork, unroll_q
 
 N_STEPS = "n_steps"

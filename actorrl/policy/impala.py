@@ -36,11 +36,11 @@ from torch import nn
 
 from actorrl.data.batch import SampleBatch
 from actorrl.policy.action_dist import dist_class_for
+from actorrl.policy.advantages import vtrace_from_importance_weights
 from actorrl.policy.base import LossOutput, TorchPolicy
 from actorrl.policy.config import ImpalaPolicyConfig
 from actorrl.policy.models import make_model
 from actorrl.policy.recurrent import SequenceLayout
-from actorrl.policy.vtrace import vtrace_from_importance_weights
 
 
 def trajectory_ends(terminateds: torch.Tensor, truncateds: torch.Tensor | None,

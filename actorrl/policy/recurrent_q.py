@@ -3,7 +3,7 @@ loss runs over replayed sequences.
 
 :class:`RecurrentQNetwork` implements :class:`actorrl.policy.models.RecurrentModel`: the
 encoder actorrl builds for the observations (MLP or conv stack,
-:func:`~actorrl.policy.models.build_encoder`), an LSTM of ``lstm_cell_size`` over the
+:func:`~actorrl.policy.encoders.build_encoder`), an LSTM of ``lstm_cell_size`` over the
 features (plus the previous action, one-hot, and the previous reward when
 ``lstm_use_prev_action`` / ``lstm_use_prev_reward``), then DQN's heads on the LSTM output:
 an advantage head and, when ``dueling``, a value head, each with the ``hiddens`` layers,
@@ -29,8 +29,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from actorrl.data.batch import SampleBatch
+from actorrl.policy.encoders import build_encoder, build_mlp
 from actorrl.policy.model_config import resolve_model_config
-from actorrl.policy.models import RecurrentModel, build_encoder, build_mlp, run_lstm
+from actorrl.policy.models import RecurrentModel, run_lstm
 from actorrl.policy.recurrent import SequenceLayout, state_column_names
 
 

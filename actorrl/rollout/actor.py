@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from actorrl.config.sections import WorkerConfig
+from actorrl.config.rollout import WorkerConfig
 from actorrl.data.batch import MultiAgentBatch, SampleBatch
 from actorrl.envs import EpisodeMetrics
 from actorrl.messages import GradientsReply, SampleReply

@@ -24,10 +24,10 @@ Gradients (RLlib's convention)
     trainable policies in the batch. ``apply_gradients`` takes either form.
     ``learn_on_batch`` always returns ``{policy_id: info}``.
 
-Config: a :class:`~actorrl.config.sections.WorkerConfig` (its ``rollout`` section,
-:class:`~actorrl.config.sections.RolloutConfig`, and its ``policy`` section, the policy class's
+Config: a :class:`~actorrl.config.rollout.WorkerConfig` (its ``rollout`` section,
+:class:`~actorrl.config.rollout.RolloutConfig`, and its ``policy`` section, the policy class's
 ``config_class``), or a mapping loaded into one by
-:func:`~actorrl.config.sections.load_worker_config`
+:func:`~actorrl.config.loading.load_worker_config`
 (RLlib flat names or sections; unknown keys refused). ``multiagent.policies`` maps policy
 id -> ``(policy_cls or "pkg.module:Class" or None, obs_space or None, action_space or
 None, config_overrides)``; ``None`` class means the worker's ``policy`` argument, ``None``
@@ -47,13 +47,9 @@ import numpy as np
 import torch
 
 from actorrl.callbacks import DefaultCallbacks, EpisodeTracker, make_callbacks
-from actorrl.config.sections import (
-    ConfigSection,
-    RolloutConfig,
-    WorkerConfig,
-    load_component,
-    load_worker_config,
-)
+from actorrl.config.loading import load_component, load_worker_config
+from actorrl.config.rollout import RolloutConfig, WorkerConfig
+from actorrl.config.sections import ConfigSection
 from actorrl.data.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from actorrl.envs import EnvSpec, EpisodeMetrics, MultiAgentVectorEnv, make_vector_env
 from actorrl.envs.filters import MeanStdFilter, filter_vector_env, policy_filters

@@ -8,7 +8,7 @@ from typing import Any
 from actorrl.algorithms.a3c import A3CConfig
 from actorrl.algorithms.apex import ApexConfig
 from actorrl.algorithms.impala import ImpalaConfig
-from actorrl.config.sections import flat_config
+from actorrl.config.algorithm import flat_config
 
 DQN = "actorrl.policy.dqn:DQNPolicy"
 AC = "actorrl.policy.actor_critic:ActorCriticPolicy"

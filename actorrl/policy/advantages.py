@@ -1,4 +1,10 @@
-"""V-trace off-policy targets (Espeholt et al. 2018, "IMPALA"), as pure torch functions.
+"""Advantage estimators: V-trace (off-policy, torch) and GAE (on-policy, numpy).
+
+GAE (Schulman et al. 2016): :func:`compute_advantages` gives the advantages and value
+targets of one trajectory fragment with RLlib's semantics (``use_gae``, ``use_critic``);
+:func:`discount_cumsum` is its discounted suffix sum.
+
+V-trace (Espeholt et al. 2018, "IMPALA"), as pure torch functions.
 
 All tensors are time-major: ``[T, B]`` (time first, then independent sequences). The
 targets are computed with one backward scan over time; nothing here loops over the batch.
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 
@@ -125,3 +132,39 @@ def _check_shapes(log_rhos: torch.Tensor, discounts: torch.Tensor, rewards: torc
             f"bootstrap_value must have shape {tuple(values.shape[1:])} (values without the "
             f"time dimension), got {tuple(bootstrap_value.shape)}"
         )
+
+
+def discount_cumsum(values: np.ndarray, discount: float) -> np.ndarray:
+    """``out[t] = sum_k discount**k * values[t + k]`` (float32), by a reverse recursion."""
+    out = np.empty(len(values), dtype=np.float64)
+    running = 0.0
+    for t, value in zip(range(len(values) - 1, -1, -1), values[::-1].tolist()):
+        running = value + discount * running
+        out[t] = running
+    return out.astype(np.float32)
+
+
+def compute_advantages(rewards: np.ndarray, vf_preds: np.ndarray | None, last_value: float,
+                       gamma: float, lambda_: float, use_gae: bool = True,
+                       use_critic: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Advantages and value targets of one trajectory fragment (RLlib's semantics).
+
+    ``last_value`` is the bootstrap value after the last step (0 when it terminated).
+    GAE: ``delta_t = r_t + gamma V_{t+1} - V_t``, advantages the (gamma lambda)-discounted
+    sum of deltas, targets advantages + V. Without GAE: discounted returns R (with the
+    bootstrap) minus V, targets R. Without a critic: advantages R, targets 0.
+    """
+    rewards = np.asarray(rewards, dtype=np.float64)
+    if use_gae:
+        if not use_critic or vf_preds is None:
+            raise ValueError("use_gae=True needs use_critic=True and vf_preds")
+        values = np.append(np.asarray(vf_preds, dtype=np.float64), last_value)
+        deltas = rewards + gamma * values[1:] - values[:-1]
+        advantages = discount_cumsum(deltas, gamma * lambda_)
+        return advantages, (advantages + values[:-1]).astype(np.float32)
+    returns = discount_cumsum(np.append(rewards, last_value), gamma)[:-1]
+    if use_critic:
+        if vf_preds is None:
+            raise ValueError("use_critic=True needs vf_preds")
+        return (returns - np.asarray(vf_preds, dtype=np.float32)).astype(np.float32), returns
+    return returns, np.zeros_like(returns)
