@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import sys
 import warnings
 from types import ModuleType
@@ -127,6 +128,17 @@ class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         module = importlib.import_module(new)
         self._own_specs[spec.name] = module.__spec__
         return module
+
+    def get_code(self, fullname: str) -> Any:
+        """The new module's code, for ``python -m OLD_NAME`` (runpy runs it as
+        ``__main__``; scripts and service files written before the move keep working)."""
+        new = MOVED_MODULES[fullname]
+        warnings.warn(f"{fullname} moved to {new}; run `python -m {new}` (the old name goes "
+                      "in actorrl 0.3)", DeprecationWarning, stacklevel=2)
+        spec = importlib.util.find_spec(new)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"{new} (the new name of {fullname}) cannot be found")
+        return spec.loader.get_code(new)  # type: ignore[attr-defined]
 
     def exec_module(self, module: ModuleType) -> None:
         """Nothing to run (the module was executed under its new name); the import system

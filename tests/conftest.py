@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from actorrl.runtime.node.forking import KEPT, KEPT_FORK_SERVERS_IGNORE_ENV
+from actorrl.runtime.sessions import pid_alive
 from tests.helpers.procs import NO_TORCH_PRELOAD, descendants, pids_alive
 
 # The suite starts hundreds of interpreters (drivers, CLI runs, fork servers, node agents).
@@ -127,13 +128,7 @@ def _owned_by_other_live_process(path: str) -> bool:
         return False
     if pid in (0, os.getpid()) or pid in descendants(os.getpid()):
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid_alive(pid)
 
 
 FIRST_SEEN: dict[int | str, str] = {}

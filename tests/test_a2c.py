@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from actorrl.algorithms import Trainer, get_algorithm
-from actorrl.config.algorithm import load_config
-from actorrl.runtime import Driver
+from tests.helpers.failures import train_past_a_killed_worker
 
 TRAIN_BATCH = 512
 """Env steps per A2C step (two microbatches of 256)."""
@@ -18,21 +16,11 @@ async def test_a_dead_a2c_worker_is_replaced_and_its_step_goes_on(tmp_path: Path
     finds it dead, a replacement takes its slot and that step (and the one after) trains
     on full batches; the failure and the restart are reported. Each iteration is one
     step (no minimum time), so the run is bounded by steps."""
-    spec = get_algorithm("a2c")
-    config = load_config(spec.config_cls, {
+    first, results, dead, workers = await train_past_a_killed_worker("a2c", {
         "num_workers": 2, "seed": 0, "train_batch_size": TRAIN_BATCH,
         "microbatch_size": TRAIN_BATCH // 2, "min_iter_time_s": 0,
-        "timesteps_per_iteration": 0})
-    async with Driver.start(str(tmp_path / "s")) as driver:
-        trainer = await Trainer.create(spec, config, driver)
-        try:
-            first = await trainer.train()
-            dead = trainer.workers[0]
-            await driver.kill_actor(dead)
-            results = [await trainer.train() for _ in range(2)]
-            assert len(trainer.workers) == 2 and dead not in trainer.workers
-        finally:
-            await trainer.stop()
+        "timesteps_per_iteration": 0}, tmp_path)
+    assert len(workers) == 2 and dead not in workers
     last = results[-1]
     info = last["info"]
     assert info["num_worker_restarts"] == 1 and info["num_worker_failures"] == 1

@@ -28,6 +28,7 @@ from actorrl.policy.base import LossOutput
 from actorrl.policy.ppo import PPOPolicy
 from actorrl.runtime import Driver
 from tests.helpers.cluster import run_cli
+from tests.helpers.failures import train_past_a_killed_worker
 
 OBS_SPACE = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
 ACTIONS = gym.spaces.Discrete(3)
@@ -520,20 +521,10 @@ async def test_a_dead_worker_is_replaced_and_its_step_goes_on(tmp_path: Path) ->
     """SIGKILL of a rollout worker between steps: the next step's weight broadcast finds it
     dead, a replacement takes its slot and the step (and the ones after) train on full
     batches, as in the other pipelines."""
-    spec = get_algorithm("ppo")
-    config = load_config(spec.config_cls, {
+    first, results, _, workers = await train_past_a_killed_worker("ppo", {
         "num_workers": 2, "seed": 0, "train_batch_size": 512, "sgd_minibatch_size": 128,
-        "num_sgd_iter": 2})
-    async with Driver.start(str(tmp_path / "s")) as driver:
-        trainer = await Trainer.create(spec, config, driver)
-        try:
-            first = await trainer.train()
-            dead = trainer.workers[0]
-            await driver.kill_actor(dead)
-            results = [await trainer.train() for _ in range(2)]
-            assert len(trainer.workers) == 2
-        finally:
-            await trainer.stop()
+        "num_sgd_iter": 2}, tmp_path)
+    assert len(workers) == 2
     last = results[-1]
     info = last["info"]
     assert info["num_worker_restarts"] == 1 and info["num_worker_failures"] == 1

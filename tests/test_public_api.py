@@ -66,3 +66,14 @@ def test_an_old_class_path_still_resolves() -> None:
     from actorrl.envs.atari_callbacks import AtariCallbacks
 
     assert cls is AtariCallbacks
+
+
+def test_an_old_module_name_still_runs_with_python_m() -> None:
+    """``python -m actorrl.cli_cluster ...`` (service files written before the move) runs
+    the moved module as ``__main__``, saying where it went."""
+    out = subprocess.run([sys.executable, "-W", "default", "-m", "actorrl.cli_cluster",
+                          "--help"], cwd=REPO, env=child_env(), capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "actorrl cluster commands" in out.stdout
+    assert "moved to actorrl.cli.cluster" in out.stderr

@@ -18,9 +18,8 @@ from actorrl.config.sections import (
     ConfigError,
     ConfigSection,
     Spelling,
-    check_type,
     key_name,
-    load_section,
+    load_field,
     section_type,
     suggest,
 )
@@ -269,26 +268,17 @@ def load_config(cls: type[C], values: Mapping[str, Any]) -> C:
     sections = set(cls.SECTIONS) & set(fields)
     top_level = {n for n in fields if n not in sections and
                  (not n.startswith("_") or n.startswith("_fake"))}
-    nested = nest_flat_keys(values, sections, top_level, problems, spelling, skip_others=False,
-                   algorithm=algorithm_key(cls))
+    nested = nest_flat_keys(values, sections, top_level, problems, spelling,
+                            skip_others=False, algorithm=algorithm_key(cls))
     _auto_fragment_length(cls, nested, problems)
     hints = typing.get_type_hints(cls)
     clean: dict[str, Any] = {}
     for key, value in nested.items():
-        if key in sections:
-            section_cls = section_type(hints[key])
-            assert section_cls is not None
-            default = fields[key].default_factory()  # type: ignore[misc]
-            loaded = load_section(section_cls, value, f"{key}.", default, problems,
-                                   spelling, strict=True)
-            if loaded is not None:
-                clean[key] = loaded
-            continue
-        coerced, problem = check_type(key, value, hints[key])
-        if problem:
-            problems.append(problem)
-        else:
-            clean[key] = coerced
+        default = fields[key].default_factory() if key in sections else None  # type: ignore
+        loaded = load_field(hints[key], value, key, key, default, problems, spelling,
+                            strict=True)
+        if loaded is not dataclasses.MISSING:
+            clean[key] = loaded
     if problems:
         raise ConfigError(f"invalid {cls.__name__}:", problems=problems)
     return cls(**clean)

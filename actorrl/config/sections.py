@@ -200,8 +200,25 @@ def section_type(annotation: Any) -> type[ConfigSection] | None:
         annotation, ConfigSection) else None
 
 
+def load_field(annotation: Any, value: Any, path: str, where: str, base: Any,
+               problems: list[str], spelling: Spelling, *, strict: bool) -> Any:
+    """One field's value: a section (over ``base``) when ``annotation`` is one, else
+    ``value`` checked against ``annotation``; ``dataclasses.MISSING`` with the problems
+    appended when it is not valid. ``path`` is the field's dotted path, ``where`` how the
+    user wrote it."""
+    sub = section_type(annotation)
+    if sub is not None:
+        loaded = load_section(sub, value, f"{path}.", base, problems, spelling, strict=strict)
+        return dataclasses.MISSING if loaded is None else loaded
+    coerced, problem = check_type(where, value, annotation)
+    if problem:
+        problems.append(problem)
+        return dataclasses.MISSING
+    return coerced
+
+
 def load_section(cls: type[S], values: Any, path: str, base: S | None, problems: list[str],
-                  spelling: Spelling, *, strict: bool) -> S | None:
+                 spelling: Spelling, *, strict: bool) -> S | None:
     """``cls`` from ``values`` over ``base``; problems appended (``None`` then). With
     ``strict`` (inside an algorithm config) derived fields are refused."""
     if isinstance(values, ConfigSection):
@@ -228,25 +245,18 @@ def load_section(cls: type[S], values: Any, path: str, base: S | None, problems:
                     else "it is set by the " + source)
             problems.append(f"{where!r} is not set here: {hint}")
             continue
-        sub = section_type(hints[name])
-        if sub is not None:
-            sub_base = getattr(base, name) if base is not None else None
-            if sub_base is None and fields[name].default_factory is not dataclasses.MISSING:
-                sub_base = fields[name].default_factory()
-            loaded = load_section(sub, value, f"{path}{name}.", sub_base, problems, spelling,
-                                   strict=strict)
-            if loaded is not None:
-                clean[name] = loaded
-            continue
-        coerced, problem = check_type(where, value, hints[name])
-        if problem:
-            problems.append(problem)
+        sub_base = getattr(base, name) if base is not None else None
+        if sub_base is None and fields[name].default_factory is not dataclasses.MISSING:
+            sub_base = fields[name].default_factory()
+        loaded = load_field(hints[name], value, f"{path}{name}", where, sub_base, problems,
+                            spelling, strict=strict)
+        if loaded is dataclasses.MISSING:
             continue
         check = fields[name].metadata.get("check")
-        if check is not None:
+        if check is not None and not isinstance(loaded, ConfigSection):
             problems.extend(f"{spelling.show(f'{path}{key}.{sub_key}')}: {message}"
-                            for sub_key, message in check(coerced))
-        clean[name] = coerced
+                            for sub_key, message in check(loaded))
+        clean[name] = loaded
     if len(problems) > before:
         return None
     try:

@@ -107,6 +107,19 @@ def _safe_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "env"
 
 
+def make_free_folder(parent: Path, base: str, what: str) -> Path:
+    """Make ``<parent>/<base>/``, or ``<base>_2``, ``<base>_3``... when the name is taken
+    (``what`` names the folder's kind in the error when no name is free)."""
+    for attempt in range(1, 1000):
+        path = parent / (base if attempt == 1 else f"{base}_{attempt}")
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(f"could not find a free {what} folder name for {base}")
+
+
 class RunDirectory:
     """One run's results folder; create it with :meth:`create` once inputs are valid."""
 
@@ -128,16 +141,10 @@ class RunDirectory:
     def create_named(cls, parent: Path, base: str) -> RunDirectory:
         """Make ``<parent>/<base>/`` (``_2``, ``_3``... when the name is taken) with its
         ``logs/`` and ``checkpoints/`` folders."""
-        for attempt in range(1, 1000):
-            path = parent / (base if attempt == 1 else f"{base}_{attempt}")
-            try:
-                path.mkdir()
-            except FileExistsError:
-                continue
-            (path / LOGS_DIR).mkdir()
-            (path / CHECKPOINTS_DIR).mkdir()
-            return cls(path)
-        raise FileExistsError(f"could not find a free results folder name for {base}")
+        path = make_free_folder(parent, base, "results")
+        (path / LOGS_DIR).mkdir()
+        (path / CHECKPOINTS_DIR).mkdir()
+        return cls(path)
 
     @property
     def logs_dir(self) -> Path:

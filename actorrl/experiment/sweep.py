@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from actorrl.experiment.errors import UsageError
-from actorrl.experiment.results import RunDirectory
+from actorrl.experiment.results import RunDirectory, make_free_folder
 
 GRID_KEY = "grid_search"
 NUM_SAMPLES_KEY = "num_samples"
@@ -231,14 +231,7 @@ def create_sweep_dir(output_dir: str, name: str,
     base = f"{_safe(name) or 'sweep'}_{when:%Y-%m-%d_%H-%M-%S}"
     parent = Path(output_dir)
     parent.mkdir(parents=True, exist_ok=True)
-    for attempt in range(1, 1000):
-        path = parent / (base if attempt == 1 else f"{base}_{attempt}")
-        try:
-            path.mkdir()
-        except FileExistsError:
-            continue
-        return path
-    raise FileExistsError(f"could not find a free sweep folder name for {base}")
+    return make_free_folder(parent, base, "sweep")
 
 
 def create_trial_dir(sweep_dir: Path, name: str) -> RunDirectory:

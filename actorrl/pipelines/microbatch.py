@@ -21,12 +21,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from actorrl.messages import SampleReply
 from actorrl.pipelines.pieces import (
     SYNC_CALL_TIMEOUT_S,
-    Fleet,
     ReplaceWorker,
-    StepCounters,
     SyncFleetMixin,
 )
 from actorrl.runtime import ActorHandle, Runtime
@@ -44,20 +41,13 @@ class MicrobatchOptimizer(SyncFleetMixin):
             raise ValueError(f"The microbatch size must be at most the train batch size, "
                              f"got microbatch_size={microbatch_size} vs "
                              f"train_batch_size={train_batch_size}")
-        if not workers and not sample_locally:
-            raise ValueError("the microbatch optimizer needs remote workers or "
-                             "sample_locally=True (the learner's local worker samples)")
-        self.sample_locally = sample_locally
-        self.runtime = runtime
-        self.worker_fleet = Fleet(workers, replace_worker, "rollout worker")
-        self.learner = learner
+        self._attach_sync(runtime, workers, learner, replace_worker,
+                          sample_locally=sample_locally,
+                          no_workers="the microbatch optimizer needs remote workers or "
+                                     "sample_locally=True (the learner's local worker samples)")
         self.train_batch_size = train_batch_size
         self.microbatch_size = microbatch_size
-        self.counters = StepCounters()
-        self.update_weights_timer = TimerStat()
-        self.sample_timer = TimerStat()
         self.grad_timer = TimerStat()
-        self.learner_stats: dict[str, Any] = {}
 
     async def step(self) -> dict[str, Any]:
         """One accumulated update over ``train_batch_size`` env steps."""
@@ -66,18 +56,7 @@ class MicrobatchOptimizer(SyncFleetMixin):
                 await self._broadcast_weights()
         samples_so_far = 0
         while samples_so_far < self.train_batch_size:
-            with self.sample_timer:
-                refs, rows = [], 0
-                while rows < self.microbatch_size:
-                    if self.workers:
-                        replies: list[SampleReply] = await self._on_each_worker(
-                            lambda w: w.sample_ref.remote())
-                    else:
-                        replies = [await self.runtime.get_async(
-                            self.learner.sample_ref.remote(), timeout_s=SYNC_CALL_TIMEOUT_S)]
-                    refs += [r.batch for r in replies]
-                    rows += sum(r.count for r in replies)
-                self.sample_timer.push_units_processed(rows)
+            refs, rows = await self._sample_at_least(self.microbatch_size)
             with self.grad_timer:
                 result = await self.runtime.get_async(
                     self.learner.accumulate_gradients_refs.remote(refs),

@@ -12,7 +12,9 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from actorrl.messages import SampleReply
 from actorrl.runtime import ActorDiedError, ActorHandle, ObjectRef, Runtime
+from actorrl.util.stats import TimerStat
 from transport.timeouts import wait_for
 
 log = logging.getLogger(__name__)
@@ -442,9 +444,45 @@ class SyncFleetMixin(FleetMixin, StepCountersMixin):
     learner: ActorHandle
     counters: StepCounters
 
+    def _attach_sync(self, runtime: Runtime, workers: list[ActorHandle], learner: ActorHandle,
+                     replace_worker: ReplaceWorker | None, *, sample_locally: bool,
+                     no_workers: str) -> None:
+        """Hold the runtime, the workers (as a fleet) and the learner, with fresh step
+        counters, the weights and sampling timers and no learner stats yet; ``no_workers``
+        is the error when there is neither a remote worker nor ``sample_locally``."""
+        if not workers and not sample_locally:
+            raise ValueError(no_workers)
+        self.sample_locally = sample_locally
+        self.runtime = runtime
+        self.worker_fleet = Fleet(workers, replace_worker, "rollout worker")
+        self.learner = learner
+        self.counters = StepCounters()
+        self.update_weights_timer = TimerStat()
+        self.sample_timer = TimerStat()
+        self.learner_stats: dict[str, Any] = {}
+
     def reset(self, workers: list[ActorHandle]) -> None:
         """Swap the worker set (takes effect at the next step)."""
         self.worker_fleet.actors = list(workers)
+
+    async def _sample_at_least(self, rows_wanted: int) -> tuple[list[ObjectRef], int]:
+        """Sample rounds from every live worker (or the learner's local worker when there
+        is none) until at least ``rows_wanted`` env steps are in hand: the samples' refs and
+        their row count (timed by ``sample_timer``)."""
+        refs: list[ObjectRef] = []
+        rows = 0
+        with self.sample_timer:
+            while rows < rows_wanted:
+                if self.workers:
+                    replies: list[SampleReply] = await self._on_each_worker(
+                        lambda w: w.sample_ref.remote())
+                else:
+                    replies = [await self.runtime.get_async(
+                        self.learner.sample_ref.remote(), timeout_s=SYNC_CALL_TIMEOUT_S)]
+                refs += [reply.batch for reply in replies]
+                rows += sum(reply.count for reply in replies)
+            self.sample_timer.push_units_processed(rows)
+        return refs, rows
 
     async def _broadcast_weights(self) -> None:
         """Give every live worker the learner's current weights (one ref, many

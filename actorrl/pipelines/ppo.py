@@ -21,15 +21,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from actorrl.messages import SampleReply
 from actorrl.pipelines.pieces import (
     SYNC_CALL_TIMEOUT_S,
-    Fleet,
     ReplaceWorker,
-    StepCounters,
     SyncFleetMixin,
 )
-from actorrl.runtime import ActorHandle, ObjectRef, Runtime
+from actorrl.runtime import ActorHandle, Runtime
 from actorrl.util.stats import TimerStat
 
 CALL_TIMEOUT_S = SYNC_CALL_TIMEOUT_S
@@ -45,19 +42,12 @@ class SyncSamplesOptimizer(SyncFleetMixin):
                  replace_worker: ReplaceWorker | None = None) -> None:
         if train_batch_size < 1:
             raise ValueError(f"train_batch_size must be >= 1, got {train_batch_size}")
-        if not workers and not sample_locally:
-            raise ValueError("the PPO pipeline needs remote workers or sample_locally=True "
-                             "(the learner's local worker samples)")
-        self.runtime = runtime
-        self.worker_fleet = Fleet(workers, replace_worker, "rollout worker")
-        self.learner = learner
-        self.sample_locally = sample_locally
+        self._attach_sync(runtime, workers, learner, replace_worker,
+                          sample_locally=sample_locally,
+                          no_workers="the PPO pipeline needs remote workers or "
+                                     "sample_locally=True (the learner's local worker samples)")
         self.train_batch_size = train_batch_size
-        self.counters = StepCounters()
-        self.update_weights_timer = TimerStat()
-        self.sample_timer = TimerStat()
         self.learn_timer = TimerStat()
-        self.learner_stats: dict[str, Any] = {}
         self.fetch_time_s = 0.0
 
     async def step(self) -> dict[str, Any]:
@@ -66,19 +56,7 @@ class SyncSamplesOptimizer(SyncFleetMixin):
         with self.update_weights_timer:
             if self.workers:
                 await self._broadcast_weights()
-        refs: list[ObjectRef] = []
-        rows = 0
-        with self.sample_timer:
-            while rows < self.train_batch_size:
-                if self.workers:
-                    replies: list[SampleReply] = await self._on_each_worker(
-                        lambda w: w.sample_ref.remote())
-                else:
-                    replies = [await self.runtime.get_async(self.learner.sample_ref.remote(),
-                                                            timeout_s=CALL_TIMEOUT_S)]
-                refs += [reply.batch for reply in replies]
-                rows += sum(reply.count for reply in replies)
-            self.sample_timer.push_units_processed(rows)
+        refs, rows = await self._sample_at_least(self.train_batch_size)
         with self.learn_timer:
             result = await self.runtime.get_async(
                 self.learner.learn_on_train_batch_refs.remote(refs), timeout_s=CALL_TIMEOUT_S)

@@ -30,7 +30,7 @@ from actorrl.policy.advantages import compute_advantages
 from actorrl.policy.base import LossOutput, TorchPolicy
 from actorrl.policy.config import ActorCriticPolicyConfig
 from actorrl.policy.models import make_model
-from actorrl.policy.recurrent import SequenceLayout, trajectory_bootstrap_value
+from actorrl.policy.recurrent import model_outputs, trajectory_bootstrap_value
 
 
 def explained_variance(targets: torch.Tensor, predictions: torch.Tensor) -> torch.Tensor:
@@ -128,11 +128,7 @@ class ActorCriticPolicy(TorchPolicy):
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput:
         """Mean policy-gradient loss plus value loss minus entropy bonus (a sequenced
         batch: the model unrolled over its sequences; padding is never part of a mean)."""
-        if SampleBatch.SEQ_LENS in batch:
-            dist_inputs, values, _ = SequenceLayout(batch[SampleBatch.SEQ_LENS]).unroll(
-                model, batch)
-        else:
-            dist_inputs, values = model(batch[SampleBatch.OBS])
+        dist_inputs, values = model_outputs(model, batch)
         dist = self.dist_class(dist_inputs)
         logp = dist.logp(batch[SampleBatch.ACTIONS])
         advantages = batch[SampleBatch.ADVANTAGES].float()

@@ -32,7 +32,7 @@ from actorrl.data.batch import SampleBatch
 from actorrl.policy.actor_critic import ActorCriticPolicy, explained_variance
 from actorrl.policy.base import LossOutput
 from actorrl.policy.config import PPOPolicyConfig
-from actorrl.policy.recurrent import SequenceLayout
+from actorrl.policy.recurrent import model_outputs
 from actorrl.policy.surrogate import clipped_surrogate, updated_kl_coeff
 
 
@@ -61,11 +61,7 @@ class PPOPolicy(ActorCriticPolicy):
 
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput:
         """The PPO loss of the module docstring on ``batch`` (one minibatch)."""
-        if SampleBatch.SEQ_LENS in batch:
-            dist_inputs, values, _ = SequenceLayout(batch[SampleBatch.SEQ_LENS]).unroll(
-                model, batch)
-        else:
-            dist_inputs, values = model(batch[SampleBatch.OBS])
+        dist_inputs, values = model_outputs(model, batch)
         dist = self.dist_class(dist_inputs)
         behaviour = self.dist_class(batch[SampleBatch.ACTION_DIST_INPUTS].float())
         logp = dist.logp(batch[SampleBatch.ACTIONS])

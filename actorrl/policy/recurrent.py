@@ -145,6 +145,16 @@ class SequenceLayout:
         return self.gather(outputs), self.gather(values), bootstrap_values
 
 
+def model_outputs(model: nn.Module, batch: Mapping[str, torch.Tensor]
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(outputs, values)`` of ``model`` on a training batch: unrolled over the batch's
+    sequences when it has ``seq_lens`` (a recurrent model), one forward pass otherwise."""
+    if SampleBatch.SEQ_LENS in batch:
+        outputs, values, _ = SequenceLayout(batch[SampleBatch.SEQ_LENS]).unroll(model, batch)
+        return outputs, values
+    return model(batch[SampleBatch.OBS])
+
+
 def state_column_names(batch: Mapping[str, Any]) -> list[str]:
     """The ``state_in_*`` keys of ``batch`` in index order."""
     prefix = SampleBatch.STATE_IN

@@ -29,7 +29,8 @@ def make_session_dir(kind: str = "") -> str:
     return path
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one of another user's counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -61,7 +62,7 @@ def remove_stale_session_dirs() -> list[str]:
                 pid = int(f.read().strip() or 0)
         except (OSError, ValueError):
             continue
-        if pid > 0 and not _alive(pid):
+        if pid > 0 and not pid_alive(pid):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed

@@ -31,20 +31,7 @@ from transport.errors import (
     ServerFullError,
     TransportError,
 )
-from transport.rpc.framing import (
-    BATCH_ID_BIT,
-    DEFAULT_MAX_FRAME_BYTES,
-    KIND_BATCH,
-    KIND_ERROR,
-    KIND_NOTIFY,
-    KIND_OK,
-    KIND_REQUEST,
-    LOCAL_ID_BIT,
-    MESSAGE_PREFIX,
-    decode_body,
-    frames_len,
-    split_batch,
-)
+from transport.rpc import framing
 from transport.rpc.outbox import Outbox
 from transport.shm.placers import CallPlacer
 from transport.sockets import AsyncSocket, context
@@ -81,19 +68,19 @@ class RpcClient:
                  connect_timeout_s: float = 30.0,
                  curve_keys: tuple[bytes, bytes, bytes] | None = None,
                  heartbeat_s: float = 1.0, heartbeat_timeout_s: float = 5.0,
-                 max_frame_bytes: int | None = DEFAULT_MAX_FRAME_BYTES,
+                 max_frame_bytes: int | None = framing.DEFAULT_MAX_FRAME_BYTES,
                  shm: bool = False, refused_is_lost: bool = False) -> None:
         """``max_frame_bytes``: ``ZMQ_MAXMSGSIZE``, the largest reply frame libzmq reads
         (a server sending more is disconnected; None: no limit). ``shm``: over ipc, say
-        so in every request (:data:`LOCAL_ID_BIT`) and accept shared-memory handles in the
+        so in every request (:data:`framing.LOCAL_ID_BIT`) and accept shared-memory handles in the
         replies (:mod:`transport.shm`). ``refused_is_lost``: a refused connect attempt
         (nothing listens at the endpoint) fails the calls at once instead of being retried
         until ``connect_timeout_s``; for probing a peer believed to be there, not for
         connecting to one that may still be starting."""
         self.endpoint = endpoint
         self.local = shm and endpoint.startswith("ipc://")
-        """Request ids carry LOCAL_ID_BIT and replies may carry shm handles."""
-        self._id_flag = (LOCAL_ID_BIT if self.local else 0) | BATCH_ID_BIT
+        """Request ids carry framing.LOCAL_ID_BIT and replies may carry shm handles."""
+        self._id_flag = (framing.LOCAL_ID_BIT if self.local else 0) | framing.BATCH_ID_BIT
         self.codec = codec or Codec()
         self.loop = asyncio.get_running_loop()
         self.on_lost: list[Callable[[PeerLostError], None]] = []
@@ -213,14 +200,14 @@ class RpcClient:
                     log.exception("on_lost callback failed")
 
     def _on_message(self, frames: list[Any]) -> None:
-        self.bytes_received += frames_len(frames)
-        if len(frames) < 2 or len(frames[0]) != MESSAGE_PREFIX.size:
+        self.bytes_received += framing.frames_len(frames)
+        if len(frames) < 2 or len(frames[0]) != framing.MESSAGE_PREFIX.size:
             log.warning("dropped malformed reply from %s", self.endpoint)
             return
-        kind, request_id = MESSAGE_PREFIX.unpack(frames[0].bytes)
-        if kind == KIND_BATCH:
+        kind, request_id = framing.MESSAGE_PREFIX.unpack(frames[0].bytes)
+        if kind == framing.KIND_BATCH:
             try:
-                entries = split_batch(frames)
+                entries = framing.split_batch(frames)
             except ValueError as exc:
                 log.warning("dropped malformed batch of replies from %s: %s", self.endpoint,
                             exc)
@@ -235,16 +222,16 @@ class RpcClient:
         if fut is None or fut.done():
             return
         try:
-            value, shm_bytes = decode_body(self.codec, body_frames, self.local)
+            value, shm_bytes = framing.decode_body(self.codec, body_frames, self.local)
         except DecodeError as exc:
             fut.set_exception(exc)
             return
         if shm_bytes:
             self.bytes_received += shm_bytes
             self.shm_bytes_received += shm_bytes
-        if kind == KIND_OK:
+        if kind == framing.KIND_OK:
             fut.set_result(value)
-        elif kind == KIND_ERROR and isinstance(value, RemoteError):
+        elif kind == framing.KIND_ERROR and isinstance(value, RemoteError):
             fut.set_exception(value.typed())
         else:
             fut.set_exception(DecodeError(f"reply of unknown kind {kind}"))
@@ -277,7 +264,7 @@ class RpcClient:
             return fut
         self._pending[request_id] = fut
         try:
-            self._send(KIND_REQUEST, request_id, frames)
+            self._send(framing.KIND_REQUEST, request_id, frames)
         except BaseException:
             del self._pending[request_id]
             raise
@@ -297,15 +284,15 @@ class RpcClient:
         of this loop iteration, in one message with what else goes to the server by then
         (for a notification made just before a request)."""
         frames = self.codec.encode([method, list(args), kwargs or {}])
-        self._send(KIND_NOTIFY, 0, frames, hold)
+        self._send(framing.KIND_NOTIFY, 0, frames, hold)
 
     def _send(self, kind: int, request_id: int, frames: list[Any], hold: bool = False) -> None:
-        self.bytes_sent += MESSAGE_PREFIX.size + frames_len(frames)
+        self.bytes_sent += framing.MESSAGE_PREFIX.size + framing.frames_len(frames)
         self._outbox.send(b"", kind, request_id, frames, hold)
 
     def _send_failed(self, exc: BaseException, entries: list[tuple[int, int]]) -> None:
         for kind, request_id in entries:
-            fut = self._pending.pop(request_id, None) if kind == KIND_REQUEST else None
+            fut = self._pending.pop(request_id, None) if kind == framing.KIND_REQUEST else None
             if fut is not None and not fut.done():
                 fut.set_exception(exc)
 

@@ -54,19 +54,7 @@ from transport.auth import PeerGate, current_authenticator, parse_user_id
 from transport.codec import Codec, DecodeError, EncodeError
 from transport.errors import RemoteError
 from transport.limits import peer_budget
-from transport.rpc.framing import (
-    DEFAULT_MAX_FRAME_BYTES,
-    KIND_BATCH,
-    KIND_ERROR,
-    KIND_NOTIFY,
-    KIND_OK,
-    KIND_REQUEST,
-    LOCAL_ID_BIT,
-    MESSAGE_PREFIX,
-    decode_body,
-    frames_len,
-    split_batch,
-)
+from transport.rpc import framing
 from transport.rpc.outbox import Outbox
 from transport.shm.placers import Placer
 from transport.sockets import AsyncSocket, context
@@ -192,7 +180,7 @@ class RpcServer:
     def __init__(self, handler: RequestHandler, codec: Codec | None = None,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                  curve_server_secret_key: bytes | None = None, *,
-                 max_frame_bytes: int | None = DEFAULT_MAX_FRAME_BYTES,
+                 max_frame_bytes: int | None = framing.DEFAULT_MAX_FRAME_BYTES,
                  handshake_timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S,
                  max_peers: int = DEFAULT_MAX_PEERS) -> None:
         """``max_message_bytes``: the largest message (all body frames) decoded, checked
@@ -339,21 +327,21 @@ class RpcServer:
                     where, cause, self.HANDSHAKE_LOG_WINDOW_S)
 
     def _on_message(self, frames: list[Any]) -> None:
-        self.bytes_received += frames_len(frames)
+        self.bytes_received += framing.frames_len(frames)
         if len(frames) < 2:
             self.messages_dropped += 1
             log.warning("dropped malformed message: %d frames", len(frames))
             return
         peer = frames[0].bytes
         prefix = frames[1].bytes
-        if len(prefix) != MESSAGE_PREFIX.size:
+        if len(prefix) != framing.MESSAGE_PREFIX.size:
             self.messages_dropped += 1
             log.warning("dropped message with a malformed %d-byte prefix", len(prefix))
             return
-        kind, request_id = MESSAGE_PREFIX.unpack(prefix)
-        if kind == KIND_BATCH:
+        kind, request_id = framing.MESSAGE_PREFIX.unpack(prefix)
+        if kind == framing.KIND_BATCH:
             try:
-                entries = split_batch(frames[1:])
+                entries = framing.split_batch(frames[1:])
             except ValueError as exc:
                 self.messages_dropped += 1
                 log.warning("dropped malformed batch: %s", exc)
@@ -368,24 +356,24 @@ class RpcServer:
         """Handle one message (alone or from a batch); ``prefix_frame`` is the received
         frame whose connection properties (peer address, ZAP user id) apply."""
         local = False
-        if request_id & LOCAL_ID_BIT and kind == KIND_REQUEST:
+        if request_id & framing.LOCAL_ID_BIT and kind == framing.KIND_REQUEST:
             local = not self._remote_binds or ipc_peer(prefix_frame)
-        elif kind not in (KIND_REQUEST, KIND_NOTIFY):
+        elif kind not in (framing.KIND_REQUEST, framing.KIND_NOTIFY):
             self.messages_dropped += 1
             log.warning("dropped message of unknown kind %d", kind)
             return
-        wants_reply = kind == KIND_REQUEST
+        wants_reply = kind == framing.KIND_REQUEST
         if not body_frames:
             self._refuse(peer, request_id, wants_reply, DecodeError("request has no body"))
             return
-        size = frames_len(body_frames)
+        size = framing.frames_len(body_frames)
         if size > self.max_message_bytes:
             self._refuse(peer, request_id, wants_reply, ValueError(
                 f"message of {size} bytes exceeds this server's limit of "
                 f"{self.max_message_bytes} bytes"))
             return
         try:
-            body, shm_bytes = decode_body(self.codec, body_frames, local)
+            body, shm_bytes = framing.decode_body(self.codec, body_frames, local)
             if shm_bytes:
                 self.bytes_received += shm_bytes
                 self.shm_bytes_received += shm_bytes
@@ -426,20 +414,20 @@ class RpcServer:
         except EncodeError as exc:
             self.send_error(peer, request_id, RemoteError.from_exception(exc))
             return
-        self._send(peer, KIND_OK, request_id, frames)
+        self._send(peer, framing.KIND_OK, request_id, frames)
 
     def send_encoded_reply(self, peer: bytes, request_id: int, frames: list[Any]) -> None:
         """Send a successful reply encoded beforehand (see :meth:`Request.reply_encoded`)."""
-        self._send(peer, KIND_OK, request_id, frames)
+        self._send(peer, framing.KIND_OK, request_id, frames)
 
     def send_error(self, peer: bytes, request_id: int, error: RemoteError) -> None:
         """Send an error reply."""
-        self._send(peer, KIND_ERROR, request_id, self.codec.encode(error))
+        self._send(peer, framing.KIND_ERROR, request_id, self.codec.encode(error))
 
     def _send(self, peer: bytes, kind: int, request_id: int, frames: list[Any]) -> None:
         if self._async is None:
             return
-        self.bytes_sent += len(peer) + MESSAGE_PREFIX.size + frames_len(frames)
+        self.bytes_sent += len(peer) + framing.MESSAGE_PREFIX.size + framing.frames_len(frames)
         try:
             self._outbox.send(peer, kind, request_id, frames)
         except zmq.ZMQError as exc:
