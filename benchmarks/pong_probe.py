@@ -18,7 +18,7 @@ paddle y 51; its centre is about 9 below that), and prints one JSON object:
   IMPALA loss itself on the rounds played (the signal the policy is trained on);
 - ``state_dependence``: max - min of ``p_up_minus_p_down`` over the bins.
 
-It is how issue 21's diagnosis was measured (see README, "Learning results").
+It is how issue 21's diagnosis was measured (see docs/learning.md).
 """
 
 from __future__ import annotations

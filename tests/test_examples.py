@@ -46,7 +46,7 @@ def _plan(config_file: Path | str, algorithm: str | None = None, **kwargs: objec
 
 
 def test_the_required_examples_are_shipped() -> None:
-    """The examples the README lists exist, each naming its algorithm."""
+    """The examples the README and docs list exist, each naming its algorithm."""
     names = {path.stem for path in EXAMPLE_FILES}
     assert set(REQUIRED) <= names, f"missing: {sorted(set(REQUIRED) - names)}"
 

@@ -33,6 +33,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from actorrl.runtime.process.runtime import check_request
+from actorrl.runtime.wire_version import WIRE_VERSION
 from tests.helpers.procs import NO_TORCH_PRELOAD, ready_line, start_python, terminate
 from tests.helpers.wire import PREFIX, colliding_key_map
 from tests.helpers.wire import collect_replies as raw_collect_replies
@@ -421,7 +422,7 @@ async def test_failed_register_node_connects_leak_nothing(target: Target,
     sock = dealer(attacker, target.tcp)
     try:
         cases = [request("coord.register_node",
-                         [f"n{i}", "x", endpoint, "127.0.0.1", 1, 0])
+                         [f"n{i}", "x", endpoint, "127.0.0.1", 1, 0, WIRE_VERSION])
                  for i, endpoint in zip(range(300), ["bogus://x", "tcp://127.0.0.1:notaport",
                                                      "ipc://" + "x" * 200] * 100, strict=False)]
         send_all(sock, [frames for _, frames in cases])

@@ -18,7 +18,14 @@ from pathlib import Path
 import pytest
 
 from actorrl.runtime.cluster.node_agent import CoordinatorAddressError, NodeAgent, NodeJoinError
-from tests.helpers.cluster import CLUSTER_CLI, REPO, read, run_cli, run_dirs, start_coordinator
+from tests.helpers.cluster import (
+    CLUSTER_CLI,
+    REPO,
+    keyed_coordinator,
+    read,
+    run_cli,
+    run_dirs,
+)
 from transport.auth import generate_keys
 
 BAD_NAME = "tcp://no-such-coordinator.invalid:7000"
@@ -28,19 +35,8 @@ pytestmark = pytest.mark.usefixtures("light_fork_server")  # the nodes here star
 @pytest.fixture(scope="module")
 def coordinator(tmp_path_factory: pytest.TempPathFactory):
     """A keyed coordinator on 127.0.0.1: ``(tmp, address, keys_dir)``."""
-    tmp = str(tmp_path_factory.mktemp("coord"))
-    keys = os.path.join(tmp, "keys")
-    generate_keys(keys)
-    proc, address = start_coordinator(tmp, keys)
-    try:
-        yield tmp, address, keys
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+    with keyed_coordinator(str(tmp_path_factory.mktemp("coord"))) as coordinator:
+        yield coordinator
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The README's config reference matches the config dataclasses."""
+"""The docs' config reference (docs/configuration.md) matches the config dataclasses."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ from pathlib import Path
 
 from actorrl.config.reference import main
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+REFERENCE_PAGE = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 
 
 def test_config_reference_is_up_to_date() -> None:
-    """Every key, default and docstring in the README comes from the code as it is."""
-    assert main(["--check", str(README)]) == 0, (
-        "run `python -m actorrl.config.reference --write README.md`")
+    """Every key, default and docstring in the config reference comes from the code as it is."""
+    assert main(["--check", str(REFERENCE_PAGE)]) == 0, (
+        "run `python -m actorrl.config.reference --write docs/configuration.md`")

@@ -46,6 +46,7 @@ from actorrl.runtime.process.refs import ObjectRef
 from actorrl.runtime.process.runtime import Runtime
 from actorrl.runtime.process.wire import spec_to_wire
 from actorrl.runtime.sessions import make_session_dir
+from actorrl.runtime.wire_version import WIRE_VERSION, WireVersionError, old_coordinator_message
 from transport.errors import RemoteError
 from transport.sockets import is_loopback_address, new_event_loop
 
@@ -57,7 +58,8 @@ CLOSE_TIMEOUT_S = 5.0
 
 
 class ClusterConnectionError(ConnectionError):
-    """The coordinator could not be reached or refused this client's key."""
+    """The coordinator could not be reached, refused this client's key, or runs another
+    actorrl version (the message says which, and what to do)."""
 
 
 class JobFailedError(RuntimeError):
@@ -199,12 +201,19 @@ class Client:
         self._runtime = self._run(start())
         self._coordinator = coordinator_endpoint(address, keys_dir)
         try:
-            hello = self.call("coord.hello", timeout_s=connect_timeout_s)
+            # With this release's wire version: a coordinator of another one refuses it.
+            hello = self.call("coord.hello", [WIRE_VERSION], timeout_s=connect_timeout_s)
+        except WireVersionError as exc:
+            raise ClusterConnectionError(f"cannot use the coordinator at {address}: "
+                                         f"{getattr(exc, 'message', exc)}") from None
         except Exception as exc:
             raise ClusterConnectionError(
                 f"cannot reach the coordinator at {address}: {exc}"
                 + ("" if keys_dir else " (if it uses CURVE, pass keys_dir)")) from None
-        limit = hello.get("max_frame_bytes") if isinstance(hello, dict) else None
+        hello = hello if isinstance(hello, dict) else {}
+        if "wire_version" not in hello:  # a release from before versions ignores ours
+            raise ClusterConnectionError(old_coordinator_message(address))
+        limit = hello.get("max_frame_bytes")
         self._max_frame_bytes = limit if isinstance(limit, int) and limit > 0 else None
 
     async def _start_local(self, local: LocalCluster
@@ -340,7 +349,7 @@ class Client:
     def submit(self, config: dict[str, Any]) -> Job:
         """Start a job: ``{"algorithm": ..., <config keys>, "stop": {...}, "job": {...}}``
         (see :mod:`actorrl.cluster.jobs`); a bad config raises ValueError at once."""
-        return Job(self, self.call("job.submit", [config]))
+        return Job(self, self.call("job.submit", [config, WIRE_VERSION]))
 
     def jobs(self) -> list[dict[str, Any]]:
         """A summary of every job the coordinator knows."""
@@ -363,7 +372,8 @@ class Client:
         actor_id, endpoint, path, label = self.call(
             "coord.create_actor",
             [self._session, spec_to_wire(spec), node,
-             colocate_with.actor_id if colocate_with is not None else None, timeout_s],
+             colocate_with.actor_id if colocate_with is not None else None, timeout_s,
+             WIRE_VERSION],
             timeout_s=timeout_s + 10)
         self._start_session_pings()
         return ActorHandle(actor_id, endpoint, path, label, spec, self.runtime)

@@ -62,7 +62,7 @@ from actorrl.runtime.cluster.callers import (
     serve_guarded,
     trusted_context,
 )
-from actorrl.runtime.cluster.coordinator import Coordinator
+from actorrl.runtime.cluster.coordinator import Coordinator, peer_name
 from actorrl.runtime.cluster.driver import ClusterDriver
 from actorrl.runtime.cluster.records import ActorRecord
 from actorrl.runtime.errors import GetTimeoutError
@@ -388,8 +388,11 @@ class JobManager:
         return {"text": data.decode(errors="replace"), "next": max(int(offset), 0) + len(data)}
 
     # ---- submit / run -------------------------------------------------------------------
-    async def submit(self, submission: Any) -> str:
-        """Validate and start a job; returns its id."""
+    async def submit(self, submission: Any, wire_version: Any = None) -> str:
+        """Validate and start a job; returns its id. A client of another wire version (or
+        one from before versions, which sends none) is refused first."""
+        self.coordinator.versions.admit(wire_version, "client",
+                                        peer_name(current_caller()))
         parsed = Submission.parse(submission)
         job_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         job = ManagedJob(job_id, parsed, os.path.join(self.state_dir, "jobs", job_id))

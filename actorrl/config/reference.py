@@ -1,11 +1,11 @@
-"""The config reference of the README, generated from the config dataclasses.
+"""The config reference of the docs (docs/configuration.md), generated from the config dataclasses.
 
 ``python -m actorrl.config.reference`` prints, per algorithm, every key with its RLlib
 (flat) name, where it lives (``replay.buffer_size``), its default and the docstring of its
 field, then the ``model`` options (``actorrl.policy.model_config``: each key's default and
-its line in ``MODEL_KEY_DOCS``); ``--check README.md`` fails when the README's copy
-differs (a test runs it), and ``--write README.md`` replaces that copy. The section sits
-between the two markers :data:`BEGIN` and :data:`END`.
+its line in ``MODEL_KEY_DOCS``); ``--check docs/configuration.md`` fails when that page's
+copy differs (a test runs it), and ``--write docs/configuration.md`` replaces that copy.
+The section sits between the two markers :data:`BEGIN` and :data:`END`.
 """
 
 from __future__ import annotations
@@ -154,17 +154,19 @@ def aliases_reference() -> list[str]:
 def _split(text: str) -> tuple[str, str, str]:
     start, end = text.find(BEGIN), text.find(END)
     if start < 0 or end < start:
-        raise ValueError(f"the README has no config reference markers ({BEGIN!r} ... "
+        raise ValueError(f"the page has no config reference markers ({BEGIN!r} ... "
                          f"{END!r})")
     return text[:start], text[start:end + len(END)], text[end + len(END):]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print the reference, or check/write the README's copy."""
+    """Print the reference, or check/write a page's copy (docs/configuration.md)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--check", metavar="README", help="fail if README's copy differs")
-    group.add_argument("--write", metavar="README", help="replace README's copy")
+    group.add_argument("--check", metavar="PAGE",
+                       help="fail if PAGE's copy differs (docs/configuration.md)")
+    group.add_argument("--write", metavar="PAGE",
+                       help="replace PAGE's copy (docs/configuration.md)")
     args = parser.parse_args(argv)
     generated = reference()
     if args.check or args.write:

@@ -17,7 +17,7 @@ from actorrl.policy.schedules import check_schedule
 
 def check_model(model: dict[str, Any]) -> list[tuple[str, str]]:
     """Problems with a ``model`` mapping as ``(key, problem)``: keys the model catalog
-    (``actorrl.policy.models.resolve_model_config``) does not know, with suggestions."""
+    (``actorrl.policy.model_config.resolve_model_config``) does not know, with suggestions."""
     import difflib
 
     from actorrl.policy.model_config import model_value_problems, resolve_model_config
@@ -74,7 +74,7 @@ class PolicyConfig(ConfigSection):
     gamma: float = 0.99
     """Discount factor."""
     model: dict[str, Any] = checked(dict, check_model)
-    """Model options (``actorrl.policy.models.MODEL_DEFAULTS``: ``fcnet_hiddens``,
+    """Model options (``actorrl.policy.model_config.MODEL_DEFAULTS``: ``fcnet_hiddens``,
     ``fcnet_activation``, ``conv_filters``, ``custom_model``...); validated at load time."""
 
     def validate(self) -> list[str]:

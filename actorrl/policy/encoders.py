@@ -173,7 +173,7 @@ class ConvEncoder(nn.Module):
     (norm 0.4 against 7), so each Adam step moved the policy logits ~18x less (the
     state-dependent part of them, frames differing by a ball and two paddles, ~3.5% of the
     features). RLlib's vision net does not scale its 0-255 inputs, which keeps its features
-    large. (README, "Learning results", has what else Pong needed.)
+    large. (docs/learning.md has what else Pong needed.)
     """
 
     def __init__(self, obs_shape: Sequence[int], filters: Sequence[Sequence[Any]],

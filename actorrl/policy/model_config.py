@@ -92,7 +92,7 @@ MODEL_KEY_DOCS: dict[str, str] = {
     "framestack": "Atari ids: stack the last 4 frames (false: 1 frame; "
                   "env_config.frame_stack).",
 }
-"""One line per ``model`` key (the README's config reference lists them)."""
+"""One line per ``model`` key (docs/configuration.md lists them)."""
 
 _POSITIVE_INT_OPTIONS = ("max_seq_len", "lstm_cell_size", "dim")
 _BOOL_OPTIONS = ("use_lstm", "lstm_use_prev_action", "lstm_use_prev_reward", "grayscale",

@@ -3,6 +3,7 @@ completion, a coordinator started up to its READY line, node agents joining it."
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -12,12 +13,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from actorrl.runtime.node.fork_server import PRELOAD_ENV
-from tests.helpers.procs import REPO, child_env, ready_line, start_python
+from tests.helpers.procs import REPO, child_env, ready_line, start_python, terminate
+from transport.auth import generate_keys
 
 CLI = [sys.executable, "-m", "actorrl.cli.main"]
 CLUSTER_CLI = [sys.executable, "-m", "actorrl.cli.cluster"]
@@ -60,6 +63,19 @@ def spawn(args: list[str], log_path: str, pass_fds: tuple[int, ...] = (),
     (``env``: variables set for it)."""
     return start_python(["-m", "actorrl.cli.cluster", *args], log_path,
                         stdin=subprocess.DEVNULL, stdout=None, pass_fds=pass_fds, env=env)
+
+
+@contextlib.contextmanager
+def keyed_coordinator(tmp: str) -> Iterator[tuple[str, str, str]]:
+    """A coordinator on 127.0.0.1 with fresh CURVE keys in ``tmp/keys``, for a ``with``
+    block: ``(tmp, address, keys_dir)``; stopped at the end."""
+    keys = os.path.join(tmp, "keys")
+    generate_keys(keys)
+    proc, address = start_coordinator(tmp, keys)
+    try:
+        yield tmp, address, keys
+    finally:
+        terminate(proc)
 
 
 def start_coordinator(tmp: str, keys: str | None, bind: str | None = "tcp://127.0.0.1:0",

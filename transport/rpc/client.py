@@ -22,6 +22,7 @@ from typing import Any
 
 import zmq
 
+import transport.rpc.framing as framing
 from transport.codec import Codec, DecodeError
 from transport.errors import (
     AuthenticationError,
@@ -31,7 +32,6 @@ from transport.errors import (
     ServerFullError,
     TransportError,
 )
-from transport.rpc import framing
 from transport.rpc.outbox import Outbox
 from transport.shm.placers import CallPlacer
 from transport.sockets import AsyncSocket, context

@@ -50,11 +50,11 @@ from urllib.parse import urlparse
 
 import zmq
 
+import transport.rpc.framing as framing
 from transport.auth import PeerGate, current_authenticator, parse_user_id
 from transport.codec import Codec, DecodeError, EncodeError
 from transport.errors import RemoteError
 from transport.limits import peer_budget
-from transport.rpc import framing
 from transport.rpc.outbox import Outbox
 from transport.shm.placers import Placer
 from transport.sockets import AsyncSocket, context

@@ -25,13 +25,16 @@ all of them; ``coord.shutdown`` takes an admin key (a client key too while no ad
 on the allow-list). Connections without CURVE (ipc, keyless loopback) are trusted.
 Handlers read who called through :func:`~actorrl.runtime.cluster.callers.current_caller`.
 
+Versions: a node registering and a client saying hello or opening a session send their
+wire version (:mod:`actorrl.runtime.wire_version`); another one, or none, is refused with a
+message naming both versions and the fix.
+
 Nothing here knows about reinforcement learning; jobs are served by a layer above.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -46,6 +49,7 @@ from actorrl.runtime.cluster.callers import (
     serve_async,
     serve_guarded,
 )
+from actorrl.runtime.cluster.client_sessions import DEFAULT_SESSION_TIMEOUT_S, ClientSessions
 from actorrl.runtime.cluster.connections import NodeConnection
 from actorrl.runtime.cluster.membership import (
     DEFAULT_HEARTBEAT_S,
@@ -60,14 +64,13 @@ from actorrl.runtime.node.node import DEFAULT_START_TIMEOUT_S, LocalNode
 from actorrl.runtime.process.handles import ActorHandle, ActorSpec
 from actorrl.runtime.process.runtime import Runtime
 from actorrl.runtime.process.wire import spec_from_wire
+from actorrl.runtime.wire_version import WIRE_VERSION, VersionGate
 from transport.errors import PeerLostError
 from transport.rpc import Request
 from transport.timeouts import wait_for
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SESSION_TIMEOUT_S = 20.0
-"""A client session that has not pinged for this long is ended (its actors stopped)."""
 MAX_REASON_CHARS = 2_000
 """A reported death reason is kept at most this long (a peer chooses its size)."""
 MAX_EARLY_DEATHS = 1_000
@@ -85,24 +88,15 @@ class Coordinator:
                  heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
                  session_timeout_s: float = DEFAULT_SESSION_TIMEOUT_S) -> None:
         self.runtime = runtime
-        self.heartbeat_s = heartbeat_s
-        self.heartbeat_timeout_s = heartbeat_timeout_s
-        self.session_timeout_s = session_timeout_s
-        self.sessions: dict[str, float] = {}
-        """Client sessions owning actors -> when they last pinged (monotonic)."""
-        self._creating: collections.Counter[str] = collections.Counter()
-        """Client sessions -> their actor creations under way (a session waiting on one is
-        not silent: its pings start once its first creation returns)."""
+        self.client_sessions = ClientSessions(session_timeout_s)
+        self.versions = VersionGate()
+        """Refuses nodes and clients of another wire version."""
         self.owner_keys: dict[str, str | None] = {}
         """Owner (``client:SESSION``, ``job:ID``) -> the public key that created it (None:
         a trusted caller); a client key may act only on owners created with it."""
         self.membership = Membership(runtime, heartbeat_s, heartbeat_timeout_s,
                                      actor_lost=self.actor_died, changed=self._notify,
                                      spawn=self._spawn)
-        self.nodes: dict[str, NodeState] = self.membership.nodes
-        """The live member nodes by id (:attr:`Membership.nodes`)."""
-        self.lost_nodes = self.membership.lost_nodes
-        self.on_node_lost = self.membership.on_node_lost
         self.actors: dict[str, ActorRecord] = {}
         self.on_actor_died: list[Callable[[ActorRecord], None]] = []
         self.shutdown_requested = asyncio.Event()
@@ -112,6 +106,36 @@ class Coordinator:
         self._monitor: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
         self.extra_status: list[Callable[[], dict[str, Any]]] = []
+
+    @property
+    def heartbeat_s(self) -> float:
+        """How often nodes heartbeat (and silent nodes and sessions are checked)."""
+        return self.membership.heartbeat_s
+
+    @property
+    def heartbeat_timeout_s(self) -> float:
+        """A node silent for this long is probed, then lost."""
+        return self.membership.heartbeat_timeout_s
+
+    @property
+    def nodes(self) -> dict[str, NodeState]:
+        """The live member nodes by id (:attr:`Membership.nodes`)."""
+        return self.membership.nodes
+
+    @property
+    def lost_nodes(self) -> Sequence[dict[str, Any]]:
+        """The recently lost nodes, oldest first (:attr:`Membership.lost_nodes`)."""
+        return self.membership.lost_nodes
+
+    @property
+    def on_node_lost(self) -> list[Callable[[NodeState, str], None]]:
+        """Called with each lost node and the reason (:attr:`Membership.on_node_lost`)."""
+        return self.membership.on_node_lost
+
+    @property
+    def sessions(self) -> dict[str, float]:
+        """Client sessions owning actors -> when they last pinged (monotonic)."""
+        return self.client_sessions.pinged
 
     @property
     def early_deaths(self) -> Mapping[str, str]:
@@ -137,8 +161,7 @@ class Coordinator:
             serve_async(rt, name, fn, roles)
         serve_guarded(rt, "coord.heartbeat", self._on_heartbeat, NODE_ROLES)
         serve_guarded(rt, "coord.session_ping", self._on_session_ping, CLIENT_ROLES)
-        serve_guarded(rt, "coord.hello", lambda r: r.reply({
-            "address": rt.address, "max_frame_bytes": rt.server.max_frame_bytes}))
+        serve_guarded(rt, "coord.hello", self._on_hello)
         serve_guarded(rt, "coord.nodes", lambda r: r.reply(self.describe_nodes()),
                       CLIENT_ROLES)
         serve_guarded(rt, "coord.actors", lambda r: r.reply(self.describe_actors(
@@ -217,21 +240,19 @@ class Coordinator:
             self._expire_sessions(now)
 
     def _expire_sessions(self, now: float) -> None:
-        for session, pinged in list(self.sessions.items()):
-            if now - pinged > self.session_timeout_s and not self._creating[session]:
-                # The client went away without closing: its actors go too.
-                del self.sessions[session]
-                log.warning("client session %s silent for %.0f s; stopping its actors",
-                            session[:8], now - pinged)
-                self._spawn(self._end_session(session))
+        for session, silent_s in self.client_sessions.expire(now):
+            # The client went away without closing: its actors go too.
+            log.warning("client session %s silent for %.0f s; stopping its actors",
+                        session[:8], silent_s)
+            self._spawn(self._end_session(session))
 
     async def _end_session(self, session: str) -> int:
         """Stop a session's actors and forget it (and who owned it)."""
-        self.sessions.pop(session, None)
+        self.client_sessions.forget(session)
         try:
             return await self.kill_owner(f"client:{session}")
         finally:
-            if session not in self.sessions:  # (not reopened meanwhile)
+            if session not in self.client_sessions:  # (not reopened meanwhile)
                 self.owner_keys.pop(f"client:{session}", None)
 
     def _check_session(self, session: str) -> None:
@@ -256,14 +277,27 @@ class Coordinator:
 
     def _on_session_ping(self, request: Request) -> None:
         session = request.args[0] if request.args else None
-        known = isinstance(session, str) and session in self.sessions and \
+        known = isinstance(session, str) and session in self.client_sessions and \
             current_caller().owns(self.owner_keys.get(f"client:{session}"))
         if known:
-            self.sessions[session] = time.monotonic()
+            self.client_sessions.touch(session)
         request.reply({"known": known})
 
+    def _on_hello(self, request: Request) -> None:
+        """What a client needs to know first; a client that sends its wire version is
+        refused when it is not this one (a bare hello, a probe, is answered)."""
+        if request.args:
+            self.versions.admit(request.args[0], "client", peer_name(current_caller()))
+        rt = self.runtime
+        request.reply({"address": rt.address, "max_frame_bytes": rt.server.max_frame_bytes,
+                       "wire_version": WIRE_VERSION})
+
     async def _rpc_register_node(self, node_id: str, name: str, endpoint: str, host: str,
-                                 num_cpus: float, num_gpus: float) -> dict[str, Any]:
+                                 num_cpus: float, num_gpus: float, wire_version: Any = None
+                                 ) -> dict[str, Any]:
+        # The version first: the other fields of another version may mean other things.
+        self.versions.admit(wire_version, f"node {name!r:.80} at {host!r:.80}",
+                            peer_name(current_caller()))
         if not all(isinstance(v, str) and v for v in (node_id, name, endpoint, host)):
             raise ValueError("node_id, name, endpoint and host must be non-empty strings")
         for value in (num_cpus, num_gpus):
@@ -271,7 +305,7 @@ class Coordinator:
                 raise ValueError(f"node resources must be numbers >= 0, got {value!r}")
         node = self.membership.register(node_id, name, endpoint, host, num_cpus, num_gpus)
         return {"name": node.name, "heartbeat_s": self.heartbeat_s,
-                "heartbeat_timeout_s": self.heartbeat_timeout_s}
+                "heartbeat_timeout_s": self.heartbeat_timeout_s, "wire_version": WIRE_VERSION}
 
     def _on_heartbeat(self, request: Request) -> None:
         known = bool(request.args) and self.membership.heartbeat(request.args[0])
@@ -443,25 +477,19 @@ class Coordinator:
     # ---- RPC: clients -------------------------------------------------------------------
     async def _rpc_create_actor(self, session: str, spec: list[Any], node: str | None = None,
                                 colocate_with: str | None = None,
-                                timeout_s: float = DEFAULT_START_TIMEOUT_S) -> list[Any]:
+                                timeout_s: float = DEFAULT_START_TIMEOUT_S,
+                                wire_version: Any = None) -> list[Any]:
         if not isinstance(session, str) or not session:
             raise ValueError("session must be a non-empty string")
         self._check_session(session)
+        # This opens the session: a client of another version (or of a release from
+        # before versions, which sends none) gets no actor.
+        self.versions.admit(wire_version, "client", peer_name(current_caller()))
         self.owner_keys.setdefault(f"client:{session}", current_caller().key)
-        self.sessions[session] = time.monotonic()
-        self._creating[session] += 1
-        try:
+        with self.client_sessions.creating(session):
             handle = await self.create_actor(
                 spec_from_wire(spec), f"client:{session}", node=node,
                 colocate_with=colocate_with, timeout_s=min(float(timeout_s), 600.0))
-        finally:
-            # A creation slower than the session timeout must not end the session under
-            # it (its actor would then belong to no session and outlive a dead client).
-            self._creating[session] -= 1
-            if not self._creating[session]:
-                del self._creating[session]
-            if session in self.sessions:
-                self.sessions[session] = time.monotonic()
         return [handle.actor_id, handle.endpoint, handle.class_path, handle.name]
 
     async def _rpc_kill_actor(self, session: str, actor_id: str, signal_kill: bool = False
@@ -536,8 +564,15 @@ class Coordinator:
     def status(self) -> dict[str, Any]:
         """Nodes, actor count, recently lost nodes, plus extra sections (jobs)."""
         out: dict[str, Any] = {"address": self.runtime.address, "nodes": self.describe_nodes(),
-                               "num_actors": len(self.actors),
+                               "num_actors": len(self.actors), "wire_version": WIRE_VERSION,
                                "lost_nodes": list(self.lost_nodes)[-10:]}
         for extra in self.extra_status:
             out.update(extra())
         return out
+
+
+def peer_name(caller: Caller) -> str:
+    """Who a caller is, for the log: its role and key, or a trusted connection."""
+    if caller.key is None:
+        return "a trusted connection (ipc or keyless)"
+    return f"{caller.role} key {caller.key[:12]}..."

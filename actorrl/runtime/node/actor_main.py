@@ -15,8 +15,9 @@ import sys
 
 from actorrl.runtime.network import Network
 from actorrl.runtime.node.process import watch_lifeline
-from actorrl.runtime.process.hosting import enter_hosting, import_class
+from actorrl.runtime.process.hosting import import_class
 from actorrl.runtime.process.runtime import Runtime
+from actorrl.runtime.process.scope import enter_scope
 from transport.errors import RemoteError
 from transport.sockets import new_event_loop
 
@@ -27,7 +28,7 @@ async def serve_actor(parent: str, actor_id: str, session_dir: str, lifeline_fd:
     """Run one actor until exit; returns the process exit code."""
     # A cluster node passes its network down (tcp host, node tag, keys directory).
     runtime = Runtime.start(session_dir, f"actor-{actor_id}", network=Network.from_env())
-    enter_hosting(runtime.hosting())  # the constructor (run in a thread) is actor code
+    enter_scope(runtime.actor_scope())  # the constructor (run in a thread) is actor code
     loop = asyncio.get_running_loop()
 
     def parent_died() -> None:
