@@ -10,7 +10,7 @@ import textwrap
 SCRIPT = textwrap.dedent("""
     import asyncio, sys
     from actorrl.algorithms import Trainer, get_algorithm
-    from actorrl.config.sections import load_config
+    from actorrl.config.algorithm import load_config
     from actorrl.runtime import Driver
 
     async def main():
@@ -44,7 +44,7 @@ def test_training_never_imports_torch_in_the_driver() -> None:
 GRADIENT_WORKER = textwrap.dedent("""
     import sys
     from actorrl.algorithms import get_algorithm
-    from actorrl.config.sections import load_config
+    from actorrl.config.algorithm import load_config
     from actorrl.rollout.worker import RolloutWorker
 
     spec = get_algorithm("a3c")

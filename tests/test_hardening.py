@@ -289,7 +289,7 @@ async def test_placement_avoids_a_node_that_missed_its_heartbeats(tmp_path) -> N
 async def test_waits_for_unannounced_objects_are_bounded() -> None:
     """Waits for ids nobody announced expire, and beyond MAX_UNKNOWN_WAITS such ids a new
     one is answered "missing" at once (any peer could otherwise park unbounded waits)."""
-    from actorrl.runtime.process.refs import MAX_UNKNOWN_WAITS, STATUS_MISSING, ObjectStore
+    from actorrl.runtime.process.store import MAX_UNKNOWN_WAITS, STATUS_MISSING, ObjectStore
 
     store = ObjectStore(asyncio.get_running_loop(), unknown_wait_s=60.0)
     answers: list[int] = []

@@ -327,20 +327,25 @@ def test_a_timed_out_sync_get_leaves_the_ref_usable(runtime):
     assert rt.get(ref, timeout=10) == 7
 
 
-async def test_every_waiter_of_a_call_still_being_sent_wakes():
-    """A call submitted from another thread is a placeholder until its send: a get and a
-    wait on it at the same time must both see it resolve."""
-    # Private: the placeholder exists only between a cross-thread submit and its send on
-    # the loop, a window no public call can hold open.
-    from actorrl.runtime.process.calls import _PendingFuture
+async def test_every_waiter_of_a_call_still_being_sent_wakes(tmp_path):
+    """A call submitted from another thread has its future from the submit on, before the
+    loop sends it: a readiness hook made in that window, a get and a wait on it at the
+    same time all see it resolve."""
+    import threading
 
-    pending = _PendingFuture()
-    waiters = [asyncio.ensure_future(pending.wait()) for _ in range(3)]
-    await asyncio.sleep(0)
-    inner = asyncio.get_running_loop().create_future()
-    pending.resolve(inner)
-    done = await asyncio.wait_for(asyncio.gather(*waiters), 5)
-    assert all(f is inner for f in done)
+    async with Driver.start(str(tmp_path / "s")) as driver:
+        counter = await driver.create_actor("tests.actors.basic:Counter")
+        refs = []
+        thread = threading.Thread(target=lambda: refs.append(counter.add.remote(5)))
+        thread.start()
+        thread.join()  # the send is queued on the loop, not made yet
+        hooked = asyncio.Event()
+        driver.runtime.on_ready(refs[0], hooked.set)
+        got = asyncio.ensure_future(driver.get(refs[0], timeout_s=30))
+        waited = asyncio.ensure_future(driver.wait(refs, timeout_s=30))
+        await asyncio.wait_for(hooked.wait(), 30)
+        assert await got == 5
+        assert (await waited)[0] == refs
 
 
 async def test_bad_arguments_to_an_async_method_do_not_stall_the_actor(tmp_path):
@@ -431,7 +436,7 @@ async def test_a_call_whose_send_fails_fails_its_ref(tmp_path):
 async def test_an_id_asked_for_early_waits_as_long_as_its_call_runs():
     """A fetch that overtook the call producing the object starts the unknown-id timer;
     once the call is announced the waiter waits for the value, however long it takes."""
-    from actorrl.runtime.process.refs import STATUS_OK, ObjectStore
+    from actorrl.runtime.process.store import STATUS_OK, ObjectStore
 
     store = ObjectStore(asyncio.get_running_loop(), unknown_wait_s=0.05)
     got = []
@@ -451,8 +456,9 @@ async def test_puts_of_a_method_are_stored_before_its_reply(tmp_path):
     # HostedCall is how a served call is handed to the executor; the race needs one
     # made by hand (finished through the public hand_back).
     from actorrl.runtime.process.hosting import HostedCall
-    from actorrl.runtime.process.refs import STATUS_OK, new_object_id
+    from actorrl.runtime.process.refs import new_object_id
     from actorrl.runtime.process.runtime import Runtime
+    from actorrl.runtime.process.store import STATUS_OK
 
     late_put = new_object_id()
     replied = asyncio.Event()
@@ -515,7 +521,7 @@ async def test_an_actor_given_up_on_at_start_is_not_reported_dead(tmp_path):
 
 
 async def test_one_failing_waiter_does_not_starve_the_others():
-    from actorrl.runtime.process.refs import STATUS_OK, ObjectStore
+    from actorrl.runtime.process.store import STATUS_OK, ObjectStore
 
     store = ObjectStore(asyncio.get_running_loop())
     store.add_pending(b"y" * 16)

@@ -117,6 +117,21 @@ async def test_an_error_keeps_its_type_and_its_traceback_spans_the_caller(tmp_pa
         assert isinstance(error.__cause__, ValueError)
 
 
+def test_an_off_loop_call_error_traces_from_the_method_only(tmp_path):
+    """A call submitted from another thread (the synchronous API) runs later, from a loop
+    callback, with no caller on the stack: its error's traceback starts at the actor's
+    method, naming no frame of the loop's thread as the caller."""
+    rt.init(str(tmp_path / "s"), serial=True)
+    try:
+        probe = rt.create_actor("tests.test_serial:Probe")
+        with pytest.raises(ValueError, match="boom") as info:
+            rt.get(probe.fail.remote("boom"), timeout=10)
+        trace = info.value.remote_traceback
+        assert "in fail" in trace and "threading.py" not in trace, trace
+    finally:
+        rt.shutdown()
+
+
 async def test_a_breakpoint_in_an_actor_sees_the_pipeline_step(tmp_path):
     """A synchronous method runs inline, so its stack holds the caller's frames."""
     async with Driver.start(str(tmp_path / "s"), serial=True) as driver:

@@ -21,7 +21,7 @@ Sequences (recurrent policies, RLlib's layout)
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -354,6 +354,11 @@ class MultiAgentBatch:
     def agent_steps(self) -> int:
         """Rows over all policies (one row per agent step)."""
         return sum(b.count for b in self.policy_batches.values())
+
+    def held_values(self) -> Iterable[SampleBatch]:
+        """The per-policy batches: what the runtime counts when it estimates the size of
+        a result holding this batch (``actorrl.runtime.process.hosting.HoldsValues``)."""
+        return self.policy_batches.values()
 
     @staticmethod
     def wrap_as_needed(

@@ -30,9 +30,9 @@ from typing import Any, TypeVar
 from actorrl.runtime.driver import Driver
 from actorrl.runtime.errors import GetTimeoutError, RemoteError, RuntimeNotStartedError
 from actorrl.runtime.process.handles import ActorHandle
-from actorrl.runtime.process.hosting import current_hosting
 from actorrl.runtime.process.refs import ObjectRef
 from actorrl.runtime.process.runtime import Runtime
+from actorrl.runtime.process.scope import current_scope
 from transport.sockets import new_event_loop
 
 T = TypeVar("T")
@@ -47,9 +47,9 @@ _thread: threading.Thread | None = None
 def _runtime() -> Runtime:
     """The runtime this facade acts on here: the one hosting the running actor method,
     else the driver :func:`init` started."""
-    hosting = current_hosting()
-    if hosting is not None and not hosting.runtime.closed:
-        return hosting.runtime
+    scope = current_scope()
+    if scope is not None and not scope.runtime.closed:
+        return scope.runtime
     return driver().runtime
 
 
@@ -58,7 +58,7 @@ def _run(coro: Coroutine[Any, Any, T], runtime: Runtime,
     if runtime.on_loop():
         coro.close()
         hint = (" (a serial-mode actor method runs on it: make the method async and await "
-                "Runtime.current().get_async(...))" if current_hosting() is not None else "")
+                "Runtime.current().get_async(...))" if current_scope() is not None else "")
         raise RuntimeError("the synchronous runtime API cannot be used on the event loop "
                            "thread; use the async API (await driver.get(...)) there" + hint)
     runtime.before_loop_request()

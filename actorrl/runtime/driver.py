@@ -24,7 +24,7 @@ from actorrl.runtime.process.handles import ActorHandle, ActorSpec
 from actorrl.runtime.process.peers import remove_ipc_fallback
 from actorrl.runtime.process.refs import ObjectRef
 from actorrl.runtime.process.runtime import Runtime
-from actorrl.runtime.process.serial import SerialNode
+from actorrl.runtime.process.serial import SerialHosting, SerialNode
 from actorrl.runtime.sessions import make_session_dir
 
 
@@ -137,7 +137,9 @@ class Driver(ObjectOps):
         runtime = Runtime.start(session_dir, "driver")
         node: LocalNode | SerialNode
         if serial:
-            node = SerialNode(runtime, num_cpus=num_cpus, num_gpus=num_gpus)
+            hosting = SerialHosting(runtime, runtime.loop_thread, runtime.codec, runtime.calls,
+                                    runtime.frees.release, runtime.peers)
+            node = SerialNode(hosting, num_cpus=num_cpus, num_gpus=num_gpus)
         else:
             node = LocalNode(runtime, session_dir, num_cpus=num_cpus, num_gpus=num_gpus,
                              start_method=start_method)

@@ -10,25 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from types import FrameType
+from typing import Any
 
 from actorrl.runtime.errors import ActorDiedError, GetTimeoutError, ObjectLostError
+from actorrl.runtime.process.frees import FreeQueue
 from actorrl.runtime.process.handles import ActorHandle
+from actorrl.runtime.process.loop import LoopThread
 from actorrl.runtime.process.peers import Peers
-from actorrl.runtime.process.refs import (
-    STATUS_ERROR,
-    STATUS_OK,
-    ObjectRef,
-    new_object_id,
-    ready_order,
-)
+from actorrl.runtime.process.refs import ObjectRef, completion_order, new_object_id
+from actorrl.runtime.process.store import STATUS_ERROR, STATUS_OK
 from transport import shm as shm_segments
+from transport.codec import Codec
 from transport.errors import PeerLostError, RemoteError, TransportError
 from transport.timeouts import wait_for
-
-if TYPE_CHECKING:
-    from actorrl.runtime.process.runtime import Runtime
 
 
 def raise_for(status: int, value: Any, ref: ObjectRef) -> Any:
@@ -48,13 +45,18 @@ class Calls:
     """This process's calls to actors and its gets and waits on refs (loop thread, except
     :meth:`submit`).
 
-    It holds the runtime's peer tables and free queue directly (they are never replaced):
-    a call costs no more lookups than when all this was one class."""
+    Built from the loop's thread, the codec calls are encoded with, the peers they go to,
+    the free queue (frees ride along with calls; refs free their objects through it),
+    ``before_loop_request`` (called off the loop before a call is handed to it) and the
+    size from which call arguments' arrays go through shared memory. It holds the peer
+    tables and the free queue's operations directly (they are never replaced): a call
+    costs no more lookups than when all this was one class."""
 
-    def __init__(self, runtime: Runtime, peers: Peers, shm_threshold: int) -> None:
-        self.runtime = runtime
-        self.loop = runtime.loop
-        self.codec = runtime.codec
+    def __init__(self, loop: LoopThread, codec: Codec, peers: Peers, frees: FreeQueue,
+                 before_loop_request: Callable[[], None], shm_threshold: int) -> None:
+        self.loop = loop.loop
+        self._on_loop = loop.on_loop
+        self.codec = codec
         self.shm_pool = peers.shm_pool
         self.shm_threshold = shm_threshold
         self.shm_calls = peers.shm
@@ -63,17 +65,20 @@ class Calls:
         self.closed = False
         self.peers = peers
         self._dead = peers.dead
-        self._local_hosts = peers.local_hosts
+        self._in_process = peers.in_process
+        self._stores = peers.stores
         self._client = peers.client
-        self._local_store = peers.local_store
         self._shm_to = peers.shm_to
-        frees = runtime.frees
         self._frees = frees.queue
         self._flush_frees = frees.flush
         self._frees_ride_with = frees.ride_with
         self._free = frees.free
-        self._on_loop = runtime.on_loop
-        self._before_loop_request = runtime.before_loop_request
+        self._release = frees.release
+        self._before_loop_request = before_loop_request
+
+    def close(self) -> None:
+        """Fail the calls sent from now on (the runtime is closing)."""
+        self.closed = True
 
     # ---- calls ------------------------------------------------------------------------------
     def submit(self, handle: ActorHandle, method: str, args: Sequence[Any],
@@ -84,11 +89,9 @@ class Calls:
         immediately; sending happens on the loop.
         """
         object_id = new_object_id()
-        ref = ObjectRef(object_id, handle.endpoint)
-        ref._runtime = self.runtime
-        ref._tracked = True
+        ref = ObjectRef(object_id, handle.endpoint, self._release)
         pinned = [a for a in (*args, *kwargs.values()) if isinstance(a, ObjectRef)]
-        escaped = [a._escaped for a in pinned]
+        escaped = [a.escaped for a in pinned]
         body = ["__call__", [object_id, method, list(args), kwargs], {}]
         placer = None
         if self.shm_calls and self.shm_pool is not None and self._shm_to(handle.endpoint):
@@ -103,31 +106,31 @@ class Calls:
         else:
             frames = self.codec.encode(body)
         for arg, was_escaped in zip(pinned, escaped):
-            arg._escaped = was_escaped  # passed as a direct argument: kept alive below
-        ref._pinned = pinned or None
+            arg.sent_as_argument(was_escaped)  # kept alive by the call's future
+        # Made here, in the caller's thread too: the ref has its call's future from the
+        # start (the send may come a loop iteration later).
+        fut = _CallFuture(self.peers, ref, handle, pinned or None)
+        ref.attach_call(fut)
         if self._on_loop():
-            self._send_call(ref, handle, frames, placer)
+            # The frame that made the call: an actor of this process (serial mode) may run
+            # it inline, under that frame, right now.
+            self._send_call(fut, handle, frames, placer,
+                            sys._getframe(1) if self._in_process else None)
         else:
             self._before_loop_request()
-            ref._future = _PendingFuture()
-            self.loop.call_soon_threadsafe(self._send_call, ref, handle, frames, placer)
+            self.loop.call_soon_threadsafe(self._send_call, fut, handle, frames, placer, None)
         return ref
 
-    def _send_call(self, ref: ObjectRef, handle: ActorHandle, frames: list[Any],
-                   placer: shm_segments.CallPlacer | None = None) -> None:
-        placeholder = ref._future
-        fut = _CallFuture(self.peers, ref, handle)
-        ref._future = fut
-        if placeholder is not None:
-            placeholder.resolve(fut)
+    def _send_call(self, fut: _CallFuture, handle: ActorHandle, frames: list[Any],
+                   placer: shm_segments.CallPlacer | None, caller: FrameType | None) -> None:
         if handle.endpoint in self._dead:
             fut.set_exception(self.peers.died_error(handle.endpoint, repr(handle)))
         elif self.closed:
             fut.set_exception(ActorDiedError("the runtime is shut down"))
         else:
-            host = self._local_hosts.get(handle.endpoint)
-            if host is not None:  # serial mode: the actor lives here; the call may run now
-                host.accept(ref, frames, fut)
+            actor = self._in_process.get(handle.endpoint)
+            if actor is not None:  # serial mode: the actor lives here; the call may run now
+                actor.accept(frames, fut, caller)
                 return
             if self._frees:
                 self._frees_ride_with(handle.endpoint)
@@ -145,8 +148,8 @@ class Calls:
     def call_error(self, ref: ObjectRef) -> BaseException | None:
         """For a finished call this process submitted: the error that ended it without a
         result (e.g. ActorDiedError), else None. Never fetches the value."""
-        fut = ref._future
-        if fut is None or isinstance(fut, _PendingFuture) or not fut.done():
+        fut = ref.call
+        if fut is None or not fut.done():
             return None
         return None if fut.cancelled() else fut.exception()
 
@@ -181,14 +184,14 @@ class Calls:
     def peek(self, ref: ObjectRef) -> tuple[int, Any] | None:
         """``ref``'s ``(status, value)`` when it is here now (owned in this process, or
         its value came with its call's reply or a fetch), else None."""
-        store = self._local_store(ref.owner)
+        store = self._stores.get(ref.owner)
         if store is not None:
             return store.lookup(ref.id)
-        return ref._value if ref._has_value else None
+        return ref.found()
 
     async def get_one(self, ref: ObjectRef) -> Any:
         """Resolve one ref."""
-        store = self._local_store(ref.owner)
+        store = self._stores.get(ref.owner)
         if store is not None:
             found = store.lookup(ref.id)
             if found is None:
@@ -196,39 +199,38 @@ class Calls:
                 store.when_ready(ref.id, lambda s, v: fut.done() or fut.set_result((s, v)))
                 found = await fut
             return raise_for(found[0], found[1], ref)
-        if ref._has_value:
-            return raise_for(*ref._value, ref)
-        if ref._future is not None:
-            fut = ref._future
-            if isinstance(fut, _PendingFuture):
-                fut = await fut.wait()
+        found = ref.found()
+        if found is not None:
+            return raise_for(found[0], found[1], ref)
+        call = ref.call
+        if call is not None:
             # A caller's timeout or cancel must not cancel the call itself, which later
             # gets of this ref still need. Raises ActorDiedError / transport errors.
-            if not fut.done():
-                await fut.wait_done()
-            fut.result()
-            if ref._has_value:
-                return raise_for(*ref._value, ref)
+            if not call.done():
+                await call.wait_done()  # type: ignore[attr-defined]
+            call.result()
+            found = ref.found()
+            if found is not None:
+                return raise_for(found[0], found[1], ref)
         # One fetch per ref however many gets wait on it, shielded so a get that times out
         # leaves it running for the others (and the owner sends the value once).
-        if ref._fetching is None:
-            ref._fetching = self.loop.create_task(self._fetch(ref, free=False))
-        status, value = await asyncio.shield(ref._fetching)
-        ref._value = (status, value)
-        ref._has_value = True
-        ref._fetching = None
+        status, value = await asyncio.shield(ref.fetch(self._start_fetch))
         return raise_for(status, value, ref)
 
-    async def _fetch(self, ref: ObjectRef, free: bool) -> tuple[int, Any]:
+    def _start_fetch(self, ref: ObjectRef) -> asyncio.Task:
+        return self.loop.create_task(self._fetch(ref))
+
+    async def _fetch(self, ref: ObjectRef) -> tuple[int, Any]:
         if ref.owner in self._dead:
             raise ObjectLostError(str(self.peers.died_error(ref.owner, f"owner of {ref!r}")))
         if self._frees:  # always: this process's later reads see its earlier frees
             self._flush_frees(ref.owner)
         try:
-            status, value = await self._client(ref.owner).call("__fetch__", [ref.id, free])
+            status, value = await self._client(ref.owner).call("__fetch__", [ref.id, False])
         except (PeerLostError, TransportError) as exc:
             raise ObjectLostError(
                 str(self.peers.died_error(ref.owner, f"owner of {ref!r}", exc))) from None
+        ref.fetched(status, value)
         return status, value
 
     # ---- wait -------------------------------------------------------------------------------
@@ -250,28 +252,26 @@ class Calls:
             source.add_done_callback(done)
             return lambda: source.remove_done_callback(done)
 
-        store = self._local_store(ref.owner)
-        if store is not None and ref._future is None:  # owned here, not a call of ours
+        store = self._stores.get(ref.owner)
+        call = ref.call
+        if store is not None and call is None:  # owned here, not a call of ours
             store.when_ready(ref.id, done)
             return fut, lambda: store.remove_waiter(ref.id, done)
-        if ref._has_value:
+        if ref.found() is not None:
             done()
             return fut, lambda: None
-        if ref._future is not None and not isinstance(ref._future, _PendingFuture):
-            return fut, watch(ref._future)
-        # A ref this process did not submit (or whose send is still queued): one shared
-        # readiness task per ref, however often it is waited on.
-        if ref._wait is None:
-            ref._wait = self.loop.create_task(self._remote_ready(ref))
-        return fut, watch(ref._wait)
+        if call is not None:
+            return fut, watch(call)
+        # A ref this process did not submit: one shared readiness task per ref, however
+        # often it is waited on.
+        return fut, watch(ref.readiness(self._start_remote_ready))
+
+    def _start_remote_ready(self, ref: ObjectRef) -> asyncio.Task:
+        return self.loop.create_task(self._remote_ready(ref))
 
     async def _remote_ready(self, ref: ObjectRef) -> None:
         if ref.owner in self._dead:
             return  # ready: a get raises ObjectLostError at once
-        if isinstance(ref._future, _PendingFuture):
-            inner = await ref._future.wait()
-            await asyncio.wait([inner])
-            return
         if self._frees:
             self._flush_frees(ref.owner)
         with contextlib.suppress(Exception):  # an error also means "ready" (get raises it)
@@ -321,7 +321,7 @@ class Calls:
                     cleanup()
                     rf.cancel()
         # Refs that were already complete before the wait sort by completion order.
-        ready = sorted(order, key=lambda r: (r._ready_seq < 0, r._ready_seq))
+        ready = sorted(order, key=completion_order)
         ready = ready[: max(num_returns, 0)] if len(ready) > num_returns else ready
         ready_ids = {r.id for r in ready}
         return ready, [r for r in refs if r.id not in ready_ids]
@@ -334,23 +334,26 @@ class _CallFuture(asyncio.Future):
     A transport error (the actor's connection lost, a deadline) is set as the
     ActorDiedError a caller sees, with the transport error as its ``__cause__``; the ref
     gets an inline value the moment the reply sets it; and gets wait on waiters of their
-    own (:meth:`wait_done`), so one that gives up never cancels the call."""
+    own (:meth:`wait_done`), so one that gives up never cancels the call. The refs passed
+    directly as the call's arguments (``pinned``) are kept alive until it ends.
 
-    def __init__(self, peers: Peers, ref: ObjectRef, handle: ActorHandle) -> None:
+    Made where the call is submitted, in any thread (nothing here touches the loop until
+    the call is sent on it)."""
+
+    def __init__(self, peers: Peers, ref: ObjectRef, handle: ActorHandle,
+                 pinned: list[ObjectRef] | None) -> None:
         super().__init__(loop=peers.loop)
         self._peers: Peers | None = peers
-        self._ref: ObjectRef | None = ref  # a cycle with ref._future until the call ends
+        self._ref: ObjectRef | None = ref  # a cycle with ref.call until the call ends
         self._handle = handle
+        self._arguments = pinned
         self._waiters: list[asyncio.Future] | None = None
 
     def set_result(self, result: Any) -> None:
         """Resolve with the reply ``[status, inline, value]``."""
         super().set_result(result)
-        ref = self._ref
-        if ref is not None and type(result) is list and len(result) == 3 and result[1]:
-            ref._value = (result[0], result[2])
-            ref._has_value = True
-        self._settle()
+        inline = type(result) is list and len(result) == 3 and result[1]
+        self._settle((result[0], result[2]) if inline else None)
 
     def set_exception(self, exception: Any) -> None:
         """Fail the call; a transport error becomes an ActorDiedError."""
@@ -373,11 +376,10 @@ class _CallFuture(asyncio.Future):
         self._settle()
         return True
 
-    def _settle(self) -> None:
-        ref, self._ref, self._peers = self._ref, None, None
+    def _settle(self, found: tuple[int, Any] | None = None) -> None:
+        ref, self._ref, self._peers, self._arguments = self._ref, None, None, None
         if ref is not None:
-            ref._ready_seq = next(ready_order)
-            ref._pinned = None
+            ref.became_ready(found)
         waiters, self._waiters = self._waiters, None
         if waiters:
             for waiter in waiters:
@@ -399,28 +401,3 @@ class _CallFuture(asyncio.Future):
         finally:
             if not waiter.done() and self._waiters is not None:
                 self._waiters.remove(waiter)
-
-
-class _PendingFuture:
-    """Stands in for a call's future between a cross-thread submit and its send."""
-
-    __slots__ = ("_inner", "_event")
-
-    def __init__(self) -> None:
-        self._inner: asyncio.Future | None = None
-        self._event: asyncio.Event | None = None
-
-    def resolve(self, inner: asyncio.Future) -> None:
-        """The call was sent: ``inner`` is its future."""
-        self._inner = inner
-        if self._event is not None:
-            self._event.set()
-
-    async def wait(self) -> asyncio.Future:
-        """The call's future, once it was sent."""
-        if self._inner is None:
-            if self._event is None:  # shared by every waiter (a get and a wait, say)
-                self._event = asyncio.Event()
-            await self._event.wait()
-        assert self._inner is not None
-        return self._inner

@@ -8,11 +8,11 @@ message wakes both processes). An explicit ``free`` goes in the next loop iterat
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable
 
+from actorrl.runtime.process.loop import LoopThread
 from actorrl.runtime.process.peers import Peers
 from actorrl.runtime.process.refs import ObjectRef
 
@@ -29,15 +29,20 @@ FREE_BATCH = 1024
 
 
 class FreeQueue:
-    """Frees waiting to be sent, by owner (:meth:`release` from any thread; the rest on
-    the loop). :attr:`queue` is never replaced, so the caller side may hold it."""
+    """Frees waiting to be sent, by owner (:meth:`free` and :meth:`release` from any
+    thread; the rest on the loop). :attr:`queue` is never replaced, so the caller side may
+    hold it.
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, peers: Peers,
-                 on_loop: Callable[[], bool],
+    Built from the loop's thread, the peers it sends through (or whose stores it frees in
+    directly), and ``before_loop_request``, called off the loop before an explicit free
+    (see :meth:`PutBuffer.flush_soon <actorrl.runtime.process.owned.PutBuffer.flush_soon>`).
+    """
+
+    def __init__(self, loop: LoopThread, peers: Peers,
                  before_loop_request: Callable[[], None]) -> None:
-        self.loop = loop
+        self.loop = loop.loop
+        self._on_loop = loop.on_loop
         self._peers = peers
-        self._on_loop = on_loop
         self._before_loop_request = before_loop_request
         self.queue: deque[tuple[str, bytes]] = deque()
         """(owner, object id) of the frees not sent yet."""
@@ -55,9 +60,7 @@ class FreeQueue:
         if not self._on_loop():
             self._before_loop_request()
         for ref in refs:
-            ref._freed = True
-            ref._value = None
-            ref._has_value = False
+            ref.mark_freed()
             self.release(ref.owner, ref.id, soon)
 
     def release(self, owner: str, object_id: bytes, soon: bool = True) -> None:
@@ -98,6 +101,10 @@ class FreeQueue:
                 or self.loop.time() - self._since >= FREE_RIDE_AGE_S):
             self.flush(owner)
 
+    def close(self) -> None:
+        """Send nothing from now on (the runtime is closing; flush first)."""
+        self.closed = True
+
     def flush(self, only: str | None = None) -> None:
         """Send the queued frees (``only``: those of that owner, just before a request
         to it, so they travel in the same ZeroMQ message)."""
@@ -117,7 +124,7 @@ class FreeQueue:
             self._since = self.loop.time()
         peers = self._peers
         for owner, ids in by_owner.items():
-            store = peers.local_store(owner)
+            store = peers.stores.get(owner)
             if store is not None:
                 for object_id in ids:
                     store.free(object_id)

@@ -1,28 +1,54 @@
 """Actor handles: what callers hold to call methods on an actor living in another process.
 
-A handle is bound to the :class:`~actorrl.runtime.process.runtime.Runtime` that submits its calls:
-the one that created the actor, or the one whose codec decoded the handle (a handle sent
-to an actor is bound to that actor's runtime on arrival). Nothing is looked up globally.
+A handle is bound to the runtime that submits its calls (a :class:`CallSubmitter`): the
+one that created the actor, or the one whose :class:`BindingCodec` decoded the handle (a
+handle sent to an actor is bound to that actor's runtime on arrival). Nothing is looked up
+globally.
 """
 
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from actorrl.runtime.errors import RuntimeNotStartedError
 from actorrl.runtime.process.refs import ObjectRef
-from transport.codec import register_type
+from transport.codec import Codec, register_type
 from transport.endpoint import short
 
-if TYPE_CHECKING:
-    from actorrl.runtime.process.runtime import Runtime
 
-_decoding_for: contextvars.ContextVar[Runtime | None] = contextvars.ContextVar(
+class CallSubmitter(Protocol):
+    """What a handle submits its calls through (a process's runtime)."""
+
+    def submit(self, handle: ActorHandle, method: str, args: Sequence[Any],
+               kwargs: dict[str, Any]) -> ObjectRef:
+        """Submit ``handle.method(*args, **kwargs)``; the result's ref, at once."""
+        ...
+
+
+_decoding_for: contextvars.ContextVar[CallSubmitter | None] = contextvars.ContextVar(
     "actorrl_decoding_for", default=None)
 """The runtime whose codec is decoding a message in this thread right now (set only for
 the duration of one ``decode``): handles on the wire are bound to it."""
+
+
+class BindingCodec(Codec):
+    """A runtime's codec: the actor handles it decodes submit their calls through
+    ``submitter``."""
+
+    def __init__(self, submitter: CallSubmitter) -> None:
+        super().__init__()
+        self.submitter = submitter
+
+    def decode(self, frames: Sequence[Any], allow_shm: bool = False) -> Any:
+        """Decode ``frames``; handles inside are bound to :attr:`submitter`."""
+        token = _decoding_for.set(self.submitter)
+        try:
+            return super().decode(frames, allow_shm)
+        finally:
+            _decoding_for.reset(token)
 
 
 @dataclass(frozen=True)
@@ -47,28 +73,28 @@ class ActorHandle:
     handle's calls; a handle without one can be used only after :meth:`bind`.
     """
 
-    __slots__ = ("actor_id", "endpoint", "class_path", "name", "spec", "_runtime")
+    __slots__ = ("actor_id", "endpoint", "class_path", "name", "spec", "_submitter")
 
     def __init__(self, actor_id: str, endpoint: str, class_path: str = "", name: str = "",
-                 spec: ActorSpec | None = None, runtime: Runtime | None = None) -> None:
+                 spec: ActorSpec | None = None, runtime: CallSubmitter | None = None) -> None:
         self.actor_id = actor_id
         self.endpoint = endpoint
         self.class_path = class_path
         self.name = name
         self.spec = spec
-        self._runtime = runtime
+        self._submitter = runtime
 
     @property
-    def runtime(self) -> Runtime:
+    def runtime(self) -> CallSubmitter:
         """The runtime that submits this handle's calls (raises when unbound)."""
-        runtime = self._runtime
+        runtime = self._submitter
         if runtime is None:
             raise RuntimeNotStartedError(
                 f"{self!r} is not bound to a runtime: use the handle the driver returned, "
                 "or handle.bind(runtime)")
         return runtime
 
-    def bind(self, runtime: Runtime) -> ActorHandle:
+    def bind(self, runtime: CallSubmitter) -> ActorHandle:
         """This handle, submitting its calls through ``runtime``."""
         return ActorHandle(self.actor_id, self.endpoint, self.class_path, self.name,
                            self.spec, runtime)

@@ -8,33 +8,32 @@ executor thread; serial mode (:class:`actorrl.runtime.process.serial.SerialActor
 inline on the driver's loop. Both are this class: what one mode does to a call, the other
 does too.
 
-Actor code learns who hosts it from :func:`current_hosting` (a context variable set by the
-host for the duration of each call, so it is right in serial mode too, where many actors
-share a loop).
+A host is built from the few things it uses: the actor's
+:class:`~actorrl.runtime.process.scope.ActorScope` (entered around the actor's code, so
+that ``Runtime.current()`` names the runtime hosting it), the loop, the store its results
+go to, and a :class:`RefReader` for the values of ref arguments.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import importlib
 import inspect
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 import numpy as np
 
 from actorrl.runtime.errors import GetTimeoutError
-from actorrl.runtime.process.refs import STATUS_ERROR, STATUS_OK, ObjectRef, ObjectStore
+from actorrl.runtime.process.owned import PutBuffer
+from actorrl.runtime.process.refs import ObjectRef
+from actorrl.runtime.process.scope import ActorScope, enter_scope, scoped_context
+from actorrl.runtime.process.store import STATUS_ERROR, STATUS_OK, ObjectStore
+from actorrl.util.classpath import resolve
 from transport.errors import RemoteError
 from transport.timeouts import wait_for
-
-if TYPE_CHECKING:
-    from actorrl.runtime.process.runtime import Runtime
 
 INLINE_RESULT_BYTES = 16 * 1024
 """Results up to about this size travel inline with the call's reply (one round trip);
@@ -43,10 +42,21 @@ REF_ARGS_TIMEOUT_S = 300.0
 """How long an actor call waits for the values of its ref arguments before it fails."""
 
 
+class HoldsValues(Protocol):
+    """A value that holds others which :func:`estimate_size` should count (a batch of
+    per-policy batches): it lists them. Types of higher layers implement it without
+    importing the runtime."""
+
+    def held_values(self) -> Iterable[Any]:
+        """The values this one holds."""
+        ...
+
+
 def estimate_size(value: Any, budget: int = 256) -> int:
     """A cheap upper-bound-ish estimate of a value's wire size, to decide inlining.
 
-    Walks at most ``budget`` containers/items; anything past the budget counts as large.
+    Walks at most ``budget`` containers/items (what a :class:`HoldsValues` holds
+    included); anything past the budget counts as large.
     """
     total = 0
     stack = [value]
@@ -65,64 +75,24 @@ def estimate_size(value: Any, budget: int = 256) -> int:
             total += 8 * len(item)
         elif isinstance(item, (list, tuple)):
             stack.extend(item)
-        elif hasattr(item, "policy_batches"):
-            stack.extend(item.policy_batches.values())
         else:
-            total += 16
+            # Looked up on the type: a handle answers any attribute name with a method.
+            held = getattr(type(item), "held_values", None)
+            if held is not None:
+                stack.extend(held(item))
+            else:
+                total += 16
     return total
 
 
-def import_class(class_path: str) -> type:
-    """Import ``"pkg.module:Class"`` (or ``pkg.module.Class``) from installed modules."""
-    module_name, sep, attr = class_path.partition(":")
-    if not sep:
+def import_class(class_path: str) -> Any:
+    """The class ``"pkg.module:Class"`` (or ``pkg.module.Class``) names, found by
+    :func:`actorrl.util.classpath.resolve`: ValueError naming what is wrong with a bad
+    path (malformed, a module that cannot be imported, a missing attribute)."""
+    if ":" not in class_path and "." in class_path:
         module_name, _, attr = class_path.rpartition(".")
-    if not module_name or not attr:
-        raise ValueError(f"class path {class_path!r} must look like 'pkg.module:Class'")
-    module = importlib.import_module(module_name)
-    obj: Any = module
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-# ---------------------------------------------------------------------- who hosts the code
-@dataclass(frozen=True)
-class Hosting:
-    """Who runs the actor code executing now: its runtime, and the owner (address and
-    store) of the objects that code puts."""
-
-    runtime: Runtime
-    address: str
-    store: ObjectStore
-
-
-_hosting: contextvars.ContextVar[Hosting | None] = contextvars.ContextVar(
-    "actorrl_hosting", default=None)
-
-
-def current_hosting() -> Hosting | None:
-    """The :class:`Hosting` of the actor method (or constructor) running in this context,
-    or None outside actor code."""
-    return _hosting.get()
-
-
-def enter_hosting(hosting: Hosting) -> contextvars.Token:
-    """Mark this context as running actor code hosted by ``hosting`` (undo with
-    :func:`leave_hosting`)."""
-    return _hosting.set(hosting)
-
-
-def leave_hosting(token: contextvars.Token) -> None:
-    """Undo :func:`enter_hosting`."""
-    _hosting.reset(token)
-
-
-def hosted_context(hosting: Hosting) -> contextvars.Context:
-    """A copy of the current context in which ``hosting`` is set (for an actor's task)."""
-    context = contextvars.copy_context()
-    context.run(_hosting.set, hosting)
-    return context
+        class_path = f"{module_name}:{attr}"
+    return resolve(class_path, "actor class")
 
 
 def public_method(instance: Any, name: str) -> Callable[..., Any] | RemoteError:
@@ -166,6 +136,19 @@ class HostedCall:
         self.resolution: asyncio.Future | None = None
 
 
+class RefReader(Protocol):
+    """How a host reads the values of its calls' ref arguments (the caller side of the
+    runtime hosting it)."""
+
+    def peek(self, ref: ObjectRef) -> tuple[int, Any] | None:
+        """``ref``'s ``(status, value)`` when it is here now, else None."""
+        ...
+
+    async def get_one(self, ref: ObjectRef) -> Any:
+        """``ref``'s value (raises its error)."""
+        ...
+
+
 class ActorHost:
     """Runs one actor's calls: method dispatch, per-caller order, ref-argument resolution,
     results stored under the call's object id in :attr:`store` and replied.
@@ -174,14 +157,16 @@ class ActorHost:
     an error is recorded (:meth:`_error`) and what is done to a result (:meth:`_finish`).
     """
 
-    def __init__(self, instance: Any, hosting: Hosting) -> None:
-        runtime = hosting.runtime
+    def __init__(self, instance: Any, scope: ActorScope, loop: asyncio.AbstractEventLoop,
+                 store: ObjectStore, reader: RefReader) -> None:
+        """``scope``: entered around the actor's code; ``store``: where results go;
+        ``reader``: reads ref arguments."""
         self.instance = instance
-        self.hosting = hosting
-        self.store = hosting.store
-        self.loop = runtime.loop
-        self._get_one = runtime.calls.get_one
-        self._peek = runtime.calls.peek
+        self.scope = scope
+        self.store = store
+        self.loop = loop
+        self._get_one = reader.get_one
+        self._peek = reader.peek
         self._calls: dict[Any, deque[HostedCall]] = {}
         """Calls not started yet, per caller."""
         self._pumping: set[Any] = set()
@@ -273,7 +258,7 @@ class ActorHost:
             except Exception as exc:
                 self._finish(call, STATUS_ERROR, self._error(call, exc))
                 return
-            task = self.loop.create_task(coro, context=hosted_context(self.hosting))
+            task = self.loop.create_task(coro, context=scoped_context(self.scope))
             self._tasks.add(task)
             task.add_done_callback(lambda t, c=call: self._finish_task(c, t))
         else:
@@ -314,11 +299,13 @@ class ActorHost:
 
 class ThreadedHost(ActorHost):
     """The host of an actor process: synchronous methods run one at a time, in order, in
-    one executor thread (so the event loop never blocks)."""
+    one executor thread (so the event loop never blocks); what they put waits in ``puts``
+    until their results reach the loop."""
 
-    def __init__(self, instance: Any, hosting: Hosting) -> None:
-        super().__init__(instance, hosting)
-        self.executor = _ActorExecutor(self)
+    def __init__(self, instance: Any, scope: ActorScope, loop: asyncio.AbstractEventLoop,
+                 store: ObjectStore, reader: RefReader, puts: PutBuffer) -> None:
+        super().__init__(instance, scope, loop, store, reader)
+        self.executor = _ActorExecutor(self, puts)
         self._run_sync = self.executor.submit  # type: ignore[method-assign]
 
     def stop(self) -> None:
@@ -328,16 +315,19 @@ class ThreadedHost(ActorHost):
 
 class _ActorExecutor:
     """One thread that runs an actor's synchronous methods, one at a time, in order, so the
-    event loop never blocks. Results are handed back to the loop in batches."""
+    event loop never blocks. Results are handed back to the loop in batches, each after
+    the values its methods put (held in ``puts``) are stored."""
 
-    def __init__(self, host: ActorHost) -> None:
+    def __init__(self, host: ActorHost, puts: PutBuffer) -> None:
         self.host = host
         self._loop = host.loop
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._incoming: list[tuple[HostedCall, Callable[..., Any]]] = []
         self._handover_scheduled = False
         self._done: deque[tuple[HostedCall, int, Any]] = deque()
-        self.pending_puts: deque[tuple[bytes, Any]] = deque()
+        self._puts = puts
+        self.pending_puts = puts.pending
+        """What the running methods put, not stored yet (the put buffer's queue)."""
         self._lock = threading.Lock()
         self._wake_scheduled = False
         self.after_flush_puts: Callable[[], None] | None = None
@@ -369,7 +359,8 @@ class _ActorExecutor:
         self._queue.put(None)
 
     def _run(self) -> None:
-        _hosting.set(self.host.hosting)  # this thread runs only the actor's methods
+        enter_scope(self.host.scope)  # this thread runs only the actor's methods
+        self._puts.hold_this_thread()
         while True:
             batch = self._queue.get()
             if batch is None:
@@ -396,16 +387,9 @@ class _ActorExecutor:
         if wake:
             self._loop.call_soon_threadsafe(self._deliver)
 
-    def running_here(self) -> bool:
-        """True when called from this executor's thread (inside an actor method)."""
-        return threading.get_ident() == self._thread.ident
-
     def flush_puts(self) -> None:
         """Store the values put by the running method so far (on the loop)."""
-        store = self.host.store
-        while self.pending_puts:
-            object_id, value = self.pending_puts.popleft()
-            store.set(object_id, STATUS_OK, value)
+        self._puts.flush()
         if self.after_flush_puts is not None:
             self.after_flush_puts()
 

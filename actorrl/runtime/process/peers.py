@@ -1,10 +1,11 @@
 """Peers: this process's connections to other processes, and what it knows of them.
 
 :class:`Peers` keeps the cached connection to each endpoint, the endpoints whose process
-died (calls to them fail at once), the actors hosted inside this process (serial mode:
-their endpoints are never connected to) and which endpoints are on this host, so that
-bulk arrays reach them through shared memory (:mod:`transport.shm`); it trims the pool of
-shared-memory segments call arguments are copied into. Helpers at the end make the
+died (calls to them fail at once), the stores of the owners inside this process (its own,
+and those of the actors it hosts in serial mode, whose endpoints are never connected to)
+and which endpoints are on this host, so that bulk arrays reach them through shared memory
+(:mod:`transport.shm`); it trims the pool of shared-memory segments call arguments are
+copied into. Helpers at the end make the
 ``ipc://`` addresses of a session's processes.
 """
 
@@ -16,11 +17,12 @@ import os
 import shutil
 import stat
 import tempfile
+from types import FrameType
 from typing import Any, Protocol
 
 from actorrl.runtime.errors import ActorDiedError
 from actorrl.runtime.network import Network
-from actorrl.runtime.process.refs import ObjectRef, ObjectStore
+from actorrl.runtime.process.store import ObjectStore
 from transport import shm as shm_segments
 from transport.codec import Codec
 from transport.endpoint import Endpoint, is_composite, short
@@ -28,16 +30,20 @@ from transport.errors import PeerLostError
 from transport.rpc import RpcClient
 
 
-class LocalHost(Protocol):
-    """An actor hosted inside this process's runtime (serial mode): calls to its endpoint
-    are handed to it instead of being sent, and it owns a store of its own."""
+class InProcessActor(Protocol):
+    """An actor hosted inside this process, on its runtime's loop (serial mode): calls to
+    its endpoint are handed to it instead of being sent, and it owns a store of its own."""
 
     store: ObjectStore
 
-    def accept(self, ref: ObjectRef, frames: list[Any], fut: asyncio.Future) -> None:
-        """Run the encoded call ``frames`` (as the runtime sends it); store the result
-        under ``ref.id`` in :attr:`store` and resolve ``fut`` with ``[status, inline,
-        value]`` (or an ActorDiedError)."""
+    def accept(self, frames: list[Any], fut: asyncio.Future, caller: FrameType | None
+               ) -> None:
+        """Run the encoded call ``frames`` (as the runtime sends it): store the result
+        under the call's object id in :attr:`store` and resolve ``fut`` with ``[status,
+        inline, value]`` (or an ActorDiedError). ``caller``: the frame that submitted the
+        call, when it did so on the loop just now (the call may run inline, under it);
+        None for a call submitted from another thread (it runs later, from a loop
+        callback)."""
         ...
 
 
@@ -45,8 +51,8 @@ class Peers:
     """The other processes as this one sees them (loop thread only, unless noted).
 
     ``address``/``store``: this process's own endpoint and store (an object it owns is
-    found here, not fetched). The dicts :attr:`clients`, :attr:`dead` and
-    :attr:`local_hosts` are never replaced, so the caller side may hold them directly.
+    found here, not fetched). The dicts :attr:`clients`, :attr:`dead`, :attr:`stores` and
+    :attr:`in_process` are never replaced, so the caller side may hold them directly.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, codec: Codec,
@@ -56,14 +62,16 @@ class Peers:
         self.codec = codec
         self.network = network
         self.address = address
-        self.store = store
         self.shm = shm_pool is not None
         self.shm_pool = shm_pool
         self.clients: dict[str, RpcClient] = {}
         """The cached connection to each endpoint."""
         self.dead: dict[str, str] = {}
         """Endpoints whose process died, with the reason."""
-        self.local_hosts: dict[str, LocalHost] = {}
+        self.stores: dict[str, ObjectStore] = {address: store}
+        """The store of each owner in this process (itself, and the actors in
+        :attr:`in_process`), by endpoint: what they own is read here, never fetched."""
+        self.in_process: dict[str, InProcessActor] = {}
         """Actors hosted in this process (serial mode), by endpoint."""
         self._shm_routes: dict[str, bool] = {}
         self._shm_trim: asyncio.TimerHandle | None = None
@@ -141,24 +149,19 @@ class Peers:
         return ActorDiedError(f"{what} at {short(endpoint)} died: {reason}")
 
     # ---- actors in this process (serial mode) ---------------------------------------------
-    def add_local_host(self, endpoint: str, host: LocalHost) -> None:
-        """Serve calls to ``endpoint`` (and fetches of objects it owns) in this process
-        through ``host``."""
-        self.local_hosts[endpoint] = host
+    def add_in_process(self, endpoint: str, actor: InProcessActor) -> None:
+        """Serve calls to ``endpoint`` (and reads of objects it owns) in this process
+        through ``actor``."""
+        self.in_process[endpoint] = actor
+        self.stores[endpoint] = actor.store
         self.forget_dead(endpoint)
 
-    def remove_local_host(self, endpoint: str, reason: str) -> None:
+    def remove_in_process(self, endpoint: str, reason: str) -> None:
         """Stop hosting ``endpoint`` here: it is dead from now on (calls to it raise
         ActorDiedError, its objects are lost)."""
-        self.local_hosts.pop(endpoint, None)
+        self.in_process.pop(endpoint, None)
+        self.stores.pop(endpoint, None)
         self.mark_dead(endpoint, reason)
-
-    def local_store(self, owner: str) -> ObjectStore | None:
-        """The store holding what ``owner`` owns, when that is in this process."""
-        if owner == self.address:
-            return self.store
-        host = self.local_hosts.get(owner)
-        return host.store if host is not None else None
 
     # ---- shared memory ----------------------------------------------------------------------
     def shm_to(self, endpoint: str) -> bool:
@@ -166,7 +169,7 @@ class Peers:
         reached over ipc, so it runs on this host)."""
         found = self._shm_routes.get(endpoint)
         if found is None:
-            if not self.shm or endpoint in self.local_hosts:
+            if not self.shm or endpoint in self.in_process:
                 found = False
             elif is_composite(endpoint):
                 network = self.network

@@ -1,37 +1,38 @@
-"""Object references and the per-process store of owned objects.
+"""Object references.
 
 An :class:`ObjectRef` names an object by a 16-byte id and the endpoint of the process that
 owns it (the one that produced it). The value stays with its owner until it is freed;
 anyone holding the ref fetches it straight from the owner.
 
-Lifetime: a ref created in a process by a call or ``put`` is *tracked*. When the last
-Python reference to it is dropped the owner is told to free the object, unless the ref
-escaped inside a value sent to another process (then only an explicit ``free`` releases
-it). Refs passed directly as call arguments are kept alive until that call completes.
+Lifetime: a ref created in a process by a call or ``put`` is *tracked*: it holds the
+function that frees its object. When the last Python reference to it is dropped the owner
+is told to free the object, unless the ref escaped inside a value sent to another process
+(then only an explicit ``free`` releases it). Refs passed directly as call arguments are
+kept alive until that call completes.
+
+A ref's bookkeeping in this process (the call that produces it, a value that came with
+the call's reply or a fetch, the fetch and the wait in flight) is changed through its
+methods only; the runtime's parts read it through them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 import os
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 from transport.codec import register_type
 from transport.endpoint import short
 
-log = logging.getLogger(__name__)
-
-STATUS_OK = 0
-STATUS_ERROR = 1
-STATUS_MISSING = 2
+Release = Callable[[str, bytes, bool], None]
+"""``release(owner, object_id, soon)``: queue a free of ``object_id`` at ``owner`` (see
+:meth:`FreeQueue.release <actorrl.runtime.process.frees.FreeQueue.release>`)."""
 
 ready_order = itertools.count()
-"""Completion order of refs (``ObjectRef._ready_seq``): ``wait`` sorts the refs that were
-ready before it by it."""
+"""Completion order of refs (:meth:`ObjectRef.became_ready`): ``wait`` sorts the refs that
+were ready before it by it (:func:`completion_order`)."""
 
 _prefix = os.urandom(8)
 _counter = itertools.count()
@@ -49,35 +50,103 @@ def new_object_id() -> bytes:
 class ObjectRef:
     """A reference to a value owned by some process; resolve it with ``get``.
 
-    Attributes other than ``id`` and ``owner`` are this process's bookkeeping: the call's
-    completion future, a cached value, and lifetime flags.
+    Attributes other than ``id`` and ``owner`` are this process's bookkeeping, read and
+    changed through the methods below.
     """
 
-    __slots__ = ("id", "owner", "_runtime", "_future", "_value", "_has_value", "_tracked",
-                 "_escaped", "_freed", "_ready_seq", "_pinned", "_wait", "_fetching",
-                 "__weakref__")
+    __slots__ = ("id", "owner", "_release", "_escaped", "_call", "_found", "_ready_seq",
+                 "_fetching", "_waiting", "__weakref__")
 
-    def __init__(self, object_id: bytes, owner: str) -> None:
+    def __init__(self, object_id: bytes, owner: str, release: Release | None = None) -> None:
+        """``release``: for a ref created here by a call or a put, how to free its object
+        once the ref is collected (None: an untracked ref, e.g. one that came in a
+        value)."""
         self.id = object_id
         self.owner = owner
-        self._runtime: Any = None
-        self._future: Any = None
-        self._value: Any = None
-        self._has_value = False
-        self._tracked = False
+        self._release = release
         self._escaped = False
-        self._freed = False
+        self._call: asyncio.Future | None = None
+        """The future of the call that produces the object, when this process made it."""
+        self._found: tuple[int, Any] | None = None
+        """``(status, value)`` once it came here (inline with a reply, or fetched)."""
         self._ready_seq = -1
-        self._pinned: Any = None
-        self._wait: Any = None
-        self._fetching: Any = None  # the one fetch in flight for this ref, shared by gets
+        self._fetching: asyncio.Task | None = None
+        """The one fetch in flight for this ref, shared by its gets."""
+        self._waiting: asyncio.Task | None = None
+        """The one readiness wait in flight for this ref, shared by its waits."""
+
+    # ---- the call that produces it ---------------------------------------------------------
+    def attach_call(self, call: asyncio.Future) -> None:
+        """This ref's object is the result of a call this process submits: ``call`` is
+        done once the call ended (its result is an ``[status, inline, value]`` reply)."""
+        self._call = call
+
+    @property
+    def call(self) -> asyncio.Future | None:
+        """The future of the call this process submitted to produce the object, if any."""
+        return self._call
 
     @property
     def call_hooks(self) -> int:
         """Callbacks hooked on this ref's call while it runs (0 once none: a test hook,
         so tests can check that waits which gave up removed theirs)."""
-        fut = self._future
+        fut = self._call
         return len(getattr(fut, "_callbacks", None) or ()) if fut is not None else 0
+
+    # ---- its value, here ----------------------------------------------------------------------
+    def found(self) -> tuple[int, Any] | None:
+        """``(status, value)`` when it is here (it came with the call's reply, or was
+        fetched or put here), else None."""
+        return self._found
+
+    def became_ready(self, found: tuple[int, Any] | None = None) -> None:
+        """The object exists now (its call ended, or it was put here): this orders it among
+        the refs a ``wait`` finds ready. ``found``: its ``(status, value)``, when that came
+        here too (inline with the call's reply, or put here): later gets need no fetch."""
+        self._ready_seq = next(ready_order)
+        if found is not None:
+            self._found = found
+
+    def fetch(self, start: Callable[[ObjectRef], asyncio.Task]) -> asyncio.Task:
+        """The fetch of the value in flight, ``start(self)`` when there is none: one fetch
+        per ref however many gets wait on it."""
+        task = self._fetching
+        if task is None:
+            task = self._fetching = start(self)
+        return task
+
+    def fetched(self, status: int, value: Any) -> None:
+        """The fetch in flight brought ``(status, value)``: kept, and the next fetch is a
+        new one."""
+        self._found = (status, value)
+        self._fetching = None
+
+    def readiness(self, start: Callable[[ObjectRef], asyncio.Task]) -> asyncio.Task:
+        """The wait for the object to exist in flight, ``start(self)`` when there is none:
+        one per ref however often it is waited on."""
+        task = self._waiting
+        if task is None:
+            task = self._waiting = start(self)
+        return task
+
+    # ---- lifetime ---------------------------------------------------------------------------
+    @property
+    def escaped(self) -> bool:
+        """Whether the ref was sent inside a value to another process (then only an
+        explicit ``free`` releases its object)."""
+        return self._escaped
+
+    def sent_as_argument(self, was_escaped: bool) -> None:
+        """Encoding a call made this direct argument escape; it did not (the callee
+        resolves it before the method runs, and the call keeps it alive meanwhile): its
+        flag is what it was, ``was_escaped``."""
+        self._escaped = was_escaped
+
+    def mark_freed(self) -> None:
+        """This process released the object: its value is dropped here, and collecting
+        the ref frees nothing more."""
+        self._release = None
+        self._found = None
 
     def hex(self) -> str:
         """The id as hex, for logs."""
@@ -93,13 +162,17 @@ class ObjectRef:
         return hash(self.id)
 
     def __del__(self) -> None:
-        if self._tracked and not self._escaped and not self._freed:
-            runtime = self._runtime
-            if runtime is not None:
-                try:
-                    runtime.release(self.owner, self.id, soon=False)
-                except Exception:  # interpreter shutdown, closed loop: nothing to free
-                    pass
+        release = self._release
+        if release is not None and not self._escaped:
+            try:
+                release(self.owner, self.id, False)
+            except Exception:  # interpreter shutdown, closed loop: nothing to free
+                pass
+
+
+def completion_order(ref: ObjectRef) -> tuple[bool, int]:
+    """Sort key of refs by when they became ready here (those never seen ready last)."""
+    return ref._ready_seq < 0, ref._ready_seq
 
 
 def _ref_to_wire(ref: ObjectRef) -> list[Any]:
@@ -108,122 +181,3 @@ def _ref_to_wire(ref: ObjectRef) -> list[Any]:
 
 
 register_type(ObjectRef, "actorrl.ObjectRef", _ref_to_wire, lambda s: ObjectRef(s[0], s[1]))
-
-
-Waiter = Callable[[int, Any], None]
-
-
-MAX_UNKNOWN_WAITS = 10_000
-"""Ids asked for before anyone announced them that wait at once (each until its expiry);
-beyond that a wait for an unknown id is answered "missing" immediately."""
-
-class ObjectStore:
-    """Objects owned by this process: id -> (status, value), plus waiters for pending ids.
-
-    A request for an id this store has never heard of waits up to ``unknown_wait_s``: the
-    call that produces it may still be on its way (a consumer's fetch can overtake the
-    producer's call on another connection). Ids freed recently answer MISSING at once.
-    Single-threaded: used only from the process's event loop.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop | None = None,
-                 unknown_wait_s: float = 60.0, remember_freed: int = 100_000,
-                 on_drop: Callable[[bytes], None] | None = None) -> None:
-        """``on_drop(object_id)`` runs when a stored object is freed (the runtime unlinks
-        the shared-memory segments it placed for it)."""
-        self._loop = loop
-        self._on_drop = on_drop
-        self._unknown_wait_s = unknown_wait_s
-        self._objects: dict[bytes, tuple[int, Any]] = {}
-        self._pending: dict[bytes, list[Waiter]] = {}
-        self._free_on_completion: set[bytes] = set()
-        # Expiry timers of ids asked for before anyone announced them.
-        self._unknown_timers: dict[bytes, asyncio.TimerHandle] = {}
-        self._freed: OrderedDict[bytes, None] = OrderedDict()
-        self._remember_freed = remember_freed
-
-    def __len__(self) -> int:
-        return len(self._objects)
-
-    def __contains__(self, object_id: bytes) -> bool:
-        return object_id in self._objects or object_id in self._pending
-
-    def add_pending(self, object_id: bytes) -> None:
-        """Announce an object that will be produced later."""
-        self._pending.setdefault(object_id, [])
-        self._cancel_unknown_timer(object_id)  # known now: waiters wait however long it takes
-
-    def set(self, object_id: bytes, status: int, value: Any) -> None:
-        """Store a produced value (or error record) and wake its waiters."""
-        waiters = self._pending.pop(object_id, ())
-        self._cancel_unknown_timer(object_id)
-        if object_id in self._free_on_completion:
-            self._free_on_completion.discard(object_id)
-            self._remember(object_id)
-        else:
-            self._objects[object_id] = (status, value)
-        for waiter in waiters:
-            try:
-                waiter(status, value)
-            except Exception:  # one broken waiter must not starve the others
-                log.exception("a waiter of object %s failed", object_id.hex())
-
-    def lookup(self, object_id: bytes) -> tuple[int, Any] | None:
-        """The stored (status, value), or None when pending or unknown."""
-        return self._objects.get(object_id)
-
-    def when_ready(self, object_id: bytes, waiter: Waiter) -> None:
-        """Call ``waiter(status, value)`` once the object exists (now if it does)."""
-        found = self._objects.get(object_id)
-        if found is not None:
-            waiter(*found)
-        elif object_id in self._pending:
-            self._pending[object_id].append(waiter)
-        elif (object_id in self._freed or self._loop is None
-              or len(self._unknown_timers) >= MAX_UNKNOWN_WAITS):
-            # (a flood of waits for ids nobody announced is answered "missing" at once)
-            waiter(STATUS_MISSING, None)
-        else:
-            self._pending[object_id] = [waiter]
-            self._unknown_timers[object_id] = self._loop.call_later(
-                self._unknown_wait_s, self._expire_unknown, object_id)
-
-    def remove_waiter(self, object_id: bytes, waiter: Waiter) -> None:
-        """Forget a waiter that is no longer interested."""
-        waiters = self._pending.get(object_id)
-        if waiters and waiter in waiters:
-            waiters.remove(waiter)
-
-    def _cancel_unknown_timer(self, object_id: bytes) -> None:
-        timer = self._unknown_timers.pop(object_id, None)
-        if timer is not None:
-            timer.cancel()
-
-    def _expire_unknown(self, object_id: bytes) -> None:
-        self._unknown_timers.pop(object_id, None)
-        self._free_on_completion.discard(object_id)
-        if object_id in self._pending and object_id not in self._objects:
-            for waiter in self._pending.pop(object_id):
-                waiter(STATUS_MISSING, None)
-
-    def free(self, object_id: bytes) -> None:
-        """Drop an object; a pending one is dropped as soon as it is produced."""
-        if self._objects.pop(object_id, None) is not None:
-            self._remember(object_id)
-            if self._on_drop is not None:
-                try:
-                    self._on_drop(object_id)
-                except Exception:
-                    log.exception("dropping object %s failed", object_id.hex())
-        elif object_id in self._pending:
-            self._free_on_completion.add(object_id)
-
-    def _remember(self, object_id: bytes) -> None:
-        self._freed[object_id] = None
-        if len(self._freed) > self._remember_freed:
-            self._freed.popitem(last=False)
-
-    def fail_pending(self, error: Any) -> None:
-        """Fail every pending object with ``error`` (status ERROR)."""
-        for object_id in list(self._pending):
-            self.set(object_id, STATUS_ERROR, error)

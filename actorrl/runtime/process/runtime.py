@@ -2,23 +2,33 @@
 
 Every process (driver, coordinator, actor) has exactly one :class:`Runtime`, bound to its
 event loop. It serves an RPC endpoint through which other processes fetch the objects it
-owns and, in an actor process, call the actor's methods. Its parts, one job each:
+owns and, in an actor process, call the actor's methods. Its parts, one job each, each
+built from the few things it uses (the loop's thread, the codec, the store, the peers, a
+function or two of another part), never from the runtime:
 
-- :class:`~actorrl.runtime.process.peers.Peers`: connections, dead endpoints, actors hosted in
-  this process (serial mode), shared-memory routing;
-- :class:`~actorrl.runtime.process.calls.Calls`: the caller side (submit, get, wait);
-- :class:`~actorrl.runtime.process.owned.OwnedObjects`: the owner side (put, fetches served);
+- :class:`~actorrl.runtime.process.peers.Peers`: connections, dead endpoints, the stores
+  of the owners in this process and the actors hosted in it (serial mode), shared-memory
+  routing;
 - :class:`~actorrl.runtime.process.frees.FreeQueue`: frees sent to owners, batched;
-- :class:`~actorrl.runtime.process.hosting.ThreadedHost`: the hosted actor, in an actor process.
+- :class:`~actorrl.runtime.process.owned.OwnedObjects`: the owner side (put, fetches
+  served, with :class:`~actorrl.runtime.process.owned.FetchReplies` made once per object
+  and the actor's :class:`~actorrl.runtime.process.owned.PutBuffer`);
+- :class:`~actorrl.runtime.process.calls.Calls`: the caller side (submit, get, wait);
+- :class:`~actorrl.runtime.process.hosting.ThreadedHost`: the hosted actor, in an actor
+  process.
 
-The runtime's operations are its parts' methods, bound at construction (``runtime.submit``
-is ``runtime.calls.submit``): no call goes through an extra layer.
+They are made in that order, each from what the ones before it offer, so the order cannot
+be got wrong. The runtime's operations are its parts' methods: ``runtime.submit`` is
+``runtime.calls.submit``, bound on first use (see :class:`Forwarded`) and read like any
+attribute after that, so no call goes through an extra layer.
 
 There is no process-global runtime: whoever needs one is handed it (the driver's
 ``runtime``, a handle's runtime, a pipeline's constructor argument). Actor code, which is
 built from a class path and cannot be handed anything, asks :meth:`Runtime.current`: the
-runtime hosting the method that is running, set by the host for the duration of each call
-(a context variable, so it is right in serial mode too, where many actors share a loop).
+runtime hosting the method that is running, read from the actor's
+:class:`~actorrl.runtime.process.scope.ActorScope`, which the host enters for the duration
+of each call (a context variable, so it is right in serial mode too, where many actors
+share a loop).
 
 Protocol (methods served by every runtime):
 
@@ -36,8 +46,8 @@ through pooled shared-memory segments the caller reuses once the call is answere
 callee dropped what it read, and answer same-host fetches of stored objects with pooled
 segments filled once per array, handed back to the pool when the object is freed.
 Segments of a process that died are swept where its death is noticed
-(:meth:`Peers.mark_dead <actorrl.runtime.process.peers.Peers.mark_dead>`) and when runtimes start
-and close. ``ACTORRL_SHM=0`` (or ``Runtime(shm=False)``) turns it off,
+(:meth:`Peers.mark_dead <actorrl.runtime.process.peers.Peers.mark_dead>`) and when runtimes
+start and close. ``ACTORRL_SHM=0`` (or ``Runtime(shm=False)``) turns it off,
 ``ACTORRL_SHM_THRESHOLD`` (or ``shm_threshold``) sets the size; across hosts arrays travel
 as ZeroMQ frames.
 """
@@ -48,24 +58,26 @@ import asyncio
 import contextlib
 import importlib
 import os
-import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 from actorrl.runtime.errors import RuntimeNotStartedError
 from actorrl.runtime.network import Network
 from actorrl.runtime.process.calls import Calls
 from actorrl.runtime.process.frees import FreeQueue
-from actorrl.runtime.process.handles import ActorHandle, _decoding_for
-from actorrl.runtime.process.hosting import Hosting, ThreadedHost, _ActorExecutor, current_hosting
-from actorrl.runtime.process.owned import OwnedObjects
-from actorrl.runtime.process.peers import LocalHost, Peers, ipc_address
-from actorrl.runtime.process.refs import ObjectRef, ObjectStore
+from actorrl.runtime.process.handles import BindingCodec
+from actorrl.runtime.process.hosting import ThreadedHost, _ActorExecutor
+from actorrl.runtime.process.loop import LoopThread
+from actorrl.runtime.process.owned import FetchReplies, OwnedObjects, PutBuffer
+from actorrl.runtime.process.peers import Peers, ipc_address
+from actorrl.runtime.process.refs import ObjectRef
+from actorrl.runtime.process.scope import ActorScope, current_scope
+from actorrl.runtime.process.store import ObjectStore
 from transport import shm as shm_segments
 from transport.auth import check_bind, ensure_authenticator
-from transport.codec import Codec, set_type_resolver
+from transport.codec import set_type_resolver
 from transport.endpoint import Endpoint
-from transport.rpc import Request, RpcClient, RpcServer
+from transport.rpc import Request, RpcServer
 
 WIRE_TYPE_PACKAGES = ("actorrl.",)
 """Packages whose modules a decode may import to learn a wire type it has not seen."""
@@ -82,23 +94,6 @@ def import_wire_type_module(tag: str) -> None:
 
 
 set_type_resolver(import_wire_type_module)
-
-
-class _RuntimeCodec(Codec):
-    """The runtime's codec: actor handles it decodes are bound to its runtime."""
-
-    def __init__(self, runtime: Runtime) -> None:
-        super().__init__()
-        self.runtime = runtime
-
-    def decode(self, frames: Sequence[Any], allow_shm: bool = False) -> Any:
-        """Decode ``frames``; handles inside submit their calls through this runtime."""
-        token = _decoding_for.set(self.runtime)
-        try:
-            return super().decode(frames, allow_shm)
-        finally:
-            _decoding_for.reset(token)
-
 
 
 _REQUEST_SHAPES: dict[str, tuple[type | tuple[type, ...], ...]] = {
@@ -129,44 +124,61 @@ def check_request(method: str, args: list[Any]) -> None:
     raise ValueError(f"malformed {method} request: expected [{names}]")
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class Forwarded(Generic[P, R]):
+    """An operation of one of the runtime's parts, offered by the runtime:
+    ``runtime.submit`` is ``runtime.calls.submit``.
+
+    The part's bound method is made at the first read and kept in the runtime's instance
+    dict, where later reads find it as fast as any attribute (the parts are never
+    replaced). Its docstring is the part method's."""
+
+    def __init__(self, part: str, operation: Callable[Concatenate[Any, P], R]) -> None:
+        """``part``: the runtime's attribute holding the part; ``operation``: the method of
+        the part's class."""
+        self.part = part
+        self.operation = operation.__name__
+        self.name = self.operation
+        self.__doc__ = operation.__doc__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, runtime: None, owner: type) -> Forwarded[P, R]: ...
+
+    @overload
+    def __get__(self, runtime: object, owner: type | None = None) -> Callable[P, R]: ...
+
+    def __get__(self, runtime: object | None, owner: type | None = None) -> Any:
+        if runtime is None:
+            return self
+        bound = getattr(getattr(runtime, self.part), self.operation)
+        vars(runtime)[self.name] = bound
+        return bound
+
+
 class Runtime:
     """One process's runtime. Create with :meth:`start` inside a running event loop."""
 
-    # Operations of the parts, bound in __init__ (see the module docstring).
-    submit: Callable[[ActorHandle, str, Sequence[Any], dict[str, Any]], ObjectRef]
-    """:meth:`Calls.submit <actorrl.runtime.process.calls.Calls.submit>`."""
-    get_async: Callable[..., Any]
-    """:meth:`Calls.get_async <actorrl.runtime.process.calls.Calls.get_async>`."""
-    get_and_free_async: Callable[..., Any]
-    """:meth:`Calls.get_and_free_async <actorrl.runtime.process.calls.Calls.get_and_free_async>`."""
-    wait_async: Callable[..., Any]
-    """:meth:`Calls.wait_async <actorrl.runtime.process.calls.Calls.wait_async>`."""
-    on_ready: Callable[[ObjectRef, Callable[[], None]], None]
-    """:meth:`Calls.on_ready <actorrl.runtime.process.calls.Calls.on_ready>`."""
-    call_error: Callable[[ObjectRef], BaseException | None]
-    """:meth:`Calls.call_error <actorrl.runtime.process.calls.Calls.call_error>`."""
-    put: Callable[[Any], ObjectRef]
-    """:meth:`OwnedObjects.put <actorrl.runtime.process.owned.OwnedObjects.put>`."""
-    free: Callable[..., None]
-    """:meth:`FreeQueue.free <actorrl.runtime.process.frees.FreeQueue.free>`."""
-    release: Callable[..., None]
-    """:meth:`FreeQueue.release <actorrl.runtime.process.frees.FreeQueue.release>`."""
-    client: Callable[[str], RpcClient]
-    """:meth:`Peers.client <actorrl.runtime.process.peers.Peers.client>` (loop thread only)."""
-    connect: Callable[..., RpcClient]
-    """:meth:`Peers.connect <actorrl.runtime.process.peers.Peers.connect>`."""
-    connection_lost: Callable[[str], bool]
-    """:meth:`Peers.connection_lost <actorrl.runtime.process.peers.Peers.connection_lost>`."""
-    mark_dead: Callable[[str, str], None]
-    """:meth:`Peers.mark_dead <actorrl.runtime.process.peers.Peers.mark_dead>`."""
-    forget_dead: Callable[[str], None]
-    """:meth:`Peers.forget_dead <actorrl.runtime.process.peers.Peers.forget_dead>`."""
-    shm_to: Callable[[str], bool]
-    """:meth:`Peers.shm_to <actorrl.runtime.process.peers.Peers.shm_to>`."""
-    add_local_host: Callable[[str, LocalHost], None]
-    """:meth:`Peers.add_local_host <actorrl.runtime.process.peers.Peers.add_local_host>`."""
-    remove_local_host: Callable[[str, str], None]
-    """:meth:`Peers.remove_local_host <actorrl.runtime.process.peers.Peers.remove_local_host>`."""
+    submit = Forwarded("calls", Calls.submit)
+    get_async = Forwarded("calls", Calls.get_async)
+    get_and_free_async = Forwarded("calls", Calls.get_and_free_async)
+    wait_async = Forwarded("calls", Calls.wait_async)
+    on_ready = Forwarded("calls", Calls.on_ready)
+    call_error = Forwarded("calls", Calls.call_error)
+    free = Forwarded("frees", FreeQueue.free)
+    client = Forwarded("peers", Peers.client)
+    connect = Forwarded("peers", Peers.connect)
+    connection_lost = Forwarded("peers", Peers.connection_lost)
+    mark_dead = Forwarded("peers", Peers.mark_dead)
+    forget_dead = Forwarded("peers", Peers.forget_dead)
+    shm_to = Forwarded("peers", Peers.shm_to)
+    on_loop = Forwarded("loop_thread", LoopThread.on_loop)
+    before_loop_request = Forwarded("puts", PutBuffer.flush_soon)
 
     def __init__(self, loop: asyncio.AbstractEventLoop, address_dir: str, name: str,
                  extra_bind: Sequence[str] = (), network: Network | None = None, *,
@@ -178,39 +190,34 @@ class Runtime:
         keyword arguments of its :class:`RpcServer` (socket limits such as
         ``max_frame_bytes``, ``max_peers``)."""
         self.loop = loop
-        self.loop_thread_id = threading.get_ident()
+        self.loop_thread = LoopThread(loop)
         self.name = name
         self.network = network
-        self.codec: Codec = _RuntimeCodec(self)
-        if shm is None:
-            shm = shm_segments.enabled_by_env()
-        if shm and not shm_segments.available():
-            shm_segments.warn_fallback(OSError(f"{shm_segments.SHM_DIR} is not writable"))
-            shm = False
-        self.shm = shm
-        """Whether bulk arrays to same-host processes go through shared memory."""
+        self.codec = BindingCodec(self)
+        """Encodes and decodes every message; the actor handles it decodes submit their
+        calls through this runtime."""
+        shm_pool = _segment_pool(shm)
         if shm_threshold is None:
             shm_threshold = int(os.environ.get("ACTORRL_SHM_THRESHOLD",
                                                shm_segments.DEFAULT_THRESHOLD))
-        self.shm_threshold = shm_threshold
-        self.shm_pool = shm_segments.SegmentPool() if shm else None
-        """Segments call arguments are copied into (reused)."""
+        self.server = RpcServer(self._on_request, codec=self.codec, **(server_options or {}))
+        self.local_address, self.address = bind_server(
+            self.server, address_dir, name, extra_bind, network)
+        """``local_address``: this process's ipc endpoint; ``address``: the endpoint
+        other processes use (refs and handles carry it; tcp with a network)."""
+        replies = FetchReplies(self.codec, shm_threshold, shm_pool)
+        store = ObjectStore(loop, on_drop=replies.drop)
+        self.puts = PutBuffer(self.loop_thread, store)
+        self.peers = Peers(loop, self.codec, network, self.address, store, shm_pool)
+        self.frees = FreeQueue(self.loop_thread, self.peers, self.puts.flush_soon)
+        self.objects = OwnedObjects(self.loop_thread, store, replies, self.puts, self.address,
+                                    self.frees.release)
+        self.calls = Calls(self.loop_thread, self.codec, self.peers, self.frees,
+                           self.puts.flush_soon, shm_threshold)
         self.host: ThreadedHost | None = None
         """The host of this process's actor (None before :meth:`host_actor`)."""
-        self.actor: Any = None
-        """The actor this process hosts, if any."""
         self.exit_event = asyncio.Event()
-        self.on_actor_died: list[Callable[[str, str], None]] = []
         self.closed = False
-
-        self.objects = OwnedObjects(self, shm_threshold, self.shm_pool)
-        self.store: ObjectStore = self.objects.store
-        self.server = RpcServer(self._on_request, codec=self.codec, **(server_options or {}))
-        self._bind(address_dir, name, extra_bind, network)
-        self.objects.address = self.address
-        self.peers = Peers(loop, self.codec, network, self.address, self.store, self.shm_pool)
-        self.frees = FreeQueue(loop, self.peers, self.on_loop, self.before_loop_request)
-        self.calls = Calls(self, self.peers, shm_threshold)
         self._handlers: dict[str, Callable[[Request], None]] = {
             "__call__": self._no_actor,
             "__fetch__": self.objects.on_fetch,
@@ -219,46 +226,26 @@ class Runtime:
             "__ping__": lambda request: request.reply(self.name),
             "__exit__": lambda request: self.exit_event.set(),
         }
-        self._bind_operations()
 
-    def _bind(self, address_dir: str, name: str, extra_bind: Sequence[str],
-              network: Network | None) -> None:
-        """Bind the server: ipc in ``address_dir``, tcp with a network, ``extra_bind``."""
-        self.local_address = self.server.bind(ipc_address(address_dir, name))
-        self.address = self.local_address
-        """The endpoint other processes use (refs and handles carry it)."""
-        security = network.security if network is not None else None
-        if security is not None:
-            ensure_authenticator(security.allowed, security.roles)
-        if network is not None and network.host is not None:
-            tcp = self.server.bind(network.tcp_bind_address(),
-                                   security.identity.secret if security else None)
-            self.address = str(Endpoint(
-                tcp, security.identity.public if security else None, network.node_tag,
-                self.local_address if network.node_tag else None))
-        for address in extra_bind:
-            check_bind(address, security, network is not None and network.insecure_loopback)
-            self.server.bind(address, security.identity.secret if security else None)
+    @property
+    def store(self) -> ObjectStore:
+        """The objects this process owns."""
+        return self.objects.store
 
-    def _bind_operations(self) -> None:
-        calls, objects, frees, peers = self.calls, self.objects, self.frees, self.peers
-        self.submit = calls.submit
-        self.get_async = calls.get_async
-        self.get_and_free_async = calls.get_and_free_async
-        self.wait_async = calls.wait_async
-        self.on_ready = calls.on_ready
-        self.call_error = calls.call_error
-        self.put = objects.put
-        self.free = frees.free
-        self.release = frees.release
-        self.client = peers.client
-        self.connect = peers.connect
-        self.connection_lost = peers.connection_lost
-        self.mark_dead = peers.mark_dead
-        self.forget_dead = peers.forget_dead
-        self.shm_to = peers.shm_to
-        self.add_local_host = peers.add_local_host
-        self.remove_local_host = peers.remove_local_host
+    @property
+    def shm(self) -> bool:
+        """Whether bulk arrays to same-host processes go through shared memory."""
+        return self.peers.shm
+
+    @property
+    def shm_pool(self) -> shm_segments.SegmentPool | None:
+        """Segments call arguments are copied into (reused); None without shm."""
+        return self.peers.shm_pool
+
+    @property
+    def shm_threshold(self) -> int:
+        """The smallest array, in bytes, that goes through shared memory."""
+        return self.calls.shm_threshold
 
     @property
     def shm_calls(self) -> bool:
@@ -282,6 +269,11 @@ class Runtime:
         return len(self.frees.queue)
 
     @property
+    def actor(self) -> Any:
+        """The actor this process hosts, if any."""
+        return self.host.instance if self.host is not None else None
+
+    @property
     def executor(self) -> _ActorExecutor | None:
         """The thread running the hosted actor's synchronous methods (None before
         :meth:`host_actor`)."""
@@ -293,6 +285,19 @@ class Runtime:
         clients = self.peers.traffic()
         return {"bytes_sent": self.server.bytes_sent + clients["bytes_sent"],
                 "bytes_received": self.server.bytes_received + clients["bytes_received"]}
+
+    # ------------------------------------------------------------------ objects
+    def put(self, value: Any) -> ObjectRef:
+        """Store ``value`` here and return a ref others can fetch (thread-safe). Called by
+        the code of an actor this runtime hosts, the object is owned by that actor (see
+        :class:`~actorrl.runtime.process.scope.ActorScope`): in serial mode by the actor,
+        not the driver; in an actor process, a synchronous method's puts are stored with
+        its result (:meth:`OwnedObjects.put
+        <actorrl.runtime.process.owned.OwnedObjects.put>`)."""
+        scope = current_scope()
+        if scope is not None and scope.runtime is self:
+            return scope.put(value)
+        return self.objects.put(value)
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
@@ -317,28 +322,32 @@ class Runtime:
         """For actor code: the runtime hosting the actor method (or constructor) that is
         running, e.g. to ``put`` a result or ``await get_async`` refs it was handed.
 
-        Not a process-global: the host sets it for the duration of each call (and it
-        follows the call into ``asyncio.to_thread``); anywhere else it raises. Code outside
-        actors is handed its runtime (``driver.runtime``, ``handle.runtime``)."""
-        hosting = current_hosting()
-        if hosting is None or hosting.runtime.closed:
+        Not a process-global: it is read from the actor's scope, which the host enters for
+        the duration of each call (and which follows the call into
+        ``asyncio.to_thread``); anywhere else it raises. Code outside actors is handed its
+        runtime (``driver.runtime``, ``handle.runtime``)."""
+        scope = current_scope()
+        runtime = scope.runtime if scope is not None else None
+        if not isinstance(runtime, Runtime) or runtime.closed:
             raise RuntimeNotStartedError(
                 "Runtime.current() is for actor code (it names the runtime hosting the "
                 "running actor method); elsewhere use the runtime you were given "
                 "(driver.runtime, handle.runtime)")
-        return hosting.runtime
+        return runtime
 
-    def hosting(self) -> Hosting:
-        """This runtime as the host of its process's actor (what its methods put is owned
-        by this process)."""
-        return Hosting(self, self.address, self.store)
+    def actor_scope(self) -> ActorScope:
+        """This runtime as the scope of the actor code it runs in its own process (what
+        that code puts is owned by this process)."""
+        return ActorScope(self, self.objects.put)
 
     def close(self) -> None:
         """Close every socket; pending calls fail."""
         if self.closed:
             return
         self.frees.flush()
-        self.closed = self.calls.closed = self.frees.closed = True
+        self.closed = True
+        self.calls.close()
+        self.frees.close()
         if self.host is not None:
             self.host.stop()
         self.peers.close()
@@ -347,18 +356,6 @@ class Runtime:
             self.shm_pool.close()
             self.objects.close()
             shm_segments.sweep_dead_owner_segments()
-
-    def on_loop(self) -> bool:
-        """True when called from this runtime's event-loop thread."""
-        return threading.get_ident() == self.loop_thread_id
-
-    def before_loop_request(self) -> None:
-        """Called off the loop before anything that may make another process fetch this
-        one's objects (a call, a get, a free): objects an actor method put are stored first
-        (the loop runs callbacks in order)."""
-        host = self.host
-        if host is not None and host.executor.pending_puts:
-            self.loop.call_soon_threadsafe(host.executor.flush_puts)
 
     # ------------------------------------------------------------------ serving
     def _on_request(self, request: Request) -> None:
@@ -382,9 +379,42 @@ class Runtime:
         """Make this process serve ``instance``'s public methods (its synchronous ones in
         an executor thread, its coroutines as tasks on the loop; both see this runtime as
         :meth:`current`)."""
-        self.actor = instance
-        self.host = self.objects.host = ThreadedHost(instance, self.hosting())
+        self.host = ThreadedHost(instance, self.actor_scope(), self.loop, self.store,
+                                 self.calls, self.puts)
         self._handlers["__call__"] = self.host.on_call
 
     def _no_actor(self, request: Request) -> None:
         raise ValueError(f"{self.name} hosts no actor; cannot call {request.args[1]!r}")
+
+
+def _segment_pool(shm: bool | None) -> shm_segments.SegmentPool | None:
+    """The pool of segments call arguments are copied into: None with shm off (``shm``
+    False, or None and ``ACTORRL_SHM=0``) or unavailable here."""
+    if shm is None:
+        shm = shm_segments.enabled_by_env()
+    if shm and not shm_segments.available():
+        shm_segments.warn_fallback(OSError(f"{shm_segments.SHM_DIR} is not writable"))
+        shm = False
+    return shm_segments.SegmentPool() if shm else None
+
+
+def bind_server(server: RpcServer, address_dir: str, name: str, extra_bind: Sequence[str],
+                network: Network | None) -> tuple[str, str]:
+    """Bind ``server``: ipc in ``address_dir``, tcp with a network, ``extra_bind``.
+    Returns ``(local_address, address)``: the ipc endpoint, and the one other processes
+    use (an endpoint carrying the tcp address, key and node tag with a network)."""
+    local_address = server.bind(ipc_address(address_dir, name))
+    address = local_address
+    security = network.security if network is not None else None
+    if security is not None:
+        ensure_authenticator(security.allowed, security.roles)
+    if network is not None and network.host is not None:
+        tcp = server.bind(network.tcp_bind_address(),
+                          security.identity.secret if security else None)
+        address = str(Endpoint(
+            tcp, security.identity.public if security else None, network.node_tag,
+            local_address if network.node_tag else None))
+    for extra in extra_bind:
+        check_bind(extra, security, network is not None and network.insecure_loopback)
+        server.bind(extra, security.identity.secret if security else None)
+    return local_address, address

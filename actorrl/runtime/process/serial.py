@@ -46,26 +46,21 @@ import sys
 import traceback
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from actorrl.runtime.errors import ActorCreationError, ActorDiedError
 from actorrl.runtime.node.resources import NodeResources
-from actorrl.runtime.process.handles import ActorHandle, ActorSpec
-from actorrl.runtime.process.hosting import (
-    ActorHost,
-    HostedCall,
-    Hosting,
-    enter_hosting,
-    import_class,
-    leave_hosting,
-)
-from actorrl.runtime.process.refs import STATUS_ERROR, STATUS_OK, ObjectRef, ObjectStore
+from actorrl.runtime.process.handles import ActorHandle, ActorSpec, CallSubmitter
+from actorrl.runtime.process.hosting import ActorHost, HostedCall, RefReader, import_class
+from actorrl.runtime.process.loop import LoopThread
+from actorrl.runtime.process.peers import Peers
+from actorrl.runtime.process.refs import ObjectRef, Release, new_object_id
+from actorrl.runtime.process.scope import ActorScope, enter_scope, leave_scope
+from actorrl.runtime.process.store import STATUS_ERROR, STATUS_OK, ObjectStore
 from transport.codec import Codec
 from transport.errors import RemoteError
-
-if TYPE_CHECKING:
-    from actorrl.runtime.process.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +95,24 @@ def error_record(exc: BaseException, caller: FrameType | None = None) -> RemoteE
     return record
 
 
+@dataclass(frozen=True)
+class SerialHosting:
+    """What serial actors take from the runtime of the driver that hosts them."""
+
+    runtime: CallSubmitter
+    """The driver's runtime: their handles submit through it, and it is what
+    ``Runtime.current()`` returns in their code."""
+    loop: LoopThread
+    codec: Codec
+    """Arguments and results cross it, as on the wire."""
+    reader: RefReader
+    """Reads their calls' ref arguments."""
+    release: Release
+    """Frees what they put once its ref is collected."""
+    peers: Peers
+    """Where the node registers them, so that calls to their endpoints reach them."""
+
+
 class _LocalRequest:
     """A call made inside this process to a serial actor, as its host takes it (the
     stand-in for a served request): its reply resolves the caller's future."""
@@ -127,23 +140,28 @@ class _LocalRequest:
 
 
 class SerialActor(ActorHost):
-    """An actor living in the driver's runtime: the ``LocalHost`` its endpoint routes to.
+    """An actor living in the driver's process and loop: the
+    :class:`~actorrl.runtime.process.peers.InProcessActor` its endpoint routes to.
 
     It owns a store (its results and puts) and hosts its calls as an actor process does
-    (the same :class:`~actorrl.runtime.process.hosting.ActorHost`), except that synchronous methods
-    run inline on the loop and what crosses between caller and actor is copied through the
-    codec, as the wire would.
+    (the same :class:`~actorrl.runtime.process.hosting.ActorHost`), except that synchronous
+    methods run inline on the loop and what crosses between caller and actor is copied
+    through the codec, as the wire would.
     """
 
-    def __init__(self, runtime: Runtime, actor_id: str, endpoint: str, spec: ActorSpec) -> None:
-        super().__init__(None, Hosting(runtime, endpoint, ObjectStore(runtime.loop)))
-        self.runtime = runtime
-        self.codec = runtime.codec
+    def __init__(self, hosting: SerialHosting, actor_id: str, endpoint: str,
+                 spec: ActorSpec) -> None:
         self.actor_id = actor_id
         self.endpoint = endpoint
         self.spec = spec
+        self.codec = hosting.codec
+        self._on_loop = hosting.loop.on_loop
+        self._release = hosting.release
         self.dead: str | None = None
         self._pending: dict[bytes, asyncio.Future] = {}
+        # Its code's puts are its own (self.put).
+        super().__init__(None, ActorScope(hosting.runtime, self.put), hosting.loop.loop,
+                         ObjectStore(hosting.loop.loop), hosting.reader)
 
     def __repr__(self) -> str:
         label = self.spec.name or self.spec.class_path
@@ -154,15 +172,28 @@ class SerialActor(ActorHost):
         constructor arguments cross the codec as they would to an actor process)."""
         args, kwargs = roundtrip(self.codec, [list(self.spec.args), self.spec.kwargs])
         cls = import_class(self.spec.class_path)
-        token = enter_hosting(self.hosting)
+        token = enter_scope(self.scope)
         try:
             self.instance = cls(*args, **kwargs)
         finally:
-            leave_hosting(token)
+            leave_scope(token)
+
+    def put(self, value: Any) -> ObjectRef:
+        """Store ``value`` as this actor's object (thread-safe): its code's puts (see
+        :class:`~actorrl.runtime.process.scope.ActorScope`). Not copied; lost when the
+        actor dies."""
+        ref = ObjectRef(new_object_id(), self.endpoint, self._release)
+        ref.became_ready()  # its value is not kept on the ref: lost with the actor
+        if self._on_loop():
+            self.store.set(ref.id, STATUS_OK, value)
+        else:
+            self.loop.call_soon_threadsafe(self.store.set, ref.id, STATUS_OK, value)
+        return ref
 
     # ---- calls --------------------------------------------------------------------------
-    def accept(self, ref: ObjectRef, frames: list[Any], fut: asyncio.Future) -> None:
-        """Take a call submitted through the runtime (see ``LocalHost.accept``)."""
+    def accept(self, frames: list[Any], fut: asyncio.Future, caller: FrameType | None
+               ) -> None:
+        """Take a call submitted through the runtime (see ``InProcessActor.accept``)."""
         if self.dead is not None:
             fut.set_exception(self._died())
             return
@@ -172,13 +203,14 @@ class SerialActor(ActorHost):
             fut.set_exception(exc)
             return
         self._pending[call_args[0]] = fut
-        # The caller's frame (handle.method.remote), for a traceback spanning the step.
-        request = _LocalRequest(call_args, fut, sys._getframe(3), self._pending)
+        # The caller's frame, for a traceback spanning the step, while the call may run
+        # inline under it.
+        request = _LocalRequest(call_args, fut, caller, self._pending)
         self.on_call(request)
         request.frame = None  # a call that runs later has no caller on its stack
 
     def _run_sync(self, call: HostedCall, fn: Callable[..., Any]) -> None:
-        token = enter_hosting(self.hosting)
+        token = enter_scope(self.scope)
         try:
             result = fn(*call.args, **call.kwargs)
         except BaseException as exc:
@@ -188,7 +220,7 @@ class SerialActor(ActorHost):
         else:
             self._finish(call, STATUS_OK, result)
         finally:
-            leave_hosting(token)
+            leave_scope(token)
 
     def _error(self, call: HostedCall, exc: BaseException) -> RemoteError:
         return error_record(exc, call.request.frame)  # type: ignore[attr-defined]
@@ -209,11 +241,11 @@ class SerialActor(ActorHost):
 
     def terminate(self, reason: str) -> None:
         """The actor is gone: pending and queued calls fail with ActorDiedError, running
-        coroutine methods are cancelled, the objects it owned are lost."""
+        coroutine methods are cancelled, the objects it owned are lost (its node stops
+        routing its endpoint here first)."""
         if self.dead is not None:
             return
         self.dead = reason
-        self.runtime.remove_local_host(self.endpoint, reason)
         error = self._died()
         for fut in self._pending.values():
             if not fut.done():
@@ -239,10 +271,10 @@ class SerialNode(NodeResources):
     (see the module docstring). Same surface as :class:`~actorrl.runtime.node.node.LocalNode`
     where the driver and tests use it."""
 
-    def __init__(self, runtime: Runtime, num_cpus: float | None = None,
+    def __init__(self, hosting: SerialHosting, num_cpus: float | None = None,
                  num_gpus: float | None = None) -> None:
         super().__init__(num_cpus, num_gpus)  # recorded, not enforced
-        self.runtime = runtime
+        self.hosting = hosting
         _one_compute_thread()
         self.actors: dict[str, SerialActor] = {}
         self.on_death: list[Callable[[str, str], None]] = []
@@ -256,7 +288,7 @@ class SerialNode(NodeResources):
         endpoint = f"{SERIAL_SCHEME}{label}-{actor_id[:8]}"
         if spec.env:
             log.debug("serial mode: env %s of %s is not applied", sorted(spec.env), label)
-        actor = SerialActor(self.runtime, actor_id, endpoint, spec)
+        actor = SerialActor(self.hosting, actor_id, endpoint, spec)
         try:
             actor.build()
         except Exception as exc:
@@ -264,8 +296,9 @@ class SerialNode(NodeResources):
                 f"constructing {spec.class_path} failed: {RemoteError.from_exception(exc)}"
             ) from exc
         self.actors[actor_id] = actor
-        self.runtime.add_local_host(endpoint, actor)
-        return ActorHandle(actor_id, endpoint, spec.class_path, spec.name, spec, self.runtime)
+        self.hosting.peers.add_in_process(endpoint, actor)
+        return ActorHandle(actor_id, endpoint, spec.class_path, spec.name, spec,
+                           self.hosting.runtime)
 
     def process_of(self, handle: ActorHandle) -> None:
         """None: serial actors have no process."""
@@ -275,7 +308,7 @@ class SerialNode(NodeResources):
         """Drop the actor (asked to stop: no death is reported)."""
         actor = self.actors.pop(handle.actor_id, None)
         if actor is not None:
-            actor.terminate("stopped")
+            self._terminate(actor, "stopped")
 
     def kill_actor(self, handle: ActorHandle) -> None:
         """Drop the actor as if its process had been SIGKILLed: its calls fail with
@@ -284,7 +317,7 @@ class SerialNode(NodeResources):
         if actor is None:
             return
         reason = "killed (serial mode)"
-        actor.terminate(reason)
+        self._terminate(actor, reason)
         log.warning("actor %s (%s) died: %s", handle.actor_id[:8], actor.spec.class_path,
                     reason)
         for callback in list(self.on_death):
@@ -294,4 +327,9 @@ class SerialNode(NodeResources):
         """Drop every actor."""
         actors, self.actors = list(self.actors.values()), {}
         for actor in actors:
-            actor.terminate("the driver shut down")
+            self._terminate(actor, "the driver shut down")
+
+    def _terminate(self, actor: SerialActor, reason: str) -> None:
+        """Calls to ``actor``'s endpoint fail from now on, then it ends."""
+        self.hosting.peers.remove_in_process(actor.endpoint, reason)
+        actor.terminate(reason)
