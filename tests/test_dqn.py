@@ -18,6 +18,7 @@ from actorrl.policy.dqn import (
 )
 from actorrl.replay import PrioritizedSampler, ReplayBuffer
 from tests.helpers.configs import DQN_CARTPOLE
+from tests.helpers.returns import assert_window_reached, window_reached
 
 torch.set_num_threads(1)
 
@@ -485,7 +486,7 @@ def run_dqn_cartpole(config: dict, seed: int, max_env_steps: int, target: float,
                 info = policy.learn_on_batch(sample)
                 buffer.update_priorities(sample["batch_indexes"],
                                          sampler.priorities_of(info["td_error"]))
-        if len(returns) >= window and np.mean(returns[-window:]) >= target:
+        if window_reached(returns, window, target):
             break
     return env_steps, returns
 
@@ -496,7 +497,4 @@ def test_dqn_learns_cartpole() -> None:
     CartPole-v1 episodes reaches 150 within 20k env steps (7-9k for seeds 0-6)."""
     env_steps, returns = run_dqn_cartpole(DQN_CARTPOLE, seed=0,
                                           max_env_steps=20_000, target=150.0)
-    assert len(returns) >= 20 and np.mean(returns[-20:]) >= 150.0, (
-        f"mean return of the last 20 episodes {np.mean(returns[-20:]):.1f} after "
-        f"{env_steps} env steps"
-    )
+    assert_window_reached(returns, env_steps, 20, 150.0)

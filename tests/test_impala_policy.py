@@ -15,6 +15,7 @@ from actorrl.policy.impala import (
     to_time_major,
 )
 from tests.helpers.configs import IMPALA_CARTPOLE
+from tests.helpers.returns import assert_window_reached, window_reached
 
 torch.set_num_threads(1)
 
@@ -342,7 +343,7 @@ def run_impala_cartpole(config: dict, seed: int, max_env_steps: int, target: flo
             pending, updates = [], updates + 1
             if updates % actor_lag == 0:
                 actor.set_weights(learner.get_weights())
-        if len(returns) >= window and np.mean(returns[-window:]) >= target:
+        if window_reached(returns, window, target):
             break
     return env_steps, returns
 
@@ -353,7 +354,4 @@ def test_impala_learns_cartpole() -> None:
     CartPole-v1 episodes reaches 150 within 60k env steps (12-19k for seeds 0-6)."""
     env_steps, returns = run_impala_cartpole(IMPALA_CARTPOLE, seed=0,
                                              max_env_steps=60_000, target=150.0)
-    assert len(returns) >= 20 and np.mean(returns[-20:]) >= 150.0, (
-        f"mean return of the last 20 episodes {np.mean(returns[-20:]):.1f} after "
-        f"{env_steps} env steps"
-    )
+    assert_window_reached(returns, env_steps, 20, 150.0)

@@ -14,6 +14,7 @@ from typing import Any
 
 from actorrl.messages import SampleReply
 from actorrl.runtime import ActorDiedError, ActorHandle, ObjectRef, Runtime
+from actorrl.util.forward import PartAttribute
 from actorrl.util.stats import TimerStat
 from transport.timeouts import wait_for
 
@@ -162,15 +163,11 @@ class StepCountersMixin:
 
     counters: StepCounters
 
-    @property
-    def num_steps_sampled(self) -> int:
-        """Env steps sampled so far."""
-        return self.counters.num_steps_sampled
+    num_steps_sampled = PartAttribute[int]("counters")
+    """Env steps sampled so far."""
 
-    @property
-    def num_steps_trained(self) -> int:
-        """Env steps trained on so far (for A3C: whose gradients were applied)."""
-        return self.counters.num_steps_trained
+    num_steps_trained = PartAttribute[int]("counters")
+    """Env steps trained on so far (for A3C: whose gradients were applied)."""
 
 
 class CreditWindow:
@@ -399,15 +396,11 @@ class FleetMixin:
     runtime: Runtime
     worker_fleet: Fleet
 
-    @property
-    def workers(self) -> list[ActorHandle]:
-        """The live workers."""
-        return self.worker_fleet.actors
+    workers = PartAttribute[list[ActorHandle]]("worker_fleet", "actors")
+    """The live workers."""
 
-    @property
-    def num_worker_failures(self) -> int:
-        """Workers that died."""
-        return self.worker_fleet.num_failures
+    num_worker_failures = PartAttribute[int]("worker_fleet", "num_failures")
+    """Workers that died."""
 
     async def _on_each_worker(self, call: Callable[[ActorHandle], ObjectRef]) -> list[Any]:
         """``call(worker)`` on every live worker at once; the results of those that

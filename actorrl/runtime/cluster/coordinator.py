@@ -65,6 +65,7 @@ from actorrl.runtime.process.handles import ActorHandle, ActorSpec
 from actorrl.runtime.process.runtime import Runtime
 from actorrl.runtime.process.wire import spec_from_wire
 from actorrl.runtime.wire_version import WIRE_VERSION, VersionGate
+from actorrl.util.forward import PartAttribute
 from transport.errors import PeerLostError
 from transport.rpc import Request
 from transport.timeouts import wait_for
@@ -107,35 +108,23 @@ class Coordinator:
         self._tasks: set[asyncio.Task] = set()
         self.extra_status: list[Callable[[], dict[str, Any]]] = []
 
-    @property
-    def heartbeat_s(self) -> float:
-        """How often nodes heartbeat (and silent nodes and sessions are checked)."""
-        return self.membership.heartbeat_s
+    heartbeat_s = PartAttribute[float]("membership")
+    """How often nodes heartbeat (and silent nodes and sessions are checked)."""
 
-    @property
-    def heartbeat_timeout_s(self) -> float:
-        """A node silent for this long is probed, then lost."""
-        return self.membership.heartbeat_timeout_s
+    heartbeat_timeout_s = PartAttribute[float]("membership")
+    """A node silent for this long is probed, then lost."""
 
-    @property
-    def nodes(self) -> dict[str, NodeState]:
-        """The live member nodes by id (:attr:`Membership.nodes`)."""
-        return self.membership.nodes
+    nodes = PartAttribute[dict[str, NodeState]]("membership")
+    """The live member nodes by id (:attr:`Membership.nodes`)."""
 
-    @property
-    def lost_nodes(self) -> Sequence[dict[str, Any]]:
-        """The recently lost nodes, oldest first (:attr:`Membership.lost_nodes`)."""
-        return self.membership.lost_nodes
+    lost_nodes = PartAttribute[Sequence[dict[str, Any]]]("membership")
+    """The recently lost nodes, oldest first (:attr:`Membership.lost_nodes`)."""
 
-    @property
-    def on_node_lost(self) -> list[Callable[[NodeState, str], None]]:
-        """Called with each lost node and the reason (:attr:`Membership.on_node_lost`)."""
-        return self.membership.on_node_lost
+    on_node_lost = PartAttribute[list[Callable[[NodeState, str], None]]]("membership")
+    """Called with each lost node and the reason (:attr:`Membership.on_node_lost`)."""
 
-    @property
-    def sessions(self) -> dict[str, float]:
-        """Client sessions owning actors -> when they last pinged (monotonic)."""
-        return self.client_sessions.pinged
+    sessions = PartAttribute[dict[str, float]]("client_sessions", "pinged")
+    """Client sessions owning actors -> when they last pinged (monotonic)."""
 
     @property
     def early_deaths(self) -> Mapping[str, str]:

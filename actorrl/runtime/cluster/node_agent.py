@@ -50,6 +50,7 @@ from actorrl.runtime.process.peers import remove_ipc_fallback
 from actorrl.runtime.process.runtime import Runtime
 from actorrl.runtime.process.wire import spec_from_wire
 from actorrl.runtime.sessions import make_session_dir
+from actorrl.util.forward import PartAttribute
 from transport.auth import load_public_key
 from transport.endpoint import Endpoint
 from transport.limits import raise_fd_limit
@@ -153,25 +154,17 @@ class NodeAgent:
         self._network = Network.create(host, f"node-{uuid.uuid4().hex[:12]}", keys_dir,
                                        identity, insecure_loopback=insecure_loopback)
 
-    @property
-    def host(self) -> str | None:
-        """Where this node binds tcp (None: ipc only)."""
-        return self._network.host
+    host = PartAttribute[str | None]("_network")
+    """Where this node binds tcp (None: ipc only)."""
 
-    @property
-    def joined(self) -> asyncio.Event:
-        """Set while the coordinator counts this node as a member."""
-        return self.link.joined
+    joined = PartAttribute[asyncio.Event]("link")
+    """Set while the coordinator counts this node as a member."""
 
-    @property
-    def node_id(self) -> str:
-        """This node's id at its coordinator (a new one per registration)."""
-        return self.link.node_id
+    node_id = PartAttribute[str]("link")
+    """This node's id at its coordinator (a new one per registration)."""
 
-    @property
-    def registered_name(self) -> str:
-        """The name the coordinator gave this node ("" before it joined)."""
-        return self.link.registered_name
+    registered_name = PartAttribute[str]("link")
+    """The name the coordinator gave this node ("" before it joined)."""
 
     # ---- lifecycle ----------------------------------------------------------------------
     async def run(self) -> None:

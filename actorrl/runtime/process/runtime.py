@@ -73,6 +73,7 @@ from actorrl.runtime.process.peers import Peers, ipc_address
 from actorrl.runtime.process.refs import ObjectRef
 from actorrl.runtime.process.scope import ActorScope, current_scope
 from actorrl.runtime.process.store import ObjectStore
+from actorrl.util.forward import PartAttribute
 from transport import shm as shm_segments
 from transport.auth import check_bind, ensure_authenticator
 from transport.codec import set_type_resolver
@@ -227,25 +228,17 @@ class Runtime:
             "__exit__": lambda request: self.exit_event.set(),
         }
 
-    @property
-    def store(self) -> ObjectStore:
-        """The objects this process owns."""
-        return self.objects.store
+    store = PartAttribute[ObjectStore]("objects")
+    """The objects this process owns."""
 
-    @property
-    def shm(self) -> bool:
-        """Whether bulk arrays to same-host processes go through shared memory."""
-        return self.peers.shm
+    shm = PartAttribute[bool]("peers")
+    """Whether bulk arrays to same-host processes go through shared memory."""
 
-    @property
-    def shm_pool(self) -> shm_segments.SegmentPool | None:
-        """Segments call arguments are copied into (reused); None without shm."""
-        return self.peers.shm_pool
+    shm_pool = PartAttribute[shm_segments.SegmentPool | None]("peers")
+    """Segments call arguments are copied into (reused); None without shm."""
 
-    @property
-    def shm_threshold(self) -> int:
-        """The smallest array, in bytes, that goes through shared memory."""
-        return self.calls.shm_threshold
+    shm_threshold = PartAttribute[int]("calls")
+    """The smallest array, in bytes, that goes through shared memory."""
 
     @property
     def shm_calls(self) -> bool:
