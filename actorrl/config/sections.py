@@ -245,9 +245,11 @@ def load_section(cls: type[S], values: Any, path: str, base: S | None, problems:
                     else "it is set by the " + source)
             problems.append(f"{where!r} is not set here: {hint}")
             continue
-        sub_base = getattr(base, name) if base is not None else None
-        if sub_base is None and fields[name].default_factory is not dataclasses.MISSING:
-            sub_base = fields[name].default_factory()
+        sub_base = None
+        if section_type(hints[name]) is not None:  # a section loads over its base
+            sub_base = getattr(base, name) if base is not None else None
+            if sub_base is None and fields[name].default_factory is not dataclasses.MISSING:
+                sub_base = fields[name].default_factory()
         loaded = load_field(hints[name], value, f"{path}{name}", where, sub_base, problems,
                             spelling, strict=strict)
         if loaded is dataclasses.MISSING:

@@ -426,7 +426,28 @@ class FleetMixin:
         return answered
 
 
-class SyncFleetMixin(FleetMixin, StepCountersMixin):
+class LearnerFleetMixin(FleetMixin, StepCountersMixin):
+    """A :class:`Fleet` of rollout workers beside one learner actor, with step counters:
+    what every pipeline over workers and a learner holds."""
+
+    learner: ActorHandle
+    counters: StepCounters
+
+    def _attach(self, runtime: Runtime, workers: list[ActorHandle], learner: ActorHandle,
+                replace_worker: ReplaceWorker | None, *, no_workers: str,
+                sample_locally: bool = False) -> None:
+        """Hold the runtime, the workers (as a fleet) and the learner, with fresh step
+        counters; ``no_workers`` is the error when there is no remote worker (and the
+        learner's local worker does not sample: ``sample_locally``)."""
+        if not workers and not sample_locally:
+            raise ValueError(no_workers)
+        self.runtime = runtime
+        self.worker_fleet = Fleet(workers, replace_worker, "rollout worker")
+        self.learner = learner
+        self.counters = StepCounters()
+
+
+class SyncFleetMixin(LearnerFleetMixin):
     """What the synchronous pipelines (PPO's sync samples, A2C's microbatches) share: each
     round calls every live worker at once and waits for all of them
     (:meth:`~FleetMixin._on_each_worker`); a worker that died in a round is counted and
@@ -434,22 +455,14 @@ class SyncFleetMixin(FleetMixin, StepCountersMixin):
     learner's weights), the results of the others are kept and the replacement takes
     part from the next round on."""
 
-    learner: ActorHandle
-    counters: StepCounters
-
     def _attach_sync(self, runtime: Runtime, workers: list[ActorHandle], learner: ActorHandle,
                      replace_worker: ReplaceWorker | None, *, sample_locally: bool,
                      no_workers: str) -> None:
-        """Hold the runtime, the workers (as a fleet) and the learner, with fresh step
-        counters, the weights and sampling timers and no learner stats yet; ``no_workers``
-        is the error when there is neither a remote worker nor ``sample_locally``."""
-        if not workers and not sample_locally:
-            raise ValueError(no_workers)
+        """:meth:`_attach`, plus the weights and sampling timers and no learner stats
+        yet."""
+        self._attach(runtime, workers, learner, replace_worker, no_workers=no_workers,
+                     sample_locally=sample_locally)
         self.sample_locally = sample_locally
-        self.runtime = runtime
-        self.worker_fleet = Fleet(workers, replace_worker, "rollout worker")
-        self.learner = learner
-        self.counters = StepCounters()
         self.update_weights_timer = TimerStat()
         self.sample_timer = TimerStat()
         self.learner_stats: dict[str, Any] = {}
@@ -493,23 +506,10 @@ class SyncFleetMixin(FleetMixin, StepCountersMixin):
         await self._on_each_worker(lambda w: w.set_weights.remote(weights, timestep))
 
 
-class FleetPipelineMixin(FleetMixin, StepCountersMixin):
-    """What the pipelines over a :class:`Fleet` of rollout workers and a learner actor
-    share: the live workers, their failure count and stopping the learner's thread."""
-
-    learner: ActorHandle
-    counters: StepCounters
-
-    def _attach(self, runtime: Runtime, workers: list[ActorHandle], learner: ActorHandle,
-                replace_worker: ReplaceWorker | None, *, no_workers: str) -> None:
-        """Hold the runtime, the workers (as a fleet) and the learner, with fresh step
-        counters; ``no_workers`` is the error when there is no remote worker."""
-        if not workers:
-            raise ValueError(no_workers)
-        self.runtime = runtime
-        self.worker_fleet = Fleet(workers, replace_worker, "rollout worker")
-        self.learner = learner
-        self.counters = StepCounters()
+class FleetPipelineMixin(LearnerFleetMixin):
+    """What the asynchronous pipelines over a :class:`Fleet` of rollout workers and a
+    learner actor share: the live workers, their failure count and stopping the learner's
+    thread."""
 
     async def stop(self) -> None:
         """Stop replacing workers and stop the learner's thread (the actors are stopped by

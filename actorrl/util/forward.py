@@ -1,4 +1,4 @@
-"""Attributes a whole shows from one of its parts, one line each.
+"""Attributes and operations a whole shows from one of its parts, one line each.
 
 A class built from parts often offers some of a part's values under the same name
 (``coordinator.nodes`` is ``coordinator.membership.nodes``). Written as properties that is
@@ -9,12 +9,14 @@ five lines each, all alike; :class:`PartAttribute` says it in one::
         \"\"\"The live member nodes by id.\"\"\"
 
 The value is read from the part at every access (the part may replace it), and it is
-read-only on the whole, as a property without a setter is.
+read-only on the whole, as a property without a setter is. :class:`Forwarded` does the
+same for a part's method, bound once.
 """
 
 from __future__ import annotations
 
-from typing import Any, Generic, TypeVar, overload
+from collections.abc import Callable
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 T = TypeVar("T")
 
@@ -46,3 +48,40 @@ class PartAttribute(Generic[T]):
 
     def __set__(self, instance: object, value: Any) -> None:
         raise AttributeError(f"{self.attribute!r} is {self.part}.{self.name}: set it there")
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class Forwarded(Generic[P, R]):
+    """An operation of one of the instance's parts, offered by the whole:
+    ``runtime.submit = Forwarded("calls", Calls.submit)`` is ``runtime.calls.submit``.
+
+    The part's bound method is made at the first read and kept in the instance dict,
+    where later reads find it as fast as any attribute (so the part must never be
+    replaced). Its docstring is the part method's."""
+
+    def __init__(self, part: str, operation: Callable[Concatenate[Any, P], R]) -> None:
+        """``part``: the instance's attribute holding the part; ``operation``: the method of
+        the part's class."""
+        self.part = part
+        self.operation = operation.__name__
+        self.name = self.operation
+        self.__doc__ = operation.__doc__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, runtime: None, owner: type) -> Forwarded[P, R]: ...
+
+    @overload
+    def __get__(self, runtime: object, owner: type | None = None) -> Callable[P, R]: ...
+
+    def __get__(self, runtime: object | None, owner: type | None = None) -> Any:
+        if runtime is None:
+            return self
+        bound = getattr(getattr(runtime, self.part), self.operation)
+        vars(runtime)[self.name] = bound
+        return bound

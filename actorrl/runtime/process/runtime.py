@@ -59,7 +59,7 @@ import contextlib
 import importlib
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+from typing import Any
 
 from actorrl.runtime.errors import RuntimeNotStartedError
 from actorrl.runtime.network import Network
@@ -73,7 +73,7 @@ from actorrl.runtime.process.peers import Peers, ipc_address
 from actorrl.runtime.process.refs import ObjectRef
 from actorrl.runtime.process.scope import ActorScope, current_scope
 from actorrl.runtime.process.store import ObjectStore
-from actorrl.util.forward import PartAttribute
+from actorrl.util.forward import Forwarded, PartAttribute
 from transport import shm as shm_segments
 from transport.auth import check_bind, ensure_authenticator
 from transport.codec import set_type_resolver
@@ -123,43 +123,6 @@ def check_request(method: str, args: list[Any]) -> None:
             return
     names = ", ".join(t.__name__ for t in shape)  # type: ignore[union-attr]
     raise ValueError(f"malformed {method} request: expected [{names}]")
-
-
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-class Forwarded(Generic[P, R]):
-    """An operation of one of the runtime's parts, offered by the runtime:
-    ``runtime.submit`` is ``runtime.calls.submit``.
-
-    The part's bound method is made at the first read and kept in the runtime's instance
-    dict, where later reads find it as fast as any attribute (the parts are never
-    replaced). Its docstring is the part method's."""
-
-    def __init__(self, part: str, operation: Callable[Concatenate[Any, P], R]) -> None:
-        """``part``: the runtime's attribute holding the part; ``operation``: the method of
-        the part's class."""
-        self.part = part
-        self.operation = operation.__name__
-        self.name = self.operation
-        self.__doc__ = operation.__doc__
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    @overload
-    def __get__(self, runtime: None, owner: type) -> Forwarded[P, R]: ...
-
-    @overload
-    def __get__(self, runtime: object, owner: type | None = None) -> Callable[P, R]: ...
-
-    def __get__(self, runtime: object | None, owner: type | None = None) -> Any:
-        if runtime is None:
-            return self
-        bound = getattr(getattr(runtime, self.part), self.operation)
-        vars(runtime)[self.name] = bound
-        return bound
 
 
 class Runtime:
