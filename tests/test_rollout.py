@@ -262,15 +262,25 @@ def test_same_seed_same_batches_other_worker_index_differs():
     assert not np.array_equal(a[SampleBatch.OBS], first_batch(2)[SampleBatch.OBS])
 
 
-def test_box_actions_are_clipped_for_the_env_but_stored_raw():
+@pytest.mark.parametrize("mode", ["normalize", "clip", "raw"])
+def test_box_actions_reach_the_env_transformed_but_are_stored_as_sampled(mode):
     RECORDING_ENVS.clear()
     worker = RolloutWorker(f"{__name__}:recording_box_env", ActorCriticPolicy,
-                           {"model": SMALL_MODEL, "seed": 0, "rollout_fragment_length": 20})
+                           {"model": SMALL_MODEL, "seed": 0, "rollout_fragment_length": 20,
+                            "normalize_actions": mode == "normalize",
+                            "clip_actions": mode == "clip"})
     batch = worker.sample()
     stored = batch[SampleBatch.ACTIONS]
     assert stored.shape == (20, 1) and np.abs(stored).max() > 0.1
     received = np.concatenate(RECORDING_ENVS[0].received)
-    np.testing.assert_allclose(received, np.clip(stored[:, 0], -0.1, 0.1))
+    expected = {"normalize": np.clip(-0.1 + (stored[:, 0] + 1.0) * 0.1, -0.1, 0.1),
+                "clip": np.clip(stored[:, 0], -0.1, 0.1), "raw": stored[:, 0]}[mode]
+    np.testing.assert_allclose(received, expected, rtol=1e-6, atol=1e-7)
+    # the stored action is what the policy sampled: its logp is the recorded one
+    policy = worker.get_policy()
+    dist = policy.dist_class(torch.as_tensor(batch[SampleBatch.ACTION_DIST_INPUTS]))
+    np.testing.assert_allclose(dist.logp(torch.as_tensor(stored)).numpy(),
+                               batch[SampleBatch.ACTION_LOGP], rtol=1e-5, atol=1e-5)
 
 
 def test_custom_model_by_class_path_through_the_worker():

@@ -392,9 +392,12 @@ def _run_sweep(sweep: Sweep, plans: list[TrainPlan], outcomes: list, sweep_dir: 
 @contextlib.contextmanager
 def _rllib_key_warnings(args: argparse.Namespace) -> Iterator[None]:
     """Catch the warnings of planning a run; on leaving (also with an error) print each
-    ignored RLlib key's warning as one line and show any other as Python would."""
+    ignored RLlib key's and retired env id's warning as one line and show any other as
+    Python would."""
     from actorrl.config.aliases import RLlibKeyWarning
+    from actorrl.envs.retired import RetiredEnvIdWarning
 
+    one_line = (RLlibKeyWarning, RetiredEnvIdWarning)
     caught: list[warnings.WarningMessage] = []
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -404,7 +407,7 @@ def _rllib_key_warnings(args: argparse.Namespace) -> Iterator[None]:
         shown: set[str] = getattr(args, "shown_warnings", set())
         args.shown_warnings = shown  # a sweep plans every trial: each warning once
         for warning in caught:
-            if issubclass(warning.category, RLlibKeyWarning):
+            if issubclass(warning.category, one_line):
                 if str(warning.message) not in shown:
                     shown.add(str(warning.message))
                     print(f"{_prog(args)}: warning: {warning.message}", file=sys.stderr)

@@ -31,11 +31,13 @@ _POLICY_KEYS = (
     "vtrace_clip_pg_rho_threshold", "vf_loss_coeff", "entropy_coeff", "opt_type", "decay",
     "momentum", "epsilon", "use_gae", "use_critic", "lambda", "lr_schedule",
     "entropy_coeff_schedule", "clip_param", "vf_clip_param", "use_kl_loss", "kl_coeff",
-    "kl_target", "target_update_frequency")
+    "kl_target", "target_update_frequency", "twin_q", "tau", "initial_alpha",
+    "target_entropy", "optimization", "q_model_config", "policy_model_config",
+    "no_done_at_end")
 
 
 _ROLLOUT_KEYS = ("num_envs_per_worker", "rollout_fragment_length", "batch_mode", "explore",
-                 "clip_actions", "observation_filter", "multiagent", "horizon")
+                 "clip_actions", "normalize_actions", "observation_filter", "multiagent", "horizon")
 
 
 _REPLAY_KEYS = ("buffer_size", "learning_starts", "prioritized_replay",

@@ -32,8 +32,13 @@ class RolloutConfig(ConfigSection):
     horizon: int | None = None
     """RLlib's hard horizon: single-agent episodes are cut (truncated, so values bootstrap)
     after this many steps, over any limit the env has (None: where the env ends them)."""
-    clip_actions: bool = True
-    """Clip Box actions to the action space before ``env.step``."""
+    normalize_actions: bool = True
+    """The policy acts in [-1, 1] on a bounded float ``Box`` and its actions are mapped
+    onto the space's bounds (then clipped) before ``env.step``; the batch keeps the
+    sampled action (RLlib's default: true; see actorrl.data.actions)."""
+    clip_actions: bool = False
+    """Without ``normalize_actions``: clip ``Box`` actions to the space's bounds before
+    ``env.step`` (RLlib's default: false)."""
     observation_filter: str = "NoFilter"
     """``NoFilter`` or ``MeanStdFilter``: observations normalised by running mean/std
     (clipped to [-10, 10]), kept per worker and merged by the driver every iteration

@@ -14,6 +14,7 @@ import gymnasium as gym
 from actorrl.envs.atari import INSTALL_HINT, is_atari_id, make_atari, register_ale
 from actorrl.envs.custom.memory import register_memory_envs
 from actorrl.envs.custom.partial import register_partial_envs
+from actorrl.envs.retired import check_mujoco_installed, current_env_id
 from actorrl.util.classpath import resolve_callable
 
 register_partial_envs()
@@ -92,6 +93,8 @@ def make_env(spec: EnvSpec, env_config: Mapping[str, Any] | None = None, *,
             return gym.make(name, **dict(env_config or {}))  # gymnasium's "module:EnvId"
         factory = resolve_callable(spec, "env factory")
         return _check_env(factory(context), spec)
+    spec = current_env_id(spec)
+    check_mujoco_installed(spec)
     if spec not in gym.envs.registry and spec.startswith("ALE/") and not register_ale():
         raise ValueError(f"env {spec!r} is an Atari game and needs ale-py, which is not "
                          f"installed: {INSTALL_HINT}")

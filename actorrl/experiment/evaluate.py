@@ -53,14 +53,14 @@ class EvaluationResult:
                 f"{self.episode_len_mean:.1f}")
 
 
-def _env_action(action_space: Any, action: np.ndarray) -> Any:
-    import gymnasium as gym
-
-    if isinstance(action_space, gym.spaces.Discrete):
-        return int(action)
-    if isinstance(action_space, gym.spaces.Box):
-        return np.clip(action, action_space.low, action_space.high)
-    return action
+def action_options(config: dict[str, Any]) -> dict[str, bool]:
+    """``normalize`` / ``clip`` of :func:`actorrl.data.actions.env_actions` as the
+    checkpoint's workers used them. A checkpoint from before ``normalize_actions`` existed
+    has none in its config: its policy acted in the env's units, clipped."""
+    rollout = dict(config.get("rollout") or {})
+    return {"normalize": bool(rollout.get("normalize_actions",
+                                          config.get("normalize_actions", False))),
+            "clip": bool(rollout.get("clip_actions", config.get("clip_actions", True)))}
 
 
 def evaluate_checkpoint(path: str | os.PathLike[str], episodes: int, *,
@@ -82,7 +82,8 @@ def evaluate_checkpoint(path: str | os.PathLike[str], episodes: int, *,
     try:
         policy = _load_policy(spec.policy, env_id, env_config, config, state)
         observe = observation_fn(envs[0].observation_space, config, state)
-        returns, lengths = _rollout(policy, envs, episodes, seed, observe)
+        returns, lengths = _rollout(policy, envs, episodes, seed, observe,
+                                    action_options(config))
     finally:
         for e in envs:
             e.close()
@@ -175,8 +176,15 @@ def observation_fn(space: Any, config: dict[str, Any], state: dict[str, Any]
     return observe
 
 
+def _single_env_action(space: Any, action: np.ndarray, options: dict[str, bool]) -> Any:
+    from actorrl.data.actions import env_actions
+
+    return env_actions(space, action[None], **options)[0]
+
+
 def _rollout(policy: Any, envs: list[Any], episodes: int, seed: int | None,
-             observe: Callable[[list[Any]], np.ndarray]) -> tuple[list[float], list[int]]:
+             observe: Callable[[list[Any]], np.ndarray], action_opts: dict[str, bool]
+             ) -> tuple[list[float], list[int]]:
     """Run ``episodes`` episodes on ``envs`` in lockstep; returns (returns, lengths). A
     recurrent policy's state (and previous action and reward) is carried per env and
     reset at each episode's start."""
@@ -224,7 +232,7 @@ def _rollout(policy: Any, envs: list[Any], episodes: int, seed: int | None,
                 prev_action[i] = actions[j]
         for i, action in zip(rows, actions):
             obs[i], reward, terminated, truncated, _ = envs[i].step(
-                _env_action(action_space, action))
+                _single_env_action(action_space, action, action_opts))
             episode_return[i] += float(reward)
             prev_reward[i] = float(reward)
             episode_len[i] += 1

@@ -29,6 +29,10 @@ MODEL_DEFAULTS: dict[str, Any] = {
     "conv_activation": "relu",
     # Actor-critic: whether the value head shares the policy's encoder (else its own copy).
     "vf_share_layers": False,
+    # Gaussian policies (Box actions): the log standard deviations are free parameters,
+    # one per action dimension, independent of the observation (the network outputs only
+    # the means); False: the network outputs means and log standard deviations.
+    "free_log_std": False,
     # "pkg.module:Class" of a custom torch.nn.Module (see the module docstring).
     "custom_model": None,
     # Free-form options for the custom model (it reads them from model_config).
@@ -76,6 +80,8 @@ MODEL_KEY_DOCS: dict[str, str] = {
     "channels_first": "Image axis order: true CHW, false HWC, null tells it from the shape.",
     "conv_activation": "Activation of the conv layers.",
     "vf_share_layers": "Actor-critic: the value head shares the policy's encoder.",
+    "free_log_std": "Gaussian policies: state-independent log standard deviations (free "
+                    "parameters; the network outputs only the means).",
     "custom_model": "pkg.module:Class of a custom torch.nn.Module.",
     "custom_model_config": "Free-form options for the custom model.",
     "use_lstm": "Wrap the encoder in an LSTM (recurrent policy).",
@@ -95,8 +101,8 @@ MODEL_KEY_DOCS: dict[str, str] = {
 """One line per ``model`` key (docs/configuration.md lists them)."""
 
 _POSITIVE_INT_OPTIONS = ("max_seq_len", "lstm_cell_size", "dim")
-_BOOL_OPTIONS = ("use_lstm", "lstm_use_prev_action", "lstm_use_prev_reward", "grayscale",
-                 "zero_mean", "framestack")
+_BOOL_OPTIONS = ("use_lstm", "free_log_std", "lstm_use_prev_action", "lstm_use_prev_reward",
+                 "grayscale", "zero_mean", "framestack")
 
 def resolve_model_config(model_config: Mapping[str, Any] | None) -> dict[str, Any]:
     """``MODEL_DEFAULTS`` overridden by ``model_config``; unknown keys raise ``ValueError``

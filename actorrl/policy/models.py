@@ -76,6 +76,34 @@ from actorrl.policy.paired_lstm import PairedBranches
 from actorrl.util.classpath import resolve_callable
 
 
+class FreeLogStdHead(nn.Module):
+    """A policy head for Gaussian policies with ``free_log_std``: a linear layer gives the
+    means, a learned vector (starting at 0) the log standard deviations, the same for every
+    row; outputs ``[means, log_stds]`` as the head without the option would."""
+
+    def __init__(self, features: int, num_outputs: int) -> None:
+        super().__init__()
+        if num_outputs % 2:
+            raise ValueError(f"model option 'free_log_std' needs an even number of outputs "
+                             f"(means and log standard deviations of a Box action space), "
+                             f"got {num_outputs}: use it with Box actions only")
+        self.mean = normc_init_(nn.Linear(features, num_outputs // 2), 0.01)
+        self.log_std = nn.Parameter(torch.zeros(num_outputs // 2))
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        """``[means, log_stds]`` per row (the log-stds broadcast over the leading axes)."""
+        means = self.mean(features)
+        return torch.cat([means, self.log_std.expand_as(means)], dim=-1)
+
+
+def policy_head(features: int, num_outputs: int, cfg: Mapping[str, Any]) -> nn.Module:
+    """The catalog's policy head: a linear layer (RLlib's 0.01 normc init), or
+    :class:`FreeLogStdHead` with ``free_log_std``."""
+    if cfg["free_log_std"]:
+        return FreeLogStdHead(features, num_outputs)
+    return normc_init_(nn.Linear(features, num_outputs), 0.01)
+
+
 class ActorCriticModel(nn.Module):
     """Default actor-critic network: ``forward(obs) -> (outputs [B, num_outputs],
     value [B])``. The value head has its own encoder unless ``vf_share_layers``."""
@@ -85,7 +113,7 @@ class ActorCriticModel(nn.Module):
         super().__init__()
         cfg = resolve_model_config(model_config)
         self.encoder, features = build_encoder(obs_space, cfg)
-        self.policy_head = normc_init_(nn.Linear(features, num_outputs), 0.01)
+        self.policy_head = policy_head(features, num_outputs, cfg)
         self.value_encoder: nn.Module | None = None
         if not cfg["vf_share_layers"]:
             self.value_encoder, features = build_encoder(obs_space, cfg)
@@ -168,7 +196,7 @@ class LSTMActorCriticModel(RecurrentModel):
             in_dim += 1
         self.cell_size = int(cfg["lstm_cell_size"])
         self.lstm = nn.LSTM(in_dim, self.cell_size, batch_first=True)
-        self.policy_head = normc_init_(nn.Linear(self.cell_size, num_outputs), 0.01)
+        self.policy_head = policy_head(self.cell_size, num_outputs, cfg)
         self.value_encoder: nn.Module | None = None
         self.value_lstm: nn.LSTM | None = None
         if not cfg["vf_share_layers"]:

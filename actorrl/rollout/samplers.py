@@ -19,6 +19,7 @@ import gymnasium as gym
 import numpy as np
 
 from actorrl.callbacks import EpisodeTracker
+from actorrl.data.actions import env_actions as to_env_actions
 from actorrl.data.batch import MultiAgentBatch, SampleBatch, chop_into_sequences
 from actorrl.envs import ALL_AGENTS, MultiAgentVectorEnv, VectorEnv
 from actorrl.envs.filters import MeanStdFilter
@@ -53,15 +54,6 @@ class _Trajectory:
         return batch
 
 
-def _env_actions(action_space: gym.Space, actions: np.ndarray, clip: bool) -> Any:
-    """Actions as the env wants them: Python ints for Discrete, clipped rows for Box."""
-    if isinstance(action_space, gym.spaces.Discrete):
-        return actions.tolist()
-    if clip and isinstance(action_space, gym.spaces.Box):
-        return np.clip(actions, action_space.low, action_space.high)
-    return actions
-
-
 @dataclass(frozen=True)
 class SamplingOptions:
     """How a sampler collects (from the rollout config)."""
@@ -71,6 +63,7 @@ class SamplingOptions:
     explore: bool
     clip_actions: bool
     rng: np.random.Generator
+    normalize_actions: bool = False
 
 
 class Sampler:
@@ -81,7 +74,14 @@ class Sampler:
         self.complete_episodes = options.complete_episodes
         self.explore = options.explore
         self.clip_actions = options.clip_actions
+        self.normalize_actions = options.normalize_actions
         self.rng = options.rng
+
+    def env_actions(self, space: gym.Space, actions: np.ndarray) -> Any:
+        """The policy's ``actions`` as the env takes them (see
+        :func:`actorrl.data.actions.env_actions`); the batch keeps ``actions``."""
+        return to_env_actions(space, actions, normalize=self.normalize_actions,
+                              clip=self.clip_actions)
 
 
 class SingleAgentSampler(Sampler):
@@ -133,7 +133,7 @@ class SingleAgentSampler(Sampler):
             actions, extras = self.policy.compute_actions(obs, explore=self.explore,
                                                           **recurrent.inputs())
             extras = recurrent.record(extras)
-        step = self.env.step(_env_actions(self.env.action_space, actions, self.clip_actions))
+        step = self.env.step(self.env_actions(self.env.action_space, actions))
         columns = {
             SampleBatch.OBS: obs,
             SampleBatch.ACTIONS: actions,
@@ -312,7 +312,7 @@ class MultiAgentSampler(Sampler):
             policy = self.policies[pid]
             obs = np.stack(obs_rows)
             actions, extras = policy.compute_actions(obs, explore=self.explore)
-            env_actions = _env_actions(policy.action_space, actions, self.clip_actions)
+            env_actions = self.env_actions(policy.action_space, actions)
             for j, (i, agent_id) in enumerate(keys):
                 action_dicts[i][agent_id] = env_actions[j]
                 self.pending[i][agent_id] = _PendingAction(

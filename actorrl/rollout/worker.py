@@ -101,6 +101,7 @@ class RolloutWorker:
             complete_episodes=rollout.batch_mode == "complete_episodes",
             explore=rollout.explore,
             clip_actions=rollout.clip_actions,
+            normalize_actions=rollout.normalize_actions,
             rng=rng,
         )
         if isinstance(self.env, MultiAgentVectorEnv):
