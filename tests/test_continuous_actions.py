@@ -153,3 +153,24 @@ def test_mujoco_ids_without_the_extra_name_it(monkeypatch):
     with pytest.raises(ValueError, match=r"mujoco extra.*\.\[mujoco\]"):
         check_mujoco_installed("Hopper-v5")
     check_mujoco_installed("CartPole-v1")
+
+
+def test_rllib_mujoco_ids_build_as_gymnasium_v5_envs():
+    from tests.helpers.extras import installed
+
+    if not installed("mujoco"):
+        pytest.skip('the mujoco extra is not installed (pip install -e ".[mujoco]")')
+    from actorrl.envs.make import make_env
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RetiredEnvIdWarning)
+        env = make_env("HalfCheetah-v3")
+    try:
+        assert env.spec.id == "HalfCheetah-v5"
+        assert env.action_space.shape == (6,) and env.observation_space.shape == (17,)
+        obs, _ = env.reset(seed=0)
+        obs, reward, terminated, truncated, _ = env.step(
+            unsquash_action(np.ones(6, np.float32), env.action_space))
+        assert np.isfinite(reward) and obs.shape == (17,)
+    finally:
+        env.close()
