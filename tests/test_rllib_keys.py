@@ -42,6 +42,7 @@ SAMPLES: dict[str, Any] = {
     "max_weight_sync_delay": 100, "debug": True, "grads_per_step": 7, "num_gpus": 2,
     "_fake_gpus": True, "sgd_minibatch_size": 64, "grad_clip": 5.0, "num_cpus_for_driver": 2,
     "metrics_smoothing_episodes": 7, "exploration_config": {"epsilon_timesteps": 777},
+    "q_model_config": {"fcnet_hiddens": [64]}, "policy_model_config": {"fcnet_hiddens": [32]},
 }
 ALIAS_INPUT: dict[str, Any] = {
     # alias -> the value written under it, when it differs from the canonical's value
@@ -72,7 +73,7 @@ IGNORED_OFF: dict[str, Any] = {
     "_tf_policy_handles_more_than_one_loss": True, "_separate_vf_optimizer": False,
     "_lr_vf": 0.001, "num_aggregation_workers": 2, "object_store_memory": 0,
     "object_store_memory_per_worker": 0, "num_accs_per_worker": 0, "no_done_at_end": False,
-    "num_cpus_per_learner_worker": 1, "grad_clip_by": "global_norm",
+    "num_cpus_per_learner_worker": 1, "grad_clip_by": "global_norm", "soft_horizon": False,
 }
 REFUSED: dict[str, Any] = {
     # key -> a value that would change learning and that actorrl cannot honour
@@ -85,7 +86,7 @@ REFUSED: dict[str, Any] = {
     "create_env_on_driver": True, "use_pytorch": "yes", "eager": 1, "eager_tracing": "no",
     "_enable_rl_module_api": 1, "_enable_learner_api": "x", "_enable_new_api_stack": 0,
     "enable_rl_module_and_learner": "yes", "enable_env_runner_and_connector_v2": 1,
-    "disable_env_checking": "x",
+    "disable_env_checking": "x", "soft_horizon": True,
     "replay_buffer_config._enable_replay_buffer_api": "x",
     "replay_buffer_config.replay_sequence_length": 20,
     "replay_buffer_config.replay_burn_in": 10,
@@ -164,7 +165,8 @@ def test_an_alias_and_its_key_disagreeing_is_refused_naming_both(alias):
     algorithm = _algorithm_with(alias.canonical)
     value = SAMPLES[alias.canonical]
     other = (not value if isinstance(value, bool) else
-             {k: v + 1 for k, v in value.items()} if isinstance(value, dict) else value + 1)
+             {k: [*v, 1] if isinstance(v, list) else v + 1 for k, v in value.items()}
+             if isinstance(value, dict) else value + 1)
     with pytest.raises(ConfigError) as info:
         _load(algorithm, {alias.key: value, alias.canonical: other})
     assert repr(alias.key) in str(info.value) and repr(alias.canonical) in str(info.value)

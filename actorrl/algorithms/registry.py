@@ -15,8 +15,9 @@ def _registry() -> dict[str, AlgorithmSpec]:
     from actorrl.algorithms.dqn import DQN
     from actorrl.algorithms.impala import IMPALA
     from actorrl.algorithms.ppo import PPO
+    from actorrl.algorithms.sac import SAC
 
-    return {spec.name: spec for spec in (APEX, DQN, A3C, IMPALA, A2C, APPO, PPO)}
+    return {spec.name: spec for spec in (APEX, DQN, A3C, IMPALA, A2C, APPO, PPO, SAC)}
 
 
 def algorithm_names() -> list[str]:

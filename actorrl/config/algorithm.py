@@ -269,7 +269,8 @@ def load_config(cls: type[C], values: Mapping[str, Any]) -> C:
     top_level = {n for n in fields if n not in sections and
                  (not n.startswith("_") or n.startswith("_fake"))}
     nested = nest_flat_keys(values, sections, top_level, problems, spelling,
-                            skip_others=False, algorithm=algorithm_key(cls))
+                            skip_others=False, algorithm=algorithm_key(cls),
+                            settings=set(config_fields(cls)))
     _auto_fragment_length(cls, nested, problems)
     hints = typing.get_type_hints(cls)
     clean: dict[str, Any] = {}

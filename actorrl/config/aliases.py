@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,6 +114,9 @@ ALIASES: tuple[Alias, ...] = (
     # RLlib 1.x (<= 1.10): evaluation length in episodes.
     Alias("evaluation_num_episodes", "evaluation_duration", "0.8-1.10",
           note="episodes (evaluation_duration_unit's default)"),
+    # RLlib 0.8-1.x SAC: its networks' settings (2.x: q_model_config, policy_model_config).
+    Alias("Q_model", "q_model_config", "0.8-1.x (SAC)"),
+    Alias("policy_model", "policy_model_config", "0.8-1.x (SAC)"),
     # RLlib 2.1+ (2.0: replay_buffer_config.learning_starts).
     Alias("num_steps_sampled_before_learning_starts", "learning_starts", "2.1+"),
     # RLlib 2.0+ (AlgorithmConfig.reporting()).
@@ -320,7 +323,11 @@ IGNORED: tuple[Ignored, ...] = (
     Ignored("no_done_at_end", "0.8-1.x", _is(False), "false",
             "episode ends are terminal, as actorrl's (time limits are truncations)",
             "actorrl marks an episode's end terminal unless the env truncates it (gymnasium's "
-            "TimeLimit); set no_done_at_end: false"),
+            "TimeLimit); set no_done_at_end: false (SAC honours true)"),
+    Ignored("soft_horizon", "0.8-1.x", _is(False), "false",
+            "episodes cut at horizon reset the env, as actorrl's horizon does",
+            "actorrl's horizon cuts episodes (the env resets); RLlib's soft horizon, which "
+            "keeps the env running, is not implemented: set soft_horizon: false"),
     Ignored("log_level", "0.6+", _any, "any", "RLlib's logging verbosity; actorrl logs "
             "warnings to the terminal and everything to logs/ (--debug: all)"),
     Ignored("monitor", "0.6-1.x", _is(False), "false", "no episode videos",
@@ -365,13 +372,11 @@ RLLIB_ONLY_KEYS: dict[str, str] = {
     "frameskip": "env_config.frameskip is the ALE's own skip; actorrl's is "
                  "env_config.frame_skip, the DeepMind wrapper's (another setting)",
     "custom_eval_function": "actorrl's evaluation runs its own episodes (evaluation_* keys)",
-    "soft_horizon": "actorrl's horizon cuts episodes (the env resets); RLlib's soft "
-                    "horizon, which keeps the env running, is not implemented",
 }
 """RLlib keys actorrl does not have, whose near names mean something else: refused
 without a did-you-mean."""
 
-RLLIB_ONLY_ALGORITHMS = ("DQN", "SAC", "DDPG", "TD3", "APEX_DDPG", "DDPPO", "PG", "MARWIL",
+RLLIB_ONLY_ALGORITHMS = ("DQN", "DDPG", "TD3", "APEX_DDPG", "DDPPO", "PG", "MARWIL",
                          "BC", "CQL", "ES", "ARS", "R2D2", "SimpleQ", "Rainbow", "QMIX",
                          "MADDPG", "Dreamer", "DreamerV3", "SlateQ", "CRR", "AlphaZero",
                          "LinUCB", "LinTS", "MAML", "MBMPO", "LeelaChessZero", "DT", "IQL")
@@ -478,11 +483,14 @@ def _warn(key: str, value: Any, why: str) -> None:
 
 
 def resolve_rllib_keys(values: Mapping[str, Any], *, algorithm: str = "",
-                       env_known: bool = True) -> Resolution:
+                       env_known: bool = True,
+                       settings: Collection[str] = ()) -> Resolution:
     """One layer of input with RLlib's other spellings read as actorrl's keys (see the
     module docstring). ``algorithm`` (``apex``...) decides what ``final_prioritized_replay_beta``
     means; without ``env_known`` (a layer the env may still change) the env-dependent keys
-    (``clip_rewards``, ``env_config.frameskip``) are left for the final load."""
+    (``clip_rewards``, ``env_config.frameskip``) are left for the final load. A key of
+    :data:`IGNORED` that is one of ``settings`` (the flat keys of the config being loaded:
+    SAC's ``no_done_at_end``) is that config's to read, not ignored."""
     out = dict(values)
     problems: list[str] = []
     # canonical -> [(as written, value)]
@@ -545,7 +553,7 @@ def resolve_rllib_keys(values: Mapping[str, Any], *, algorithm: str = "",
     _exploration_types(out, algorithm, problems)
     _learner_workers(out, problems)
     for ignored in IGNORED:
-        if ignored.key not in out:
+        if ignored.key not in out or ignored.key in settings:
             continue
         value = out.pop(ignored.key)
         if ignored.silent(value):
@@ -558,7 +566,8 @@ def resolve_rllib_keys(values: Mapping[str, Any], *, algorithm: str = "",
         _env_dependent(out, put, problems)
     evaluation = out.get("evaluation_config")
     if isinstance(evaluation, Mapping) and evaluation:
-        inner = resolve_rllib_keys(evaluation, algorithm=algorithm, env_known=False)
+        inner = resolve_rllib_keys(evaluation, algorithm=algorithm, env_known=False,
+                                   settings=settings)
         out["evaluation_config"] = inner.values
         problems.extend(f"evaluation_config: {problem}" for problem in inner.problems)
     renamed: dict[str, str] = {}
@@ -675,7 +684,7 @@ def _model_keys(out: dict[str, Any], problems: list[str]) -> None:
 
 EPSILON_TYPES = ("EpsilonGreedy", "PerWorkerEpsilonGreedy")
 """``exploration_config.type`` values of actorrl's Q-learning policies."""
-POLICY_GRADIENT = ("a2c", "a3c", "impala", "appo", "ppo")
+POLICY_GRADIENT = ("a2c", "a3c", "impala", "appo", "ppo", "sac")
 """Algorithms whose policies explore by sampling their action distribution."""
 
 

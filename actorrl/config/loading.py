@@ -6,7 +6,7 @@ component's config loaded from an algorithm-style mapping (:func:`load_component
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from actorrl.config.aliases import ALIAS_BY_KEY, ALIASES, resolve_rllib_keys
@@ -97,13 +97,14 @@ def _unknown_key_problem(key: str, renamed: Mapping[str, str], algorithm: str,
 
 def nest_flat_keys(values: Mapping[str, Any], sections: set[str], top_level: set[str],
           problems: list[str], spelling: Spelling, *, skip_others: bool,
-          algorithm: str = "") -> dict[str, Any]:
+          algorithm: str = "", settings: Collection[str] = ()) -> dict[str, Any]:
     """``values`` with RLlib's other spellings read as actorrl's keys
     (:func:`~actorrl.config.aliases.resolve_rllib_keys`, for ``algorithm``) and flat keys
     moved into their sections (flat over nested). With ``skip_others``, keys that belong
     to sections or top-level keys outside ``sections`` / ``top_level`` (another
-    component's) are left out; unknown keys are always refused."""
-    resolution = resolve_rllib_keys(values, algorithm=algorithm)
+    component's) are left out; unknown keys are always refused. ``settings``: the flat
+    keys of the config being loaded (see :func:`resolve_rllib_keys`)."""
+    resolution = resolve_rllib_keys(values, algorithm=algorithm, settings=settings)
     values = resolution.values
     problems.extend(resolution.problems)
     out: dict[str, Any] = {}
@@ -197,7 +198,7 @@ def load_component(cls: type[S], values: Mapping[str, Any] | S, *, section: str)
               if k in own and k not in FLAT_KEYS and k != section}
     rest = {k: v for k, v in values.items() if k not in direct}
     nested = nest_flat_keys(rest, {section}, set(_TOP_LEVEL_KEYS), problems, spelling,
-                   skip_others=True)
+                   skip_others=True, settings=own)
     if direct:
         nested[section] = {**dict(nested.get(section) or {}), **direct}
     loaded = None

@@ -301,7 +301,8 @@ def rllib_layer(spec: AlgorithmSpec, values: Mapping[str, Any]) -> dict[str, Any
     layer's key overrides an earlier layer's alias of it; :class:`ConfigError` listing the
     problems. Keys whose meaning depends on the env stay for the final load (``--env``
     may still change it)."""
-    resolution = resolve_rllib_keys(values, algorithm=spec.name, env_known=False)
+    resolution = resolve_rllib_keys(values, algorithm=spec.name, env_known=False,
+                                    settings=set(config_fields(spec.config_cls)))
     if resolution.problems:
         raise ConfigError(f"invalid {spec.config_cls.__name__}:",
                           problems=resolution.problems)

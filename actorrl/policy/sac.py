@@ -1,0 +1,497 @@
+"""Soft Actor-Critic (RLlib's SAC): twin Q networks with soft-updated targets, a learned
+entropy temperature, and a tanh-squashed Gaussian policy (``Box`` actions) or a
+categorical one (``Discrete`` actions, RLlib's discrete SAC).
+
+Read top to bottom: the squashed Gaussian, the networks, the policy (acting, the loss, the
+optimizer and the target networks).
+
+Actions
+    On a ``Box`` space the policy acts in [-1, 1] (``tanh`` of a Gaussian sample); the
+    rollout worker maps those actions onto the space's bounds before ``env.step``
+    (``normalize_actions``, RLlib's default) and the batch keeps the policy's own action,
+    which the Q networks read.
+
+One module, one optimizer, four parameter groups
+    The actor, the Q network, the twin Q network and ``log_alpha`` live in one
+    :class:`SACModel`, so the learner's towers replicate and average it like any model.
+    The loss is the sum of RLlib's four losses (actor, critic, twin critic, alpha), each
+    reaching only its own parameters: the actor's Q-values are computed with detached Q
+    parameters (:func:`torch.func.functional_call`), alpha is detached in the actor loss
+    and the log-probabilities in the alpha loss, and the critic targets come from the
+    target networks without a gradient. One backward pass then gives each parameter the
+    gradient of its own loss, and one Adam with a parameter group per loss (RLlib's four
+    Adams: learning rates from ``optimization``, epsilon 1e-7) steps each group as its own
+    optimizer would; ``grad_clip`` clips each group's norm on its own, as RLlib clips per
+    optimizer.
+
+Target networks
+    ``target_model`` is a copy of the model whose Q networks follow the online ones:
+    ``target <- tau * online + (1 - tau) * target`` (:meth:`SACPolicy.update_target`) once
+    ``target_network_update_freq`` rows were trained since the last update (the algorithm
+    hands RLlib's env-step period over in trained rows; 0 or 1: after every update), and a
+    full copy at the start, as RLlib's.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from actorrl.data.batch import SampleBatch
+from actorrl.policy.base import LossOutput, TorchPolicy
+from actorrl.policy.dqn import N_STEPS, adjust_nstep, huber_loss
+from actorrl.policy.encoders import activation_class, build_encoder
+from actorrl.policy.model_config import resolve_model_config
+from actorrl.policy.sac_config import SACPolicyConfig
+
+LOG_STD_MIN = -5.0
+"""Lower clamp of the policy's log-std output (RLlib's ``MIN_LOG_NN_OUTPUT``)."""
+LOG_STD_MAX = 2.0
+"""Upper clamp of the policy's log-std output (RLlib's ``MAX_LOG_NN_OUTPUT``)."""
+ADAM_EPSILON = 1e-7
+"""RLlib's SAC Adam epsilon (tf.keras's default, which its torch policy matches)."""
+ACTOR, CRITIC, TWIN_CRITIC, ALPHA = "actor", "critic", "twin_critic", "alpha"
+"""The optimizer's parameter groups, by ``name``."""
+
+
+# ---- the squashed Gaussian ---------------------------------------------------------------
+class SquashedGaussian:
+    """``tanh(u)``, ``u ~ N(mean, exp(log_std))``: actions in (-1, 1). ``inputs`` holds the
+    means then the log-stds (``[B, 2 * action_dim]``); the log-stds are clamped to
+    [:data:`LOG_STD_MIN`, :data:`LOG_STD_MAX`] as RLlib's ``TorchSquashedGaussian``."""
+
+    def __init__(self, inputs: torch.Tensor) -> None:
+        mean, log_std = torch.chunk(inputs, 2, dim=-1)
+        self.mean = mean
+        self.log_std = log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
+        self.std = self.log_std.exp()
+
+    def rsample(self, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(action, log_prob)`` of the reparameterized sample ``u = mean + std * noise``
+        (``noise`` standard normal, the shape of ``mean``): gradients flow through both."""
+        unsquashed = self.mean + self.std * noise
+        return torch.tanh(unsquashed), self.log_prob_unsquashed(unsquashed)
+
+    def log_prob_unsquashed(self, unsquashed: torch.Tensor) -> torch.Tensor:
+        """``log p(tanh(u))`` summed over the action dims: the Gaussian's log-density of
+        ``u`` minus ``log(1 - tanh(u)^2)`` (the tanh's Jacobian), the latter written as
+        ``2 (log 2 - u - softplus(-2u))``, exact where ``tanh`` saturates."""
+        z = (unsquashed - self.mean) / self.std
+        gaussian = -0.5 * z.pow(2) - self.log_std - 0.5 * math.log(2.0 * math.pi)
+        jacobian = 2.0 * (math.log(2.0) - unsquashed - F.softplus(-2.0 * unsquashed))
+        return (gaussian - jacobian).sum(dim=-1)
+
+    def log_prob(self, actions: torch.Tensor) -> torch.Tensor:
+        """``log p(actions)`` of squashed actions (clipped just inside (-1, 1), then
+        unsquashed with ``atanh``), summed over the action dims."""
+        bound = 1.0 - 1e-6
+        return self.log_prob_unsquashed(torch.atanh(actions.clamp(-bound, bound)))
+
+    def deterministic(self) -> torch.Tensor:
+        """``tanh(mean)``: the action when not exploring."""
+        return torch.tanh(self.mean)
+
+
+# ---- the networks ------------------------------------------------------------------------
+def build_sac_mlp(in_dim: int, hiddens: list[int], activation: str | None, out_dim: int
+                  ) -> nn.Sequential:
+    """Linear + activation per hidden layer, then a linear output; Xavier-uniform weights
+    and zero biases (RLlib's SAC layers)."""
+    act = activation_class(activation or "linear")
+    layers: list[nn.Module] = []
+    size = in_dim
+    for hidden in [*hiddens, out_dim]:
+        layer = nn.Linear(size, int(hidden))
+        nn.init.xavier_uniform_(layer.weight)
+        nn.init.zeros_(layer.bias)
+        layers.append(layer)
+        layers.append(act())
+        size = int(hidden)
+    return nn.Sequential(*layers[:-1])
+
+
+def observation_encoder(obs_space: gym.Space, model: Mapping[str, Any] | None
+                        ) -> tuple[nn.Module, int]:
+    """Observations -> features without hidden layers: flattened (or one-hot) vectors, or
+    the conv stack of ``model`` (``conv_filters``...) for images."""
+    cfg = {**resolve_model_config(model), "fcnet_hiddens": []}
+    return build_encoder(obs_space, cfg)
+
+
+class QNetwork(nn.Module):
+    """``Q(s, a)``: the observation's features concatenated with the action through an MLP
+    to one value (continuous actions); with ``num_actions``, one Q-value per action from
+    the features alone (discrete)."""
+
+    def __init__(self, obs_space: gym.Space, model: Mapping[str, Any],
+                 net: Mapping[str, Any], action_dim: int, num_actions: int | None) -> None:
+        super().__init__()
+        self.encoder, features = observation_encoder(obs_space, model)
+        self.discrete = num_actions is not None
+        in_dim = features if self.discrete else features + action_dim
+        self.mlp = build_sac_mlp(in_dim, list(net["fcnet_hiddens"]), net["fcnet_activation"],
+                                 num_actions if num_actions is not None else 1)
+
+    def forward(self, obs: torch.Tensor, actions: torch.Tensor | None = None) -> torch.Tensor:
+        """``[B]`` Q-values of ``actions`` (continuous) or ``[B, n]`` (discrete)."""
+        features = self.encoder(obs)
+        if self.discrete:
+            return self.mlp(features)
+        assert actions is not None
+        return self.mlp(torch.cat([features, actions.float()], dim=-1)).squeeze(-1)
+
+
+class SACModel(nn.Module):
+    """The actor (``policy``: distribution inputs), the Q network(s) and ``log_alpha``."""
+
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space,
+                 config: SACPolicyConfig) -> None:
+        super().__init__()
+        self.discrete = isinstance(action_space, gym.spaces.Discrete)
+        num_actions = int(action_space.n) if self.discrete else None
+        self.action_dim = 1 if self.discrete else int(np.prod(action_space.shape))
+        encoder, features = observation_encoder(obs_space, config.model)
+        policy_net = config.policy_net
+        outputs = num_actions if num_actions is not None else 2 * self.action_dim
+        self.policy = nn.Sequential(encoder, build_sac_mlp(
+            features, list(policy_net["fcnet_hiddens"]), policy_net["fcnet_activation"],
+            outputs))
+        q_net = config.q_net
+        self.q = QNetwork(obs_space, config.model, q_net, self.action_dim, num_actions)
+        self.twin_q = (QNetwork(obs_space, config.model, q_net, self.action_dim, num_actions)
+                       if config.twin_q else None)
+        self.log_alpha = nn.Parameter(torch.tensor(math.log(config.initial_alpha)))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """The policy's distribution inputs (means and log-stds, or logits)."""
+        return self.policy(obs)
+
+    def q_networks(self) -> list[nn.Module]:
+        """The Q network and, with ``twin_q``, the twin."""
+        return [self.q] if self.twin_q is None else [self.q, self.twin_q]
+
+
+def auto_target_entropy(action_space: gym.Space) -> float:
+    """RLlib's ``target_entropy: auto``: ``0.98 * log(n)`` for ``Discrete(n)`` (98% of the
+    uniform policy's entropy), ``-action_dim`` for ``Box``."""
+    if isinstance(action_space, gym.spaces.Discrete):
+        return 0.98 * math.log(int(action_space.n))
+    return -float(np.prod(action_space.shape))
+
+
+def _detached_call(module: nn.Module, *args: torch.Tensor) -> torch.Tensor:
+    """``module(*args)`` with its parameters detached: gradients reach the inputs only."""
+    params = {name: p.detach() for name, p in module.named_parameters()}
+    return torch.func.functional_call(module, params, args)
+
+
+def _on_target(target_model: SACModel, obs: torch.Tensor,
+               actions: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """The target Q networks' values of ``obs`` (and ``actions``), computed on the target
+    model's device (a learner tower may be elsewhere) and returned on ``obs``'s."""
+    device = next(target_model.parameters()).device
+    args = [obs.to(device)] + ([] if actions is None else [actions.to(device)])
+    return [net(*args).to(obs.device) for net in target_model.q_networks()]
+
+
+# ---- the policy --------------------------------------------------------------------------
+class SACPolicy(TorchPolicy):
+    """SAC for ``Box`` (squashed Gaussian) and ``Discrete`` (categorical) action spaces;
+    see the module docstring and :class:`SACPolicyConfig`."""
+
+    config_class = SACPolicyConfig
+    config: SACPolicyConfig
+
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space,
+                 config: SACPolicyConfig | Mapping[str, Any],
+                 device: str | torch.device = "cpu") -> None:
+        box = isinstance(action_space, gym.spaces.Box) and \
+            np.issubdtype(action_space.dtype, np.floating)
+        if not box and not isinstance(action_space, gym.spaces.Discrete):
+            raise ValueError(f"action space {action_space} is not supported by SAC: it needs "
+                             "a float Box (continuous) or a Discrete action space")
+        super().__init__(observation_space, action_space, config, device)
+        entropy = self.config.target_entropy
+        self.target_entropy = (auto_target_entropy(action_space)
+                               if entropy in (None, "auto") else float(entropy))
+        """The entropy the temperature steers toward (``target_entropy`` resolved)."""
+        self.target_model = copy.deepcopy(self.model)
+        self.target_model.requires_grad_(False)
+        self.target_model.eval()
+        self.num_steps_trained = 0
+        self.last_target_update_steps = 0
+        self.num_target_updates = 0
+        self._pending_rows = 0
+        seed = self.config.seed
+        self._rng = np.random.default_rng(
+            None if seed is None else [seed, self.config.worker_index])
+
+    # ---- model and acting ----------------------------------------------------------------
+    def make_model(self) -> nn.Module:
+        """The :class:`SACModel`."""
+        return SACModel(self.observation_space, self.action_space, self.config)
+
+    def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        """One Adam (epsilon 1e-7) with a parameter group per loss: actor, critic, twin
+        critic, alpha; their learning rates from ``optimization``."""
+        assert isinstance(model, SACModel)
+        opt = self.config.optimization
+        groups = [{"params": list(model.policy.parameters()), "name": ACTOR,
+                   "lr": opt.actor_learning_rate},
+                  {"params": list(model.q.parameters()), "name": CRITIC,
+                   "lr": opt.critic_learning_rate}]
+        if model.twin_q is not None:
+            groups.append({"params": list(model.twin_q.parameters()), "name": TWIN_CRITIC,
+                           "lr": opt.critic_learning_rate})
+        groups.append({"params": [model.log_alpha], "name": ALPHA,
+                       "lr": opt.entropy_learning_rate})
+        return torch.optim.Adam(groups, eps=ADAM_EPSILON, foreach=True)
+
+    def _set_optimizer_lr(self) -> None:
+        """Each group learns at its ``optimization`` rate (also after a restored optimizer
+        state, which carries the rates of the run that saved it)."""
+        if self._optimizer is None:
+            return
+        opt = self.config.optimization
+        rates = {ACTOR: opt.actor_learning_rate, CRITIC: opt.critic_learning_rate,
+                 TWIN_CRITIC: opt.critic_learning_rate, ALPHA: opt.entropy_learning_rate}
+        for group in self._optimizer.param_groups:
+            group["lr"] = rates[group["name"]]
+
+    def compute_actions(self, obs: np.ndarray, explore: bool = True, **_: Any
+                        ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Sampled actions (``explore``) or the deterministic ones (``tanh(mean)``, the most
+        likely action of a ``Discrete`` space): ``Box`` actions in [-1, 1]. Exploring
+        advances ``global_timestep`` by the number of observations."""
+        obs_t = torch.as_tensor(np.asarray(obs), device=self.device)
+        with torch.inference_mode():
+            inputs = self.model(obs_t).float().cpu()
+        if self.model.discrete:
+            logits = inputs.numpy()
+            if explore:
+                probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+                probs /= probs.sum(axis=1, keepdims=True)
+                draws = self._rng.random((len(probs), 1))
+                actions = np.minimum((probs.cumsum(axis=1) < draws).sum(axis=1),
+                                     probs.shape[1] - 1)
+            else:
+                actions = logits.argmax(axis=1)
+            out = actions.astype(np.int64)
+        else:
+            dist = SquashedGaussian(inputs)
+            if explore:
+                noise = torch.from_numpy(
+                    self._rng.standard_normal(tuple(dist.mean.shape)).astype(np.float32))
+                actions_t, _ = dist.rsample(noise)
+            else:
+                actions_t = dist.deterministic()
+            shape = (len(actions_t), *self.action_space.shape)
+            out = actions_t.numpy().reshape(shape).astype(self.action_space.dtype)
+        if explore:
+            self.global_timestep += len(out)
+        return out, {}
+
+    # ---- postprocessing ------------------------------------------------------------------
+    def postprocess_trajectory(self, batch: SampleBatch) -> SampleBatch:
+        """n-step returns (:func:`~actorrl.policy.dqn.adjust_nstep`, which writes the
+        ``n_steps`` column) and a ``weights`` column of ones (replay's importance weights
+        replace it). With ``no_done_at_end`` no row is terminal (RLlib 1.x)."""
+        out = adjust_nstep(batch, self.config.n_step, self.config.gamma)
+        if self.config.no_done_at_end:
+            out[SampleBatch.TERMINATEDS] = np.zeros_like(out[SampleBatch.TERMINATEDS])
+        out[SampleBatch.WEIGHTS] = np.ones(out.count, dtype=np.float32)
+        return out
+
+    # ---- loss ----------------------------------------------------------------------------
+    def loss_noise(self, mean: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+        """The standard-normal noise of the loss's reparameterized samples (one row per row
+        of ``mean``; ``obs`` are the observations the samples are for). Tests replace it
+        with a fixed function to compare two computations of one update."""
+        return torch.randn_like(mean)
+
+    def _discount(self, batch: dict[str, torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+        """``gamma ** k`` per row, ``k`` the row's ``n_steps`` (else ``n_step``)."""
+        gamma = self.config.gamma
+        if N_STEPS in batch:
+            return torch.pow(torch.full_like(like, gamma), batch[N_STEPS].to(like.dtype))
+        return torch.full_like(like, gamma ** self.config.n_step)
+
+    def _target_q(self, q_tp1: list[torch.Tensor]) -> torch.Tensor:
+        """The minimum over the target Q networks' values (one without ``twin_q``)."""
+        return q_tp1[0] if len(q_tp1) == 1 else torch.min(q_tp1[0], q_tp1[1])
+
+    def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput:
+        """RLlib's SAC losses summed (see the module docstring): per row ``td_error`` is
+        the mean of the Q networks' absolute TD errors."""
+        assert isinstance(model, SACModel)
+        obs, new_obs = batch[SampleBatch.OBS], batch[SampleBatch.NEXT_OBS]
+        count = obs.shape[0]
+        inputs = model(torch.cat([obs, new_obs], dim=0))
+        inputs_t, inputs_tp1 = inputs[:count], inputs[count:].detach()
+        alpha = model.log_alpha.exp()
+        rewards = batch[SampleBatch.REWARDS].float()
+        not_done = 1.0 - batch[SampleBatch.TERMINATEDS].float()
+        target_model = self.target_model
+        if model.discrete:
+            parts = self._discrete_terms(model, target_model, batch, inputs_t, inputs_tp1,
+                                         alpha)
+        else:
+            parts = self._continuous_terms(model, target_model, batch, inputs_t, inputs_tp1,
+                                           alpha)
+        q_selected, q_tp1_best, actor_loss, alpha_loss, q_t = parts
+        with torch.no_grad():
+            target = rewards + self._discount(batch, rewards) * not_done * q_tp1_best
+        errors = [q - target for q in q_selected]
+        weights = batch.get(SampleBatch.WEIGHTS)
+        critic_losses = [(huber_loss(e) if weights is None
+                          else weights.float() * huber_loss(e)).mean() for e in errors]
+        td_error = torch.stack([e.detach().abs() for e in errors]).mean(dim=0)
+        total = actor_loss + alpha_loss + sum(critic_losses)
+        stats = {
+            "actor_loss": actor_loss.detach(),
+            "critic_loss": torch.stack(critic_losses).detach().mean(),
+            "alpha_loss": alpha_loss.detach(),
+            "alpha_value": alpha.detach(),
+            "log_alpha_value": model.log_alpha.detach(),
+            "target_entropy": self.target_entropy,
+            "mean_q": q_t.detach().mean(),
+            "max_q": q_t.detach().max(),
+            "min_q": q_t.detach().min(),
+            "mean_td_error": td_error.mean(),
+        }
+        return LossOutput(loss=total, stats=stats, per_sample={"td_error": td_error})
+
+    def _continuous_terms(self, model: SACModel, target_model: SACModel,
+                          batch: dict[str, torch.Tensor], inputs_t: torch.Tensor,
+                          inputs_tp1: torch.Tensor, alpha: torch.Tensor
+                          ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor,
+                                     torch.Tensor, torch.Tensor]:
+        """``(Q(s, a) per network, soft target value of s', actor loss, alpha loss, Q(s,
+        a))`` for ``Box`` actions."""
+        obs, new_obs = batch[SampleBatch.OBS], batch[SampleBatch.NEXT_OBS]
+        actions = batch[SampleBatch.ACTIONS].float().reshape(obs.shape[0], -1)
+        dist_t = SquashedGaussian(inputs_t)
+        pi_t, logp_t = dist_t.rsample(self.loss_noise(dist_t.mean, obs))
+        with torch.no_grad():
+            dist_tp1 = SquashedGaussian(inputs_tp1)
+            pi_tp1, logp_tp1 = dist_tp1.rsample(self.loss_noise(dist_tp1.mean, new_obs))
+            q_tp1 = self._target_q(_on_target(target_model, new_obs, pi_tp1))
+            q_tp1_best = q_tp1 - alpha * logp_tp1
+        q_selected = [net(obs, actions) for net in model.q_networks()]
+        q_pi = self._target_q([_detached_call(net, obs, pi_t) for net in model.q_networks()])
+        actor_loss = (alpha.detach() * logp_t - q_pi).mean()
+        alpha_loss = -(model.log_alpha * (logp_t + self.target_entropy).detach()).mean()
+        return q_selected, q_tp1_best, actor_loss, alpha_loss, q_selected[0]
+
+    def _discrete_terms(self, model: SACModel, target_model: SACModel,
+                        batch: dict[str, torch.Tensor], inputs_t: torch.Tensor,
+                        inputs_tp1: torch.Tensor, alpha: torch.Tensor
+                        ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor,
+                                   torch.Tensor, torch.Tensor]:
+        """As :meth:`_continuous_terms` for ``Discrete`` actions: expectations over the
+        policy's probabilities instead of samples (RLlib's discrete SAC; its actor loss
+        reads the first Q network)."""
+        obs, new_obs = batch[SampleBatch.OBS], batch[SampleBatch.NEXT_OBS]
+        log_pis_t = F.log_softmax(inputs_t, dim=-1)
+        policy_t = log_pis_t.exp()
+        q_t_all = [net(obs) for net in model.q_networks()]
+        with torch.no_grad():
+            log_pis_tp1 = F.log_softmax(inputs_tp1, dim=-1)
+            q_tp1 = self._target_q(_on_target(target_model, new_obs))
+            q_tp1_best = (log_pis_tp1.exp() * (q_tp1 - alpha * log_pis_tp1)).sum(dim=-1)
+        actions = batch[SampleBatch.ACTIONS].long().reshape(-1, 1)
+        q_selected = [q.gather(1, actions).squeeze(1) for q in q_t_all]
+        actor_loss = (policy_t * (alpha.detach() * log_pis_t - q_t_all[0].detach())
+                      ).sum(dim=-1).mean()
+        alpha_loss = (policy_t.detach() * (
+            -model.log_alpha * (log_pis_t + self.target_entropy).detach())).sum(dim=-1).mean()
+        return q_selected, q_tp1_best, actor_loss, alpha_loss, q_t_all[0]
+
+    def compute_td_error(self, batch: SampleBatch) -> np.ndarray:
+        """Per-row TD errors of ``batch`` with the current networks, without a step."""
+        with torch.no_grad():
+            out = self.loss(self.model, self.batch_to_tensors(batch))
+        return out.per_sample["td_error"].cpu().numpy()
+
+    # ---- training and the target networks ------------------------------------------------
+    def _clip_and_step(self) -> None:
+        """Clip each parameter group's gradient norm on its own (``grad_clip``; RLlib clips
+        per optimizer), step, then count the update."""
+        clip = self.config.grad_clip
+        if clip:
+            for group in self.optimizer.param_groups:
+                params = [p for p in group["params"] if p.grad is not None]
+                if params:
+                    torch.nn.utils.clip_grad_norm_(params, float(clip))
+        self.optimizer.step()
+        self.num_updates = getattr(self, "num_updates", 0) + 1
+        self.after_update(self.num_updates)
+
+    def compute_gradients(self, batch: SampleBatch) -> tuple[list[np.ndarray], dict[str, Any]]:
+        """Gradients as in the base; the rows count toward the target update when these
+        gradients are applied to this policy."""
+        grads, info = super().compute_gradients(batch)
+        self._pending_rows += batch.count
+        return grads, info
+
+    def learn_on_batch(self, batch: SampleBatch) -> dict[str, Any]:
+        """One SGD step; returns ``learner_stats`` and per-row ``td_error``."""
+        self._pending_rows += batch.count
+        info = super().learn_on_batch(batch)
+        info["learner_stats"]["num_target_updates"] = float(self.num_target_updates)
+        return info
+
+    def after_update(self, num_updates: int) -> None:
+        """Count the rows of the update just applied; soft-update the targets once
+        ``target_network_update_freq`` rows were trained since the last update (every
+        update when it is 0 or 1)."""
+        rows = self._pending_rows or self.config.train_batch_size
+        self._pending_rows = 0
+        self.num_steps_trained += rows
+        since = self.num_steps_trained - self.last_target_update_steps
+        if since >= self.config.target_network_update_freq:
+            self.update_target()
+
+    def update_target(self, tau: float | None = None) -> None:
+        """Move the target Q networks toward the online ones: ``target <- tau * online +
+        (1 - tau) * target`` (``tau`` defaults to the config's; 1.0 copies)."""
+        tau = self.config.tau if tau is None else tau
+        online = [p for net in self.model.q_networks() for p in net.parameters()]
+        target = [p for net in self.target_model.q_networks() for p in net.parameters()]
+        with torch.no_grad():
+            torch._foreach_lerp_(target, [p.to(t.device) for p, t in zip(online, target)],
+                                 tau)
+        self.last_target_update_steps = self.num_steps_trained
+        self.num_target_updates += 1
+
+    def get_state(self) -> dict[str, Any]:
+        """The base state (weights with ``log_alpha``, the optimizer's four groups) plus
+        the target networks and the target-update counters."""
+        state = super().get_state()
+        state["target_weights"] = {k: v.detach().cpu().numpy().copy()
+                                   for k, v in self.target_model.state_dict().items()}
+        state["num_steps_trained"] = self.num_steps_trained
+        state["last_target_update_steps"] = self.last_target_update_steps
+        state["num_target_updates"] = self.num_target_updates
+        return state
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`get_state` returned."""
+        super().set_state(state)
+        if "target_weights" in state:
+            self.target_model.load_state_dict(
+                {k: torch.as_tensor(np.asarray(v)) for k, v in state["target_weights"].items()})
+        self.num_steps_trained = int(state.get("num_steps_trained", 0))
+        self.last_target_update_steps = int(state.get("last_target_update_steps", 0))
+        self.num_target_updates = int(state.get("num_target_updates", 0))
+
+
+__all__ = ["SACModel", "SACPolicy", "SquashedGaussian", "auto_target_entropy"]
