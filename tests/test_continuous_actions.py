@@ -174,3 +174,75 @@ def test_rllib_mujoco_ids_build_as_gymnasium_v5_envs():
         assert np.isfinite(reward) and obs.shape == (17,)
     finally:
         env.close()
+
+
+def test_normalized_gaussian_clamps_its_log_std_and_the_loss_follows():
+    from actorrl.policy.action_dist import (
+        LOG_STD_MAX,
+        LOG_STD_MIN,
+        NormalizedDiagGaussian,
+        dist_class_for,
+    )
+
+    space = gym.spaces.Box(-2.0, 2.0, (1,), np.float32)
+    assert dist_class_for(space, normalize_actions=True) is NormalizedDiagGaussian
+    assert dist_class_for(space) is DiagGaussian
+    assert dist_class_for(gym.spaces.Box(-np.inf, np.inf, (1,)), True) is DiagGaussian
+    inputs = torch.tensor([[0.2, 5.0], [0.2, -30.0], [0.2, 0.5]], requires_grad=True)
+    dist = NormalizedDiagGaussian(inputs)
+    log_std = np.clip([5.0, -30.0, 0.5], LOG_STD_MIN, LOG_STD_MAX)
+    actions = np.array([[0.9], [0.2], [-0.4]])
+    ref = -0.5 * ((actions[:, 0] - 0.2) / np.exp(log_std)) ** 2 - log_std \
+        - 0.5 * math.log(2 * math.pi)
+    logp = dist.logp(torch.as_tensor(actions, dtype=torch.float32))
+    np.testing.assert_allclose(logp.detach().numpy(), ref, rtol=1e-5)
+    logp.sum().backward()
+    # past the bounds the log-std output gets no gradient: nothing walks it further
+    assert inputs.grad[0, 1] == 0 and inputs.grad[1, 1] == 0 and inputs.grad[2, 1] != 0
+
+
+def _bang_bang_batch(policy, rows: int, rng: np.random.Generator):
+    """One step of a bandit whose reward is |clip(action)|: the best the env can see is a
+    bound, so a wider Gaussian is always at least as good (the flat direction of a
+    clipped Gaussian, as in Pendulum's swing-up)."""
+    from actorrl.data.batch import SampleBatch
+
+    obs = rng.normal(size=(rows, 2)).astype(np.float32)
+    actions, extras = policy.compute_actions(obs)
+    rewards = np.abs(np.clip(actions[:, 0], -1.0, 1.0))
+    advantages = (rewards - rewards.mean()) / (rewards.std() + 1e-8)
+    return SampleBatch({SampleBatch.OBS: obs, SampleBatch.ACTIONS: actions,
+                        SampleBatch.ADVANTAGES: advantages.astype(np.float32),
+                        SampleBatch.VALUE_TARGETS: np.zeros(rows, np.float32), **extras})
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_a_clipped_gaussian_runs_away_only_without_the_bound(normalize):
+    """The runaway of RLlib's pendulum-ppo file on a small budget: PPO's loss on a
+    bandit where a bound is the best action drives the state-dependent log-std far past
+    the range in some states within 100 updates (unbounded: above 5, a standard deviation
+    of 150 on a [-1, 1] range); with normalised actions the distribution the loss and the
+    sampler use never passes LOG_STD_MAX, and the policy reaches the bound through its
+    mean instead."""
+    from actorrl.config.loading import load_component
+    from actorrl.policy.action_dist import LOG_STD_MAX
+    from actorrl.policy.config import PPOPolicyConfig
+    from actorrl.policy.ppo import PPOPolicy
+
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    config = load_component(PPOPolicyConfig, {
+        "model": {"fcnet_hiddens": [16]}, "lr": 1e-2, "grad_clip": None, "kl_coeff": 0.0},
+        section="policy").replace(normalize_actions=normalize)  # as a rollout worker sets it
+    policy = PPOPolicy(gym.spaces.Box(-5, 5, (2,), np.float32),
+                       gym.spaces.Box(-1, 1, (1,), np.float32), config)
+    for _ in range(100):
+        policy.learn_on_batch(_bang_bang_batch(policy, 256, rng))
+    obs = torch.as_tensor(rng.normal(size=(512, 2)).astype(np.float32))
+    with torch.no_grad():
+        dist = policy.dist_class(policy.model(obs)[0])
+    if normalize:
+        assert dist.log_std.max() <= LOG_STD_MAX
+        assert dist.mean.abs().mean() > 1.0  # bang-bang through the mean
+    else:
+        assert dist.log_std.max() > 5.0, dist.log_std.max()

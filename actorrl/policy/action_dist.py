@@ -9,8 +9,11 @@ from __future__ import annotations
 import math
 
 import gymnasium as gym
+import numpy as np
 import torch
 import torch.nn.functional as F
+
+from actorrl.data.actions import is_bounded_box
 
 
 class ActionDistribution:
@@ -119,6 +122,35 @@ class DiagGaussian(ActionDistribution):
         return 0.5 * (var_ratio + mean_term - 1.0 - var_ratio.log()).sum(-1)
 
 
+LOG_STD_MIN = -20.0
+"""Lower bound of :class:`NormalizedDiagGaussian`'s log standard deviations."""
+LOG_STD_MAX = 2.0
+"""Upper bound of :class:`NormalizedDiagGaussian`'s log standard deviations: a standard
+deviation of e^2 = 7.4 spreads over the normalised range [-1, 1] many times already."""
+
+
+class NormalizedDiagGaussian(DiagGaussian):
+    """:class:`DiagGaussian` for a policy acting in the normalised space of
+    ``normalize_actions`` (actions in [-1, 1], unsquashed and clipped to the bounds for the
+    env), with its log standard deviations clamped to [``LOG_STD_MIN``, ``LOG_STD_MAX``].
+
+    Why the bound: the env only sees the clipped action, so once a standard deviation is
+    several times the range, the policy the env sees (almost always one of the two bounds,
+    chosen with probability ``Phi(mean / std)``) no longer depends on it: the loss is flat
+    along that direction and nothing pulls the log-std back. Where the return hardly depends
+    on the action, the minibatch noise of its gradient, scaled to full steps by Adam, then
+    walks a state-dependent log-std upwards without end (RLlib's pendulum-ppo file reached
+    -556 at 250k env steps here, then log-stds of 16-37 near the upright position and -950 at
+    500k). Clamped, the gradient past the bound is zero and the walk stops where the
+    standard deviation already covers the range."""
+
+    def __init__(self, inputs: torch.Tensor) -> None:
+        ActionDistribution.__init__(self, inputs)
+        self.mean, log_std = torch.chunk(inputs, 2, dim=-1)
+        self.log_std = log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
+        self.std = self.log_std.exp()
+
+
 class MultiCategorical(ActionDistribution):
     """Independent categoricals over ``MultiDiscrete(nvec)`` actions (RLlib's
     MultiCategorical): inputs are the components' logits side by side [B, sum(nvec)];
@@ -167,9 +199,11 @@ class MultiCategorical(ActionDistribution):
         return torch.stack([a.kl(b) for a, b in zip(self.cats, other.cats)], dim=-1).sum(-1)
 
 
-def dist_class_for(action_space: gym.Space) -> type[ActionDistribution]:
+def dist_class_for(action_space: gym.Space, normalize_actions: bool = False
+                   ) -> type[ActionDistribution]:
     """Categorical for ``Discrete``, MultiCategorical for a 1-D ``MultiDiscrete``,
-    DiagGaussian for a 1-D ``Box``; ``ValueError`` else."""
+    DiagGaussian for a 1-D ``Box`` (NormalizedDiagGaussian for a bounded float one with
+    ``normalize_actions``); ``ValueError`` else."""
     if isinstance(action_space, gym.spaces.MultiDiscrete):
         if action_space.nvec.ndim != 1 or (action_space.start != 0).any():
             raise ValueError(f"MultiDiscrete action spaces must be 1-D and start at 0, got "
@@ -180,6 +214,9 @@ def dist_class_for(action_space: gym.Space) -> type[ActionDistribution]:
             raise ValueError(f"Discrete action spaces must start at 0, got {action_space!r}")
         return Categorical
     if isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
+        if normalize_actions and is_bounded_box(action_space) \
+                and not np.issubdtype(action_space.dtype, np.integer):
+            return NormalizedDiagGaussian
         return DiagGaussian
     raise ValueError(f"no action distribution for action space {action_space!r}; "
                      f"supported: Discrete, MultiDiscrete, 1-D Box")

@@ -55,9 +55,10 @@ class ActorCriticPolicy(TorchPolicy):
     def __init__(self, observation_space: gym.Space, action_space: gym.Space,
                  config: ActorCriticPolicyConfig | Mapping[str, Any],
                  device: str | torch.device = "cpu") -> None:
-        self.dist_class = dist_class_for(action_space)
+        self.dist_class = dist_class_for(action_space)  # make_model reads its size
         self.grad_gnorm = float("nan")
         super().__init__(observation_space, action_space, config, device)
+        self.dist_class = dist_class_for(action_space, self.config.normalize_actions)
 
     def make_model(self) -> torch.nn.Module:
         """The catalog model with the distribution's number of outputs."""

@@ -76,6 +76,10 @@ class PolicyConfig(ConfigSection):
     model: dict[str, Any] = checked(dict, check_model)
     """Model options (``actorrl.policy.model_config.MODEL_DEFAULTS``: ``fcnet_hiddens``,
     ``fcnet_activation``, ``conv_filters``, ``custom_model``...); validated at load time."""
+    normalize_actions: bool = derived(False, WORKER)
+    """Whether the workers unsquash this policy's Box actions from [-1, 1] (the rollout
+    section's ``normalize_actions``, filled in by the rollout worker): Gaussian policies
+    then bound their log standard deviations (actorrl.policy.action_dist)."""
 
     def validate(self) -> list[str]:
         """lr > 0, gamma in [0, 1], grad_clip > 0 or None."""

@@ -97,8 +97,9 @@ class ImpalaPolicy(TorchPolicy):
     def __init__(self, observation_space: gym.Space, action_space: gym.Space,
                  config: ImpalaPolicyConfig | Mapping[str, Any],
                  device: str | torch.device = "cpu") -> None:
-        self.dist_class = dist_class_for(action_space)
+        self.dist_class = dist_class_for(action_space)  # make_model reads its size
         super().__init__(observation_space, action_space, config, device)
+        self.dist_class = dist_class_for(action_space, self.config.normalize_actions)
 
     @property
     def impala_config(self) -> ImpalaPolicyConfig:

@@ -150,7 +150,8 @@ class RolloutWorker:
         if overrides:
             base = config_cls.load(overrides, path=f"{where}.", base=base)
         context = {"worker_index": self.worker_index, "num_workers": self.num_workers,
-                   "seed": self.seed}
+                   "seed": self.seed,
+                   "normalize_actions": self.config.rollout.normalize_actions}
         names = {f.name for f in dataclasses.fields(base)}
         return base.replace(**{k: v for k, v in context.items() if k in names})
 
