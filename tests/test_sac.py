@@ -75,6 +75,45 @@ pendulum-sac:
         num_gpus: 0
         metrics_smoothing_episodes: 5
 """
+# RLlib's pendulum-sac-fake-gpus.yaml (2.x keys, two fake-GPU learner towers).
+PENDULUM_SAC_FAKE_GPUS = """\
+pendulum-sac-fake-gpus:
+      env: Pendulum-v1
+      run: SAC
+      stop:
+          episode_reward_mean: -270
+          timesteps_total: 10000
+      config:
+          seed: 42
+          framework: tf
+          horizon: 200
+          soft_horizon: false
+          q_model_config:
+            fcnet_activation: relu
+            fcnet_hiddens: [ 256, 256 ]
+          policy_model_config:
+            fcnet_activation: relu
+            fcnet_hiddens: [ 256, 256 ]
+          tau: 0.005
+          target_entropy: auto
+          no_done_at_end: true
+          n_step: 1
+          rollout_fragment_length: 1
+          train_batch_size: 256
+          target_network_update_freq: 1
+          min_sample_timesteps_per_iteration: 1000
+          replay_buffer_config:
+            type: MultiAgentPrioritizedReplayBuffer
+            min_size_for_sampling: 256
+          num_workers: 0
+          metrics_smoothing_episodes: 5
+          optimization:
+            actor_learning_rate: 0.001
+            critic_learning_rate: 0.001
+            entropy_learning_rate: 0.001
+          num_gpus: 2
+          _fake_gpus: true
+"""
 # RLlib's cartpole-sac.yaml (discrete SAC), as RLlib 2.x has it.
 CARTPOLE_SAC = """\
 cartpole-sac:
@@ -608,6 +647,33 @@ def test_rllib_cartpole_sac_file_trains_discrete_on_two_workers(tmp_path):
     assert results[-1]["num_steps_trained"] > 0
     stats = results[-1]["info"]["learner"]["default_policy"]
     assert stats["target_entropy"] == pytest.approx(0.98 * math.log(2))
+
+
+def test_rllib_fake_gpus_file_trains_on_two_towers_and_restores(tmp_path):
+    """RLlib's pendulum-sac-fake-gpus file: prioritized replay, 2 CPU learner towers of
+    128 rows, one iteration with replay from step 256; then ``--restore`` continues from
+    its checkpoint with alpha, the targets and the optimizer as they were (alpha keeps
+    falling from where it was instead of starting again at 1.0)."""
+    path = _write(tmp_path, "fake-gpus.yaml", PENDULUM_SAC_FAKE_GPUS)
+    proc = _cli(tmp_path, "--config", str(path), "--set", "learning_starts=256",
+                "--stop-timesteps", "1000")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    config, status, results = _results(tmp_path)
+    assert (config["num_gpus"], config["_fake_gpus"], config["replay"]["prioritized_replay"]
+            ) == (2, True, True)
+    first_alpha = results[-1]["info"]["learner"]["default_policy"]["alpha_value"]
+    assert first_alpha < 0.8 and results[-1]["num_steps_trained"] > 0
+    (run_dir,) = (tmp_path / "results").iterdir()
+    proc = _cli(tmp_path, "--config", str(path), "--set", "learning_starts=256",
+                "--restore", str(run_dir), "--stop-timesteps", "2000")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    restored = max((tmp_path / "results").iterdir(), key=lambda d: d.stat().st_mtime)
+    assert restored != run_dir
+    lines = (restored / "result.jsonl").read_text().splitlines()
+    last = json.loads(lines[-1])
+    assert last["timesteps_total"] >= 2000
+    # Restarted from 1.0, alpha would be back near first_alpha after as many updates.
+    assert last["info"]["learner"]["default_policy"]["alpha_value"] < 0.85 * first_alpha
 
 
 @pytest.mark.learning
