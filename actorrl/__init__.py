@@ -34,6 +34,8 @@ _PUBLIC: dict[str, str] = {
     "load_config": "actorrl.config.algorithm",
     "read_config_file": "actorrl.config.files",
     "DefaultCallbacks": "actorrl.callbacks",
+    # trained policies
+    "load_policy": "actorrl.experiment.inference",
     # data and envs
     "SampleBatch": "actorrl.data.batch",
     "MultiAgentBatch": "actorrl.data.batch",

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import actorrl
 from actorrl.algorithms import checkpoints as ckpt
 from actorrl.algorithms.stop import StopCriteria, default_stop_reward
 from actorrl.experiment.errors import error_summary
@@ -60,7 +61,10 @@ def test_checkpoint_round_trip_keeps_arrays_and_nested_state(tmp_path: Path) -> 
     assert policy["optimizer"]["param_groups"] == [{"lr": 0.001, "params": [0]}]
     assert loaded["timesteps_total"] == 4096 and loaded["config"]["model"]["fcnet_hiddens"] == [64]
     metadata = json.loads((folder / ckpt.METADATA_FILE).read_text())
-    assert metadata["env"] == "CartPole-v1" and metadata["format_version"] == 1
+    assert metadata["env"] == "CartPole-v1"
+    assert metadata["format_version"] == loaded["format_version"] == ckpt.FORMAT_VERSION
+    assert metadata["actorrl_version"] == loaded["actorrl_version"] == actorrl.__version__
+    assert "migrated_from_format" not in loaded
 
 
 def test_latest_complete_checkpoint_is_found_and_temp_folders_ignored(tmp_path: Path) -> None:

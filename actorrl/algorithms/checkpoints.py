@@ -9,7 +9,14 @@ A checkpoint folder holds
     No pickle.
 ``metadata.json``
     what a person or a script wants without loading arrays: algorithm, env, iteration,
-    timesteps, reward, time written.
+    timesteps, reward, time written, format version and the actorrl version that wrote it.
+
+Format versions: the state file's index and ``metadata.json`` carry
+:data:`FORMAT_VERSION`, and the state itself ``format_version`` and ``actorrl_version``
+(format 2, actorrl 0.3). A checkpoint of an older format is decoded and migrated on reading
+(:data:`MIGRATIONS`, one step per format), so checkpoints written by earlier releases keep
+restoring, evaluating and exporting; a checkpoint of a newer format is refused, naming both
+versions (upgrade actorrl to read it).
 
 Each checkpoint is first written into a hidden temporary folder next to its final place,
 flushed to disk (:func:`actorrl.util.files.write_synced`), then renamed and the parent folder
@@ -31,16 +38,20 @@ import re
 import shutil
 import struct
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from actorrl import __version__
 from actorrl.util.files import fsync_dir, jsonable, write_synced
 from transport.codec import Codec, DecodeError, encode
 
 STATE_FILE = "state.bin"
 METADATA_FILE = "metadata.json"
 CHECKPOINTS_DIR = "checkpoints"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""The checkpoint format this actorrl writes (1: actorrl 0.2; 2: the state records its
+``format_version`` and ``actorrl_version``)."""
 _MAGIC = b"ACTORRL\x00"
 _INDEX_HEAD = struct.Struct("<8sII")  # magic, format version, frame count
 _CHECKPOINT_NAME = re.compile(r"^checkpoint_(\d+)$")
@@ -52,6 +63,39 @@ written before the cap existed may inline more than it allows)."""
 class CheckpointError(Exception):
     """A checkpoint could not be found, read or decoded (missing, truncated, corrupt, of
     another format)."""
+
+
+def _from_format_1(state: dict[str, Any]) -> dict[str, Any]:
+    """Format 1 (actorrl 0.2) -> 2: the state learns its versions (0.2 wrote no
+    ``actorrl_version``; every 0.2 release wrote format 1)."""
+    return {**state, "format_version": 2, "actorrl_version": "0.2"}
+
+
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _from_format_1}
+"""Format ``n`` -> a function turning a decoded state of format ``n`` into format ``n + 1``."""
+
+
+def migrate_state(state: dict[str, Any], version: int, path: str = STATE_FILE
+                  ) -> dict[str, Any]:
+    """``state`` (decoded from a file of format ``version``) in :data:`FORMAT_VERSION`;
+    a migrated state records ``migrated_from_format``. :class:`CheckpointError` for a
+    version that cannot be migrated."""
+    if version > FORMAT_VERSION:
+        raise CheckpointError(f"{path} has checkpoint format {version}, written by a newer "
+                              f"actorrl; this actorrl {__version__} reads formats 1 to "
+                              f"{FORMAT_VERSION}: upgrade actorrl to load it")
+    start = version
+    while version < FORMAT_VERSION:
+        step = MIGRATIONS.get(version)
+        if step is None:
+            raise CheckpointError(f"{path} has checkpoint format {version}, which this "
+                                  f"actorrl cannot migrate (it reads formats "
+                                  f"{min(MIGRATIONS)} to {FORMAT_VERSION})")
+        state = step(state)
+        version += 1
+    if start != FORMAT_VERSION:
+        state["migrated_from_format"] = start
+    return state
 
 
 def checkpoint_name(iteration: int) -> str:
@@ -69,17 +113,16 @@ def encode_state_file(state: dict[str, Any]) -> list[Any]:
 
 
 def decode_state_file(data: bytes | bytearray, path: str = STATE_FILE) -> dict[str, Any]:
-    """Parse what :func:`encode_state_file` wrote; :class:`CheckpointError` if it is not
-    one."""
+    """Parse what :func:`encode_state_file` wrote (an older format migrated, see the module
+    docstring); :class:`CheckpointError` if it is not one."""
     view = memoryview(data)
     if len(view) < _INDEX_HEAD.size:
         raise CheckpointError(f"{path} is not an actorrl checkpoint (file too short)")
     magic, version, count = _INDEX_HEAD.unpack_from(view)
     if magic != _MAGIC:
         raise CheckpointError(f"{path} is not an actorrl checkpoint (bad magic bytes)")
-    if version != FORMAT_VERSION:
-        raise CheckpointError(f"{path} has checkpoint format {version}; this actorrl reads "
-                              f"format {FORMAT_VERSION}")
+    if version > FORMAT_VERSION or (version < FORMAT_VERSION and version not in MIGRATIONS):
+        migrate_state({}, version, path)  # raises, naming the versions
     pos = _INDEX_HEAD.size
     if len(view) < pos + 8 * count:
         raise CheckpointError(f"{path} is truncated (frame index incomplete)")
@@ -98,7 +141,7 @@ def decode_state_file(data: bytes | bytearray, path: str = STATE_FILE) -> dict[s
         raise CheckpointError(f"{path} is corrupt: {exc}") from None
     if not isinstance(state, dict) or "policies" not in state or "algorithm" not in state:
         raise CheckpointError(f"{path} does not hold a trainer state")
-    return state
+    return migrate_state(state, version, path)
 
 
 def write_checkpoint(checkpoints_dir: str | os.PathLike[str], state: dict[str, Any],
@@ -114,9 +157,10 @@ def write_checkpoint(checkpoints_dir: str | os.PathLike[str], state: dict[str, A
     tmp = parent / f".{final.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
+    versions = {"format_version": FORMAT_VERSION, "actorrl_version": __version__}
     try:
-        write_synced(tmp / STATE_FILE, encode_state_file(state))
-        meta = {"format_version": FORMAT_VERSION, "written_at": time.time(), **metadata}
+        write_synced(tmp / STATE_FILE, encode_state_file({**state, **versions}))
+        meta = {**versions, "written_at": time.time(), **metadata}
         write_synced(tmp / METADATA_FILE, json.dumps(jsonable(meta), indent=2,
                                                      sort_keys=True))
         if final.exists():  # the same iteration saved again (e.g. final == periodic)

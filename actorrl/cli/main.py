@@ -7,9 +7,11 @@
                        [--stop-reward R|none] [--stop-timesteps N] [--stop-time S|none]
                        [--address ADDR [--keys DIR] | --serial] [--progress auto|rich|plain]
                        [--start-method fork|spawn] [--concurrent-trials N] [--debug]
+                       [--wandb PROJECT] [--mlflow URI]
     actorrl evaluate CHECKPOINT [--episodes N] [--render no|human] [--env ENV] [--seed N]
                                 [--json] [--debug]
     actorrl plot RESULTS_DIR_OR_CSV [...] [-o OUT.png] [--title TEXT]
+    actorrl export RUN|CHECKPOINT --format onnx|torchscript|safetensors [-o FILE] [--debug]
 
 plus the cluster commands of :mod:`actorrl.cli.cluster` when that module is present (its
 ``register(subparsers)`` adds subparsers that set ``func=handler(args) -> int``).
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib
 import json
 import os
@@ -121,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(subparsers)
     _add_evaluate(subparsers)
     _add_plot(subparsers)
+    _add_export(subparsers)
     _register_cluster(subparsers)
     return parser
 
@@ -182,6 +186,13 @@ def _add_train(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--progress", choices=("auto", "rich", "plain"), default="auto",
                    help="live display: rich on a terminal, one line per iteration "
                         "otherwise (default: auto)")
+    p.add_argument("--wandb", metavar="PROJECT",
+                   help="also log results, config and checkpoints to this Weights & Biases "
+                        "project (WANDB_MODE=offline: no network); needs the wandb extra")
+    p.add_argument("--mlflow", metavar="URI",
+                   help="also log results, config and checkpoints to MLflow at URI: a "
+                        "folder (a local file store, e.g. ./mlruns), sqlite:///FILE or "
+                        "http://HOST:PORT; needs the mlflow extra")
     p.add_argument("--debug", action="store_true",
                    help="print tracebacks and all log messages")
     p.set_defaults(func=_cmd_train)
@@ -218,6 +229,26 @@ def _add_plot(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--title", help="figure title")
     p.add_argument("--debug", action="store_true", help="print tracebacks")
     p.set_defaults(func=_cmd_plot)
+
+
+def _add_export(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "export", help="write a checkpoint's greedy policy as ONNX, TorchScript or "
+                       "safetensors",
+        description="Export the policy of a checkpoint (or a results folder's latest) for "
+                    "use without actorrl: ONNX and TorchScript hold the whole greedy "
+                    "policy (observation filter, model, argmax) with a dynamic batch axis; "
+                    "safetensors holds the model's weights and a JSON description.")
+    p.add_argument("checkpoint", metavar="RUN|CHECKPOINT",
+                   help="a checkpoint folder, or a results folder (its latest checkpoint)")
+    p.add_argument("--format", required=True, choices=("onnx", "torchscript", "safetensors"),
+                   help="onnx (needs the onnx extra), torchscript, or safetensors (needs "
+                        "the safetensors extra)")
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="where to write (default: CHECKPOINT/policy.onnx, .pt or "
+                        ".safetensors)")
+    p.add_argument("--debug", action="store_true", help="print tracebacks")
+    p.set_defaults(func=_cmd_export)
 
 
 def _register_cluster(subparsers: argparse._SubParsersAction) -> None:
@@ -263,7 +294,8 @@ def _plan(args: argparse.Namespace, config_file: object, seed: int | None) -> Tr
             stop_time_s=None if args.stop_time is STOP_TIME_DEFAULT else args.stop_time,
             stop_time_given=args.stop_time is not STOP_TIME_DEFAULT, debug=args.debug,
             command=["actorrl", *args.argv], serial=args.serial,
-            start_method=args.start_method)
+            start_method=args.start_method, wandb_project=args.wandb,
+            mlflow_uri=args.mlflow)
         return plan if args.address else without_missing_gpus(plan)
 
 
@@ -346,6 +378,8 @@ def _run_sweep(sweep: Sweep, plans: list[TrainPlan], outcomes: list, sweep_dir: 
 
     def start(index: int) -> TrainingRun:
         plan, trial = plans[index], sweep.trials[index]
+        if plan.trackers is not None:  # the trials are one tracker run each, grouped
+            plan = dataclasses.replace(plan, trackers=plan.trackers.grouped(sweep_dir.name))
         run_dir = create_trial_dir(sweep_dir, trial_folder_name(
             trial, sweep, plan.spec.name, plan.config.env))
         run_dir.write_config({"algorithm": plan.spec.name, **plan.config.to_dict()})
@@ -507,6 +541,14 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     from actorrl.experiment.plot import plot_runs
 
     out = plot_runs(args.run_dirs, args.output, title=args.title)
+    print(f"wrote {out}")
+    return EXIT_OK
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from actorrl.experiment.export import export_policy
+
+    out = export_policy(args.checkpoint, args.format, args.output)
     print(f"wrote {out}")
     return EXIT_OK
 

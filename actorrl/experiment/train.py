@@ -70,6 +70,7 @@ from actorrl.experiment.results import (
     RunDirectory,
 )
 from actorrl.experiment.signals import exit_code_for
+from actorrl.experiment.trackers import RunInfo, TrackerSet, TrackerSettings, tracker_settings
 from actorrl.runtime import Driver
 from actorrl.runtime.sessions import make_session_dir
 from transport.timeouts import wait_for
@@ -106,6 +107,9 @@ class TrainPlan:
     """Run every actor in this process and event loop (``--serial``)."""
     start_method: str | None = None
     """How actor processes start (``--start-method``: fork or spawn; None: the default)."""
+    trackers: TrackerSettings | None = None
+    """W&B / MLflow (``--wandb``, ``--mlflow``, the file's ``logger_config``); see
+    :mod:`actorrl.experiment.trackers`."""
 
 
 @dataclass(frozen=True)
@@ -128,11 +132,14 @@ class ConfigFile:
     """The algorithm the file names (``algorithm`` or ``run``), as written."""
     stop: dict[str, Any] | None = None
     """The file's ``stop`` mapping, when it has one."""
+    logger_config: dict[str, Any] | None = None
+    """The file's ``logger_config`` (Tune's W&B / MLflow logger settings), top level or in
+    RLlib's ``config`` section; see :mod:`actorrl.experiment.trackers`."""
 
 
 FILE_RUN_KEYS = ("algorithm", "run")
 """Keys naming the algorithm in a config file (actorrl's and RLlib's)."""
-EXPERIMENT_KEYS = frozenset({*FILE_RUN_KEYS, "env", "stop", "config"})
+EXPERIMENT_KEYS = frozenset({*FILE_RUN_KEYS, "env", "stop", "config", "logger_config"})
 """Top-level keys of RLlib's experiment layout that ``actorrl train`` reads."""
 IGNORED_EXPERIMENT_KEYS: dict[str, str] = {
     "checkpoint_freq": "actorrl checkpoints every --checkpoint-every iterations (default 10) "
@@ -209,8 +216,13 @@ def config_file_sections(path: str, data: dict[str, Any]) -> ConfigFile:
         if "env" in data and "env" in nested and data["env"] != nested["env"]:
             raise UsageError(f"config file {path!r} names two envs: env: {data['env']!r} and "
                              f"config.env: {nested['env']!r}; keep one")
+        if "logger_config" in data and "logger_config" in nested:
+            raise UsageError(f"config file {path!r} has two logger_config sections (top "
+                             "level and in config); keep one")
         data = {**nested, **data}
-    return ConfigFile(path=path, values=data, algorithm=algorithm, stop=stop)
+    logger_config = data.pop("logger_config", None)
+    return ConfigFile(path=path, values=data, algorithm=algorithm, stop=stop,
+                      logger_config=logger_config)
 
 
 def config_keys_of_any_algorithm() -> set[str]:
@@ -364,7 +376,8 @@ def plan_training(algorithm: str | None, *, env: str | None = None,
                   stop_time_s: float | None = DEFAULT_STOP_TIME_S,
                   stop_time_given: bool = True, debug: bool = False,
                   command: Sequence[str] = (), serial: bool = False,
-                  start_method: str | None = None) -> TrainPlan:
+                  start_method: str | None = None, wandb_project: str | None = None,
+                  mlflow_uri: str | None = None) -> TrainPlan:
     """Validate all inputs of ``actorrl train`` (see the module docstring).
 
     ``algorithm`` None takes the algorithm from the config file (``algorithm``/``run``) or
@@ -372,7 +385,9 @@ def plan_training(algorithm: str | None, *, env: str | None = None,
     "use the default" (the config file's ``stop``, else 450 for CartPole-v1); ``stop_reward``
     None with it true disables the reward criterion. ``stop_time_given`` false likewise
     means the file's ``stop`` or, without one, ``stop_time_s``. ``config_file`` is a path
-    or an already read :class:`ConfigFile` (one trial of a sweep).
+    or an already read :class:`ConfigFile` (one trial of a sweep). ``wandb_project`` /
+    ``mlflow_uri`` (``--wandb`` / ``--mlflow``) ask for trackers beside the file's
+    ``logger_config``.
     """
     file = (read_config_file_sections(config_file) if isinstance(config_file, str)
             else config_file)
@@ -391,13 +406,18 @@ def plan_training(algorithm: str | None, *, env: str | None = None,
     check_env(config)
     if checkpoint_every < 0:
         raise UsageError(f"--checkpoint-every must be >= 0, got {checkpoint_every}")
+    where = (f"config file {file.path!r}: logger_config" if file is not None
+             else "logger_config")
+    trackers = tracker_settings(file.logger_config if file is not None else None,
+                                wandb_project=wandb_project, mlflow_uri=mlflow_uri,
+                                where=where)
     stop = stop_criteria(config.env, file, stop_reward=stop_reward,
                          stop_reward_given=stop_reward_given, stop_timesteps=stop_timesteps,
                          stop_time_s=stop_time_s, stop_time_given=stop_time_given)
     return TrainPlan(spec=spec, config=config, stop=stop, output_dir=output_dir,
                      checkpoint_every=checkpoint_every, restore_from=restore_from,
                      restore_state=restore_state, debug=debug, command=tuple(command),
-                     serial=serial, start_method=start_method)
+                     serial=serial, start_method=start_method, trackers=trackers)
 
 
 @dataclass
@@ -454,6 +474,7 @@ class TrainingRun:
         self._main: asyncio.Task | None = None
         self._aborted = False
         self._writer: ResultWriter | None = None
+        self._trackers = TrackerSet([])
 
     # ---- signals ------------------------------------------------------------------------
     def on_signal(self, signum: int, count: int) -> None:
@@ -486,6 +507,10 @@ class TrainingRun:
                               stop_criteria=plan.stop.describe(), **self.status_fields())
         self._writer = ResultWriter(run_dir.path)
         try:
+            self._trackers = TrackerSet.open(plan.trackers, RunInfo(
+                name=run_dir.path.name, run_dir=run_dir.path,
+                config={"algorithm": plan.spec.name, **plan.config.to_dict()},
+                group=plan.trackers.group if plan.trackers else None))
             await self._execute()
         except asyncio.CancelledError:
             if not self._aborted:
@@ -500,6 +525,7 @@ class TrainingRun:
                 traceback.print_exc()
         finally:
             self._writer.close()
+            self._trackers.close(self.summary.status, self.summary.exit_code)
             self.summary.wall_time_s = time.time() - self.summary.started_at
             run_dir.update_status(**self.summary.as_status(), ended_at=time.time())
         return self.summary
@@ -526,6 +552,7 @@ class TrainingRun:
     def _record(self, result: dict[str, Any]) -> None:
         assert self._writer is not None
         derived = self._writer.record(result)
+        self._trackers.record(result)
         self.summary.observe(result)
         self.display.update(result, derived, self.summary.best_reward)
 
@@ -540,6 +567,7 @@ class TrainingRun:
     def _note_checkpoint(self, path: str) -> None:
         self.summary.last_checkpoint = path
         self.run_dir.update_status(last_checkpoint=path)
+        self._trackers.checkpoint(path)
         self.display.note(f"checkpoint {path}")
 
 

@@ -38,7 +38,7 @@ def installed(module: str) -> bool:
             raise BrokenExtra(f"{module} is installed but does not import: {exc}") from exc
         if in_ci():
             raise BrokenExtra(f"{module} is not installed, and {CI_VARIABLE} is set: CI "
-                              "installs every extra (.[atari,minatar]), so its tests must "
+                              "installs every extra (.ci/run), so its tests must "
                               "run, not skip") from exc
         return False
     except ImportError as exc:
