@@ -27,7 +27,6 @@ import math
 import os
 import statistics
 import sys
-import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -46,6 +45,7 @@ from actorrl.learner.config import LearnerConfig  # noqa: E402
 from actorrl.learner.thread import LearnerThread, make_learner_thread  # noqa: E402
 from actorrl.policy.sac import SACModel, SACPolicy  # noqa: E402
 from actorrl.rollout import RolloutWorker  # noqa: E402
+from benchmarks.learner import measure  # noqa: E402
 
 POLICY = "actorrl.policy.sac:SACPolicy"
 BATCH = 256
@@ -74,21 +74,6 @@ def replayed_batch(config: dict) -> SampleBatch:
     return batch.slice(0, BATCH) if batch.count > BATCH else batch
 
 
-class Feeder(threading.Thread):
-    """Keeps a learner's in-queue full with the same batch until stopped."""
-
-    def __init__(self, learner: LearnerThread, batch: SampleBatch) -> None:
-        super().__init__(daemon=True)
-        self.learner, self.batch, self.stopped = learner, batch, False
-
-    def run(self) -> None:
-        while not self.stopped:
-            try:
-                self.learner.inqueue.put((None, self.batch), timeout=0.1)
-            except Exception:  # queue.Full: try again unless stopped
-                continue
-
-
 def build_learner(config: dict) -> LearnerThread:
     """A started single-device learner thread with a SAC policy."""
     worker = RolloutWorker(config["env"], POLICY, config)
@@ -101,20 +86,10 @@ def build_learner(config: dict) -> LearnerThread:
 
 def measure_framework(thread: LearnerThread, batch: SampleBatch, seconds: float) -> float:
     """Updates per second of the learner thread over ``seconds`` (after a warm-up)."""
-    feeder = Feeder(thread, batch)
-    feeder.start()
-    thread.outqueue.get(timeout=60)
-    while not thread.outqueue.empty():
+    updates_per_s = measure(thread, batch, seconds) / BATCH
+    while not thread.outqueue.empty():  # what finished after the clock stopped
         thread.outqueue.get_nowait()
-    start, rows = time.perf_counter(), 0
-    while time.perf_counter() - start < seconds:
-        rows += thread.outqueue.get(timeout=60).env_steps
-    elapsed = time.perf_counter() - start
-    feeder.stopped = True
-    feeder.join()
-    while not thread.outqueue.empty():
-        thread.outqueue.get_nowait()
-    return rows / BATCH / elapsed
+    return updates_per_s
 
 
 class BareSAC:
