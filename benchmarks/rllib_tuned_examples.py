@@ -48,8 +48,9 @@ ALGORITHMS = ("IMPALA", "A3C", "A2C", "APEX", "DQN", "APPO", "PPO")
 WORKER_KEYS = ("num_workers", "num_rollout_workers", "num_env_runners")
 
 
-def experiments(folder: Path, algorithms: set[str]) -> list[tuple[str, str, dict]]:
-    """``(file, experiment name, experiment)`` of every experiment of ``algorithms``."""
+def experiments(folder: Path, algorithms: set[str] | None) -> list[tuple[str, str, dict]]:
+    """``(file, experiment name, experiment)`` of every experiment of ``algorithms`` (None:
+    every experiment that names its algorithm with ``run``)."""
     found = []
     for path in sorted(folder.rglob("*.yaml")):
         try:
@@ -59,8 +60,8 @@ def experiments(folder: Path, algorithms: set[str]) -> list[tuple[str, str, dict
         if not isinstance(data, dict):
             continue
         for name, experiment in data.items():
-            if isinstance(experiment, dict) and \
-                    str(experiment.get("run", "")).upper() in algorithms:
+            run = isinstance(experiment, dict) and str(experiment.get("run") or "").upper()
+            if run and (algorithms is None or run in algorithms):
                 found.append((str(path.relative_to(folder)), str(name), experiment))
     return found
 
