@@ -224,11 +224,11 @@ def test_a_missing_extra_names_the_pip_command(v1_checkpoint: Path, monkeypatch)
         export_policy(v1_checkpoint, "safetensors")
 
 
-# ---- recurrent and Q-learning policies, through the CLI ----------------------------------------
+# ---- recurrent, Q-learning and continuous policies, through the CLI ----------------------------------------
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A tiny IMPALA LSTM run (previous action and reward as inputs, MeanStdFilter) and a
-    tiny Ape-X run, one results folder each."""
+    """A tiny IMPALA LSTM run (previous action and reward as inputs, MeanStdFilter), a tiny
+    Ape-X run and a tiny PPO Pendulum run (continuous actions), one results folder each."""
     base = tmp_path_factory.mktemp("export-runs")
     lstm_model = json.dumps({"use_lstm": True, "lstm_cell_size": 8, "fcnet_hiddens": [8],
                              "lstm_use_prev_action": True, "lstm_use_prev_reward": True,
@@ -237,7 +237,9 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                        "observation_filter=MeanStdFilter", "--stop-timesteps", "600"],
             "apex": ["--set", "learning_starts=200", "--set", "train_batch_size=32",
                      "--set", 'model={"fcnet_hiddens":[16]}', "--set", "hiddens=[16]",
-                     "--stop-timesteps", "600"]}
+                     "--stop-timesteps", "600"],
+            "ppo": ["--env", "Pendulum-v1", "--set", "train_batch_size=400", "--set",
+                    'model={"fcnet_hiddens":[16]}', "--stop-timesteps", "400"]}
     folders = {}
     for algo, args in runs.items():
         output = base / algo
@@ -357,3 +359,25 @@ def test_export_cli_writes_next_to_the_checkpoint_and_refuses_bad_input(
         proc = run_cli(["export", *args], cwd=tmp_path, timeout_s=60)
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr
+
+
+@needs_onnx
+def test_a_continuous_policy_exports_the_env_action(trained: dict, tmp_path: Path) -> None:
+    """Pendulum (normalize_actions): the Gaussian's mean mapped from [-1, 1] onto the
+    action bounds, in the graph as in load_policy."""
+    import onnxruntime
+
+    from actorrl.experiment.export import export_policy
+
+    policy = actorrl.load_policy(trained["ppo"])
+    assert policy.action_options["normalize"]
+    session = onnxruntime.InferenceSession(str(export_policy(trained["ppo"], "onnx",
+                                                             tmp_path / "c.onnx")))
+    obs = np.stack([policy.observation_space.sample() for _ in range(32)]).astype(np.float32)
+    actions, dist_inputs = session.run(None, {"obs": obs})
+    assert actions.shape == (32, 1) and dist_inputs.shape == (32, 2)
+    np.testing.assert_allclose(actions, np.stack([policy.compute_action(o) for o in obs]),
+                               rtol=1e-5, atol=1e-6)
+    mean = dist_inputs[:, :1].astype(np.float64)
+    np.testing.assert_allclose(actions, np.clip(-2.0 + (mean + 1.0) * 2.0, -2.0, 2.0),
+                               rtol=1e-5, atol=1e-6)

@@ -11,7 +11,9 @@ inputs
     ``prev_rewards`` ``[B]`` (float32).
 outputs
     ``action`` ``[B]`` (int64 for ``Discrete``) or ``[B, n]``: the greedy action (argmax of
-    the logits or Q-values, the mean of a Gaussian); ``action_dist_inputs`` (the logits,
+    the logits or Q-values, the mean of a Gaussian) as the env takes it (a ``Box`` action
+    mapped onto the space's bounds or clipped, as the checkpoint's ``normalize_actions`` /
+    ``clip_actions`` say); ``action_dist_inputs`` (the logits,
     or a Gaussian's means and log stds) or, for DQN and Ape-X, ``q_values``; a recurrent
     policy's ``state_out_0``...
 The checkpoint's ``MeanStdFilter`` (its mean, std and clip) is part of the graph, so
@@ -95,6 +97,11 @@ class GreedyPolicy(nn.Module):
         self.num_states = len(policy.get_initial_state())
         self.filtered = stats is not None
         self.clip = None if stats is None else stats["clip"]
+        self.action_mode = _action_mode(policy)
+        if self.action_mode != "none":
+            space = policy.action_space
+            self.register_buffer("action_low", torch.as_tensor(space.low))
+            self.register_buffer("action_high", torch.as_tensor(space.high))
         if stats is not None:
             self.register_buffer("filter_mean", torch.tensor(stats["mean"],
                                                              dtype=torch.float32))
@@ -124,7 +131,38 @@ class GreedyPolicy(nn.Module):
             action = outputs.argmax(dim=-1)
         else:
             action = self.dist_class(outputs).deterministic_sample()
-        return (action, outputs, *state_out)
+        return (self._env_action(action), outputs, *state_out)
+
+    def _env_action(self, action: torch.Tensor) -> torch.Tensor:
+        """The policy's action as the env takes it (see :func:`_action_mode`)."""
+        if self.action_mode == "unsquash":
+            low, high = self.action_low.double(), self.action_high.double()
+            scaled = low + (action.double() + 1.0) * (high - low) / 2.0
+            return torch.minimum(torch.maximum(scaled, low), high).to(self.action_low.dtype)
+        if self.action_mode == "shift":
+            return (self.action_low + action).to(self.action_low.dtype)
+        if self.action_mode == "clip":
+            return torch.minimum(torch.maximum(action, self.action_low), self.action_high)
+        return action
+
+
+def _action_mode(policy: Policy) -> str:
+    """How the graph maps the policy's action onto the env's, as the checkpoint's workers
+    did (:func:`actorrl.data.actions.env_actions`): ``unsquash`` ([-1, 1] onto a bounded
+    float ``Box``), ``shift`` (an integer ``Box``), ``clip`` or ``none``."""
+    import gymnasium as gym
+
+    from actorrl.data.actions import is_bounded_box
+
+    space, options = policy.action_space, policy.action_options
+    if not isinstance(space, gym.spaces.Box):
+        return "none"
+    integer = bool(np.issubdtype(space.dtype, np.integer))
+    if options["normalize"] and is_bounded_box(space):
+        return "shift" if integer else "unsquash"
+    if not options["normalize"] and options["clip"] and not integer:
+        return "clip"
+    return "none"
 
 
 def greedy_module(policy: Policy) -> GreedyPolicy:

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from actorrl.experiment.evaluate import LoadedPolicy, load_checkpoint_policy
+from actorrl.experiment.evaluate import LoadedPolicy, action_options, load_checkpoint_policy
 
 
 class Policy:
@@ -103,11 +103,13 @@ class Policy:
         """The action for one raw env observation: greedy unless ``explore`` (then sampled
         as in training: the action distribution, or DQN's epsilon at the policy's step).
 
-        A feed-forward policy returns the action (an ``int`` for ``Discrete`` spaces, else
-        an array). A recurrent policy returns ``(action, state)``: pass ``state`` None at an
-        episode's start, and the returned state with the next observation; when its model
-        reads the previous action or reward (``lstm_use_prev_action`` /
-        ``lstm_use_prev_reward``) pass ``prev_action`` / ``prev_reward`` from the second
+        A feed-forward policy returns the action as the env takes it (an ``int`` for
+        ``Discrete`` spaces; a ``Box`` action mapped onto the space's bounds or clipped as
+        the checkpoint's ``normalize_actions`` / ``clip_actions`` say). A recurrent policy
+        returns ``(action, state)``: pass ``state`` None at an episode's start, and the
+        returned state with the next observation; when its model reads the previous action
+        or reward (``lstm_use_prev_action`` / ``lstm_use_prev_reward``) pass
+        ``prev_action`` (the action this method returned) / ``prev_reward`` from the second
         step on (at the start they are zeros, as in training)."""
         batch = self._observe([obs])
         if not self.is_recurrent:
@@ -121,6 +123,10 @@ class Policy:
         inputs = self._policy.recurrent_inputs
         prev_action = self._previous(inputs.prev_actions, prev_action, start, "prev_action",
                                      "lstm_use_prev_action", self._zero_action)
+        if prev_action is not None and not start and self.action_options["normalize"]:
+            from actorrl.data.actions import squash_action
+
+            prev_action = squash_action(np.asarray(prev_action), self.action_space)
         prev_reward = self._previous(inputs.prev_rewards, prev_reward, start, "prev_reward",
                                      "lstm_use_prev_reward", lambda: 0.0)
         actions, extras = self._policy.compute_actions(
@@ -146,12 +152,17 @@ class Policy:
         space = self.action_space
         return np.zeros(space.shape, np.int64 if space.shape == () else np.float32)
 
-    def _single(self, action: np.ndarray) -> Any:
-        import gymnasium as gym
+    @property
+    def action_options(self) -> dict[str, bool]:
+        """``normalize`` / ``clip``: how the checkpoint's workers turned the policy's
+        actions into the env's (``normalize_actions`` / ``clip_actions``)."""
+        return action_options(self.config)
 
-        if isinstance(self.action_space, gym.spaces.Discrete):
-            return int(action)
-        return np.asarray(action)
+    def _single(self, action: np.ndarray) -> Any:
+        from actorrl.data.actions import env_actions
+
+        return env_actions(self.action_space, np.asarray(action)[None],
+                           **self.action_options)[0]
 
 
 def load_policy(path: str | os.PathLike[str], *, env: str | None = None) -> Policy:
