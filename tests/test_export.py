@@ -224,7 +224,7 @@ def test_a_missing_extra_names_the_pip_command(v1_checkpoint: Path, monkeypatch)
         export_policy(v1_checkpoint, "safetensors")
 
 
-# ---- recurrent, Q-learning and continuous policies, through the CLI ----------------------------------------
+# ---- recurrent, Q-learning and continuous policies, through the CLI --------------------------
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A tiny IMPALA LSTM run (previous action and reward as inputs, MeanStdFilter), a tiny
