@@ -34,7 +34,6 @@ Target networks
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -46,18 +45,24 @@ import torch.nn.functional as F
 from torch import nn
 
 from actorrl.data.batch import SampleBatch
-from actorrl.policy.base import LossOutput, TorchPolicy
+from actorrl.policy.base import LossOutput
+from actorrl.policy.continuous_q import (
+    ADAM_EPSILON,
+    QNetwork,
+    SoftTargetPolicy,
+    build_xavier_mlp,
+    detached_call,
+    min_q,
+    observation_encoder,
+    on_target,
+)
 from actorrl.policy.dqn import N_STEPS, adjust_nstep, huber_loss
-from actorrl.policy.encoders import activation_class, build_encoder
-from actorrl.policy.model_config import resolve_model_config
 from actorrl.policy.sac_config import SACPolicyConfig
 
 LOG_STD_MIN = -5.0
 """Lower clamp of the policy's log-std output (RLlib's ``MIN_LOG_NN_OUTPUT``)."""
 LOG_STD_MAX = 2.0
 """Upper clamp of the policy's log-std output (RLlib's ``MAX_LOG_NN_OUTPUT``)."""
-ADAM_EPSILON = 1e-7
-"""RLlib's SAC Adam epsilon (tf.keras's default, which its torch policy matches)."""
 ACTOR, CRITIC, TWIN_CRITIC, ALPHA = "actor", "critic", "twin_critic", "alpha"
 """The optimizer's parameter groups, by ``name``."""
 
@@ -100,55 +105,7 @@ class SquashedGaussian:
         return torch.tanh(self.mean)
 
 
-# ---- the networks ------------------------------------------------------------------------
-def build_sac_mlp(in_dim: int, hiddens: list[int], activation: str | None, out_dim: int
-                  ) -> nn.Sequential:
-    """Linear + activation per hidden layer, then a linear output; Xavier-uniform weights
-    and zero biases (RLlib's SAC layers)."""
-    act = activation_class(activation or "linear")
-    layers: list[nn.Module] = []
-    size = in_dim
-    for hidden in [*hiddens, out_dim]:
-        layer = nn.Linear(size, int(hidden))
-        nn.init.xavier_uniform_(layer.weight)
-        nn.init.zeros_(layer.bias)
-        layers.append(layer)
-        layers.append(act())
-        size = int(hidden)
-    return nn.Sequential(*layers[:-1])
-
-
-def observation_encoder(obs_space: gym.Space, model: Mapping[str, Any] | None
-                        ) -> tuple[nn.Module, int]:
-    """Observations -> features without hidden layers: flattened (or one-hot) vectors, or
-    the conv stack of ``model`` (``conv_filters``...) for images."""
-    cfg = {**resolve_model_config(model), "fcnet_hiddens": []}
-    return build_encoder(obs_space, cfg)
-
-
-class QNetwork(nn.Module):
-    """``Q(s, a)``: the observation's features concatenated with the action through an MLP
-    to one value (continuous actions); with ``num_actions``, one Q-value per action from
-    the features alone (discrete)."""
-
-    def __init__(self, obs_space: gym.Space, model: Mapping[str, Any],
-                 net: Mapping[str, Any], action_dim: int, num_actions: int | None) -> None:
-        super().__init__()
-        self.encoder, features = observation_encoder(obs_space, model)
-        self.discrete = num_actions is not None
-        in_dim = features if self.discrete else features + action_dim
-        self.mlp = build_sac_mlp(in_dim, list(net["fcnet_hiddens"]), net["fcnet_activation"],
-                                 num_actions if num_actions is not None else 1)
-
-    def forward(self, obs: torch.Tensor, actions: torch.Tensor | None = None) -> torch.Tensor:
-        """``[B]`` Q-values of ``actions`` (continuous) or ``[B, n]`` (discrete)."""
-        features = self.encoder(obs)
-        if self.discrete:
-            return self.mlp(features)
-        assert actions is not None
-        return self.mlp(torch.cat([features, actions.float()], dim=-1)).squeeze(-1)
-
-
+# ---- the networks (Q networks and layers: actorrl.policy.continuous_q) -------------------
 class SACModel(nn.Module):
     """The actor (``policy``: distribution inputs), the Q network(s) and ``log_alpha``."""
 
@@ -161,7 +118,7 @@ class SACModel(nn.Module):
         encoder, features = observation_encoder(obs_space, config.model)
         policy_net = config.policy_net
         outputs = num_actions if num_actions is not None else 2 * self.action_dim
-        self.policy = nn.Sequential(encoder, build_sac_mlp(
+        self.policy = nn.Sequential(encoder, build_xavier_mlp(
             features, list(policy_net["fcnet_hiddens"]), policy_net["fcnet_activation"],
             outputs))
         q_net = config.q_net
@@ -187,23 +144,8 @@ def auto_target_entropy(action_space: gym.Space) -> float:
     return -float(np.prod(action_space.shape))
 
 
-def _detached_call(module: nn.Module, *args: torch.Tensor) -> torch.Tensor:
-    """``module(*args)`` with its parameters detached: gradients reach the inputs only."""
-    params = {name: p.detach() for name, p in module.named_parameters()}
-    return torch.func.functional_call(module, params, args)
-
-
-def _on_target(target_model: SACModel, obs: torch.Tensor,
-               actions: torch.Tensor | None = None) -> list[torch.Tensor]:
-    """The target Q networks' values of ``obs`` (and ``actions``), computed on the target
-    model's device (a learner tower may be elsewhere) and returned on ``obs``'s."""
-    device = next(target_model.parameters()).device
-    args = [obs.to(device)] + ([] if actions is None else [actions.to(device)])
-    return [net(*args).to(obs.device) for net in target_model.q_networks()]
-
-
 # ---- the policy --------------------------------------------------------------------------
-class SACPolicy(TorchPolicy):
+class SACPolicy(SoftTargetPolicy):
     """SAC for ``Box`` (squashed Gaussian) and ``Discrete`` (categorical) action spaces;
     see the module docstring and :class:`SACPolicyConfig`."""
 
@@ -223,13 +165,7 @@ class SACPolicy(TorchPolicy):
         self.target_entropy = (auto_target_entropy(action_space)
                                if entropy in (None, "auto") else float(entropy))
         """The entropy the temperature steers toward (``target_entropy`` resolved)."""
-        self.target_model = copy.deepcopy(self.model)
-        self.target_model.requires_grad_(False)
-        self.target_model.eval()
-        self.num_steps_trained = 0
-        self.last_target_update_steps = 0
-        self.num_target_updates = 0
-        self._pending_rows = 0
+        self.init_targets()
         seed = self.config.seed
         self._rng = np.random.default_rng(
             None if seed is None else [seed, self.config.worker_index])
@@ -326,7 +262,7 @@ class SACPolicy(TorchPolicy):
 
     def _target_q(self, q_tp1: list[torch.Tensor]) -> torch.Tensor:
         """The minimum over the target Q networks' values (one without ``twin_q``)."""
-        return q_tp1[0] if len(q_tp1) == 1 else torch.min(q_tp1[0], q_tp1[1])
+        return min_q(q_tp1)
 
     def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput:
         """RLlib's SAC losses summed (see the module docstring): per row ``td_error`` is
@@ -383,10 +319,10 @@ class SACPolicy(TorchPolicy):
         with torch.no_grad():
             dist_tp1 = SquashedGaussian(inputs_tp1)
             pi_tp1, logp_tp1 = dist_tp1.rsample(self.loss_noise(dist_tp1.mean, new_obs))
-            q_tp1 = self._target_q(_on_target(target_model, new_obs, pi_tp1))
+            q_tp1 = self._target_q(on_target(target_model.q_networks(), new_obs, pi_tp1))
             q_tp1_best = q_tp1 - alpha * logp_tp1
         q_selected = [net(obs, actions) for net in model.q_networks()]
-        q_pi = self._target_q([_detached_call(net, obs, pi_t) for net in model.q_networks()])
+        q_pi = self._target_q([detached_call(net, obs, pi_t) for net in model.q_networks()])
         actor_loss = (alpha.detach() * logp_t - q_pi).mean()
         alpha_loss = -(model.log_alpha * (logp_t + self.target_entropy).detach()).mean()
         return q_selected, q_tp1_best, actor_loss, alpha_loss, q_selected[0]
@@ -405,7 +341,7 @@ class SACPolicy(TorchPolicy):
         q_t_all = [net(obs) for net in model.q_networks()]
         with torch.no_grad():
             log_pis_tp1 = F.log_softmax(inputs_tp1, dim=-1)
-            q_tp1 = self._target_q(_on_target(target_model, new_obs))
+            q_tp1 = self._target_q(on_target(target_model.q_networks(), new_obs))
             q_tp1_best = (log_pis_tp1.exp() * (q_tp1 - alpha * log_pis_tp1)).sum(dim=-1)
         actions = batch[SampleBatch.ACTIONS].long().reshape(-1, 1)
         q_selected = [q.gather(1, actions).squeeze(1) for q in q_t_all]
@@ -435,63 +371,11 @@ class SACPolicy(TorchPolicy):
         self.num_updates = getattr(self, "num_updates", 0) + 1
         self.after_update(self.num_updates)
 
-    def compute_gradients(self, batch: SampleBatch) -> tuple[list[np.ndarray], dict[str, Any]]:
-        """Gradients as in the base; the rows count toward the target update when these
-        gradients are applied to this policy."""
-        grads, info = super().compute_gradients(batch)
-        self._pending_rows += batch.count
-        return grads, info
-
-    def learn_on_batch(self, batch: SampleBatch) -> dict[str, Any]:
-        """One SGD step; returns ``learner_stats`` and per-row ``td_error``."""
-        self._pending_rows += batch.count
-        info = super().learn_on_batch(batch)
-        info["learner_stats"]["num_target_updates"] = float(self.num_target_updates)
-        return info
-
-    def after_update(self, num_updates: int) -> None:
-        """Count the rows of the update just applied; soft-update the targets once
-        ``target_network_update_freq`` rows were trained since the last update (every
-        update when it is 0 or 1)."""
-        rows = self._pending_rows or self.config.train_batch_size
-        self._pending_rows = 0
-        self.num_steps_trained += rows
-        since = self.num_steps_trained - self.last_target_update_steps
-        if since >= self.config.target_network_update_freq:
-            self.update_target()
-
-    def update_target(self, tau: float | None = None) -> None:
-        """Move the target Q networks toward the online ones: ``target <- tau * online +
-        (1 - tau) * target`` (``tau`` defaults to the config's; 1.0 copies)."""
-        tau = self.config.tau if tau is None else tau
+    def soft_target_parameters(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The Q networks' parameters (online, target): only they have targets."""
         online = [p for net in self.model.q_networks() for p in net.parameters()]
         target = [p for net in self.target_model.q_networks() for p in net.parameters()]
-        with torch.no_grad():
-            torch._foreach_lerp_(target, [p.to(t.device) for p, t in zip(online, target)],
-                                 tau)
-        self.last_target_update_steps = self.num_steps_trained
-        self.num_target_updates += 1
-
-    def get_state(self) -> dict[str, Any]:
-        """The base state (weights with ``log_alpha``, the optimizer's four groups) plus
-        the target networks and the target-update counters."""
-        state = super().get_state()
-        state["target_weights"] = {k: v.detach().cpu().numpy().copy()
-                                   for k, v in self.target_model.state_dict().items()}
-        state["num_steps_trained"] = self.num_steps_trained
-        state["last_target_update_steps"] = self.last_target_update_steps
-        state["num_target_updates"] = self.num_target_updates
-        return state
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`get_state` returned."""
-        super().set_state(state)
-        if "target_weights" in state:
-            self.target_model.load_state_dict(
-                {k: torch.as_tensor(np.asarray(v)) for k, v in state["target_weights"].items()})
-        self.num_steps_trained = int(state.get("num_steps_trained", 0))
-        self.last_target_update_steps = int(state.get("last_target_update_steps", 0))
-        self.num_target_updates = int(state.get("num_target_updates", 0))
+        return online, target
 
 
 __all__ = ["SACModel", "SACPolicy", "SquashedGaussian", "auto_target_entropy"]
