@@ -30,10 +30,13 @@ EXAMPLE_FILES = sorted(EXAMPLES.glob("*.yaml"))
 REQUIRED = {"pong-impala": "impala", "pong-apex": "apex", "breakout-impala": "impala",
             "cartpole-apex": "apex", "cartpole-impala": "impala", "cartpole-a2c": "a2c",
             "cartpole-a3c": "a3c", "cartpole-ppo": "ppo", "pong-appo": "appo",
-            "pong-ppo": "ppo", "minatar-spaceinvaders-appo": "appo", "cartpole-dqn": "dqn"}
+            "pong-ppo": "ppo", "minatar-spaceinvaders-appo": "appo", "cartpole-dqn": "dqn",
+            "pendulum-ppo": "ppo", "halfcheetah-ppo": "ppo", "hopper-ppo": "ppo",
+            "walker2d-ppo": "ppo"}
 CLI_TIMEOUT_S = 240.0
 EXTRAS = (("NoFrameskip", "ale_py", "atari"), ("ALE/", "ale_py", "atari"),
-          ("MinAtar/", "minatar", "minatar"))
+          ("MinAtar/", "minatar", "minatar"), ("HalfCheetah-", "mujoco", "mujoco"),
+          ("Hopper-", "mujoco", "mujoco"), ("Walker2d-", "mujoco", "mujoco"))
 """(text in an example's env, the module its env needs, the extra that installs it)."""
 
 
