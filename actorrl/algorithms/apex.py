@@ -76,8 +76,10 @@ class ApexConfig(AlgorithmConfig):
         return {"tower_rows_multiple": 1, "wait_for_first_batch": True}
 
 
-async def build_pipeline(trainer: Trainer, config: ApexConfig) -> AsyncReplayOptimizer:
-    """Replay shards next to the learner, then the Ape-X pipeline."""
+async def build_pipeline(trainer: Trainer, config: ApexConfig, *, pace_learner: bool = False
+                         ) -> AsyncReplayOptimizer:
+    """Replay shards next to the learner, then the Ape-X pipeline (``pace_learner``: the
+    learner held to ``training_intensity`` too, see :mod:`actorrl.pipelines.apex`)."""
     replay: ReplayConfig = config.component("replay")
     shard_class = ("actorrl.replay.actor:BatchReplayActor" if replay.batch_replay
                    else "actorrl.replay.actor:ReplayActor")
@@ -90,7 +92,8 @@ async def build_pipeline(trainer: Trainer, config: ApexConfig) -> AsyncReplayOpt
         learning_starts=replay.learning_starts,
         max_weight_sync_delay=config.max_weight_sync_delay, debug=config.debug,
         replace_worker=trainer.replace_worker,
-        replace_shard=trainer.replace_learner_side_actor, seed=config.seed)
+        replace_shard=trainer.replace_learner_side_actor, seed=config.seed,
+        pace_learner_rows=config.train_batch_size if pace_learner else None)
 
 
 APEX = AlgorithmSpec("apex", ApexConfig, "actorrl.policy.dqn:DQNPolicy", build_pipeline)

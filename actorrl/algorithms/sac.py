@@ -2,8 +2,9 @@
 
 As RLlib builds SAC on its DQN, actorrl runs it on DQN's pipeline (:mod:`actorrl.algorithms.
 dqn`): one replay shard (uniform or prioritized), weights synced to the sampler after every
-sample, sampling paced at the training intensity (RLlib's natural ratio by default: one
-train batch per sampling round, 256 rows per env step with one 1-step fragment), and
+sample, sampling and learning both paced at the training intensity (RLlib's natural ratio
+by default: one train batch per sampling round, 256 rows per env step with one 1-step
+fragment; exact to within a slack of two samples' rows and one batch), and
 ``target_network_update_freq`` counted in env steps sampled, handed to the learner in rows
 trained. The policy is :class:`actorrl.policy.sac.SACPolicy`; its keys are RLlib's
 (``twin_q``, ``tau``, ``initial_alpha``, ``target_entropy``, ``optimization``,
@@ -27,8 +28,8 @@ import dataclasses
 import warnings
 from dataclasses import dataclass, field
 
+from actorrl.algorithms.apex import build_pipeline as build_apex_pipeline
 from actorrl.algorithms.dqn import DQNConfig, DQNRolloutConfig
-from actorrl.algorithms.dqn import build_pipeline as build_dqn_pipeline
 from actorrl.algorithms.ppo import AUTO, PPORolloutConfig
 from actorrl.algorithms.trainer import AlgorithmSpec, Trainer
 from actorrl.config.aliases import RLlibKeyWarning
@@ -109,9 +110,11 @@ class SACConfig(DQNConfig):
 
 
 async def build_pipeline(trainer: Trainer, config: SACConfig) -> AsyncReplayOptimizer:
-    """DQN's pipeline: one replay shard next to the learner, paced at the effective
-    training intensity."""
-    return await build_dqn_pipeline(trainer, config)
+    """DQN's pipeline (one replay shard next to the learner) with sampling and learning
+    both paced at the effective training intensity: RLlib's synchronous loop trains
+    exactly that many rows per env step sampled."""
+    return await build_apex_pipeline(trainer, config.replace(
+        training_intensity=config.effective_training_intensity()), pace_learner=True)
 
 
 SAC = AlgorithmSpec("sac", SACConfig, "actorrl.policy.sac:SACPolicy", build_pipeline)

@@ -29,6 +29,12 @@ Each step handles whatever finished:
    shard is replaced by an empty one at the same index (``num_shard_failures``); pacing
    restarts then, so sampling runs unpaced for another ``learning_starts`` steps while
    the new shard refills.
+
+With ``pace_learner_rows`` (SAC: RLlib's synchronous loop alternates sampling and
+training) the learner is paced as well: a replay is requested only while the rows trained
+and requested stay within a slack of ``training_intensity`` rows per env step sampled (two
+of the largest samples' worth plus one batch, so sampling and learning still overlap), and
+the replay ratio is exact to within that slack instead of a floor.
 """
 
 from __future__ import annotations
@@ -68,8 +74,8 @@ class AsyncReplayOptimizer(FleetPipelineMixin):
                  learner_queue_size: int, max_weight_sync_delay: int,
                  training_intensity: float | None = None, learning_starts: int = 0,
                  replace_shard: ReplaceWorker | None = None, debug: bool = False,
-                 replace_worker: ReplaceWorker | None = None, seed: int | None = None
-                 ) -> None:
+                 replace_worker: ReplaceWorker | None = None, seed: int | None = None,
+                 pace_learner_rows: int | None = None) -> None:
         self._attach(runtime, workers, learner, replace_worker,
                      no_workers="Ape-X needs at least one remote rollout worker "
                                 "(num_workers >= 1)")
@@ -80,6 +86,9 @@ class AsyncReplayOptimizer(FleetPipelineMixin):
         self.debug = debug
         self.intensity = TrainingIntensity(self.counters, training_intensity, learning_starts)
         self.pacer = SamplingPacer(self.intensity.ahead)
+        self.pace_learner_rows = pace_learner_rows
+        """Rows per replayed batch when the learner is paced too (None: it is not)."""
+        self._largest_sample = 1
         # The learner's in-queue plus the batch it is training on.
         self.credits = CreditWindow(learner_queue_size + 1)
         # Replays are tagged with an id their shard keeps for life (a replacement gets a new
@@ -124,12 +133,21 @@ class AsyncReplayOptimizer(FleetPipelineMixin):
         ``learning_starts`` steps were sampled: the shards could not replay yet)."""
         if self.num_steps_sampled < self.intensity.learning_starts:
             return
-        while self.credits.available:
+        while self.credits.available and self._learner_has_room():
             shard = min(self.replay_actors, key=self.replay_tasks.count_for)
             if self.replay_tasks.count_for(shard) >= REPLAY_QUEUE_DEPTH:
                 return
             self.credits.take()
             self.replay_tasks.add(shard, shard.replay.remote())
+
+    def _learner_has_room(self) -> bool:
+        """Without ``pace_learner_rows``: always. With it: whether one more batch keeps the
+        rows trained and requested within the slack of the training intensity."""
+        rows = self.pace_learner_rows
+        if rows is None or self.intensity.intensity is None:
+            return True
+        slack = int(2 * self.intensity.intensity * self._largest_sample) + rows
+        return self.intensity.learner_room((self.credits.in_use + 1) * rows, slack)
 
     # ---- the step ---------------------------------------------------------------------
     async def step(self, timeout_s: float = 1.0) -> None:
@@ -174,6 +192,7 @@ class AsyncReplayOptimizer(FleetPipelineMixin):
                     error = error or exc
                     continue
                 sample_steps += reply.count
+                self._largest_sample = max(self._largest_sample, reply.count)
                 self._random.choice(self.replay_actors).add_batch.remote([reply.batch])
                 self.steps_since_update[worker] = (
                     self.steps_since_update.get(worker, 0) + reply.count)

@@ -285,6 +285,18 @@ class TrainingIntensity:
         trained = self.counters.num_steps_trained - self._trained0
         return trained < self.intensity * sampled
 
+    def learner_room(self, rows_in_flight: int, slack_rows: int) -> bool:
+        """Whether the learner may take another batch: the rows trained plus
+        ``rows_in_flight`` (requested, not yet trained) stay below ``intensity`` rows per env
+        step sampled beyond ``learning_starts`` plus ``slack_rows``. With :meth:`ahead`
+        pacing the sampler, the replay ratio is then exact to within the slack (RLlib's
+        synchronous loop), not only a floor. Always true without an intensity."""
+        if self.intensity is None:
+            return True
+        sampled = self.counters.num_steps_sampled - self._sampled0 - self.learning_starts
+        trained = self.counters.num_steps_trained - self._trained0
+        return trained + rows_in_flight < self.intensity * sampled + slack_rows
+
 
 def require_at_least_one(name: str, value: int) -> None:
     """Refuse a count setting below 1, naming it."""
