@@ -5,8 +5,8 @@
 
 ``FOLDER`` holds RLlib YAML files (a checkout's ``rllib/tuned_examples``, or files saved from
 several versions of it: this machine cannot download them). Every experiment of every file
-whose ``run`` is one of ``--algorithms`` (default: the algorithms actorrl has) is written
-to a file of its own and run as a user would: ``actorrl train --config FILE
+whose ``run`` is one of ``--algorithms`` (default: every algorithm in actorrl's registry) is
+written to a file of its own and run as a user would: ``actorrl train --config FILE
 --stop-timesteps 1``, with ``--set num_workers=2`` only where the file asks for more than 2
 workers, one file at a time, interrupted as Ctrl-C does once the first iteration's result
 line appears (the file trains; a sweep's later trials are not run). ``--plan-only``
@@ -44,7 +44,6 @@ REPO = Path(__file__).resolve().parent.parent
 if sys.path[0] == str(Path(__file__).resolve().parent):
     sys.path.pop(0)  # this folder's transport.py would shadow the transport package
 sys.path.insert(0, str(REPO))
-ALGORITHMS = ("IMPALA", "A3C", "A2C", "APEX", "DQN", "APPO", "PPO")
 WORKER_KEYS = ("num_workers", "num_rollout_workers", "num_env_runners")
 
 
@@ -174,11 +173,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path)
     parser.add_argument("--plan-only", action="store_true")
-    parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
+    parser.add_argument("--algorithms", default=None,
+                        help="comma-separated run names (default: every registered algorithm)")
     parser.add_argument("--timeout-s", type=float, default=300.0)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    wanted = {a.strip().upper() for a in args.algorithms.split(",")}
+    if args.algorithms is None:
+        from actorrl.algorithms.registry import algorithm_names
+
+        wanted = {name.upper() for name in algorithm_names()}
+    else:
+        wanted = {a.strip().upper() for a in args.algorithms.split(",")}
     found = experiments(args.folder, wanted)
     results = []
     with tempfile.TemporaryDirectory() as scratch:
