@@ -242,6 +242,16 @@ def test_episode_window_tops_up_with_history_like_rllib():
     assert fourth["episode_reward_mean"] == 30.0 and fourth["episodes_this_iter"] == 0
 
 
+def test_episode_window_keeps_every_episode_while_history_is_shorter_than_it():
+    """Fewer episodes than the window so far: all of them count (the history is not cut
+    to the window minus the new ones)."""
+    window = EpisodeWindow(smoothing_episodes=100)
+    window.update(EpisodeMetrics([-1000.0] * 60, [200] * 60))
+    second = window.update(EpisodeMetrics([0.0] * 3, [200] * 3))
+    assert second["episode_reward_mean"] == pytest.approx(-60000.0 / 63)
+    assert second["episodes_this_iter"] == 3
+
+
 def test_episode_window_rejects_bad_size():
     with pytest.raises(ValueError, match="metrics_smoothing_episodes must be >= 1"):
         EpisodeWindow(0)

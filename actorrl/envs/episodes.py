@@ -113,7 +113,7 @@ class EpisodeWindow:
         missing = max(self.smoothing_episodes - new.num_episodes, 0)
 
         def recent(values: deque) -> list:
-            return list(values)[len(values) - missing:] if missing else []
+            return list(values)[max(len(values) - missing, 0):] if missing else []
 
         new_policy_rewards = new._policy_rewards_per_episode()
         summary = _summarize(recent(self._rewards) + new.episode_rewards,
