@@ -9,7 +9,8 @@ learning tests (``release/rllib_tests/learning_tests/yaml_files``, which carry
 ``pass_criteria``), either as a checkout's folders or saved from several versions as
 ``FOLDER/<commit>/<path in RLlib's repository>`` (this machine cannot download them; a
 ``manifest.txt`` of ``path commit`` lines may sit beside them). ``--only`` keeps the files
-whose path matches a glob (``'*cartpole-ppo*'``; repeatable).
+whose path matches a glob (``'*cartpole-ppo*'``; repeatable), ``--skip`` drops those that
+match one.
 
 Each experiment's bar is its own: the reward of its ``stop`` (RLlib stops a trial at the
 first criterion met, so a reward reached before the ``timesteps_total`` budget passes) or
@@ -396,6 +397,37 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
             "not_run_because": dict(reasons.most_common())}
 
 
+FAMILIES = (("multi-agent CartPole", r"MultiAgentCartPole"), ("RepeatAfterMe", r"RepeatAfterMe"),
+            ("StatelessCartPole", r"StatelessCartPole"), ("CartPole", r"CartPole"),
+            ("Pendulum", r"Pendulum"), ("FrozenLake", r"FrozenLake"),
+            ("Acrobot / MountainCar", r"Acrobot|MountainCar"), ("Atari", ATARI.pattern),
+            ("MuJoCo", r"HalfCheetah|Hopper|Walker2d|Humanoid|Ant-|Swimmer|Reacher"))
+
+
+def family(env: Any) -> str:
+    """The env family a result is counted under in the table."""
+    for name, pattern in FAMILIES:
+        if re.search(pattern, str(env)):
+            return name
+    return "other"
+
+
+def markdown_table(summary: dict[str, Any]) -> str:
+    """Counts by env family and outcome, as the docs' table (``--table``)."""
+    by_family: dict[str, Counter[str]] = {}
+    for record in summary["results"]:
+        by_family.setdefault(family(record["env"]), Counter())[record["outcome"]] += 1
+    order = [name for name, _ in FAMILIES] + ["other"]
+    lines = ["| env | experiments | passed | failed | not run |", "|---|---|---|---|---|"]
+    for name in sorted(by_family, key=order.index):
+        c = by_family[name]
+        lines.append(f"| {name} | {sum(c.values())} | {c['passed']} | {c['failed']} | "
+                     f"{c['not run']} |")
+    lines.append(f"| **all** | {summary['experiments']} | **{summary['passed']}** | "
+                 f"{summary['failed']} | {summary['not run']} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Parse arguments, run every experiment in scope, print and write the JSON."""
     from actorrl.algorithms.registry import algorithm_names
@@ -406,6 +438,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cap-s", type=float, default=300.0,
                         help="wall-clock cap of one file's training (default 300)")
     parser.add_argument("--only", action="append", default=[], metavar="GLOB")
+    parser.add_argument("--skip", action="append", default=[], metavar="GLOB")
     parser.add_argument("--max-hours", type=float, default=1.0,
                         help="budgets that need longer on this machine are not run")
     parser.add_argument("--probe-s", type=float, default=90.0)
@@ -417,12 +450,18 @@ def main(argv: list[str] | None = None) -> None:
                              "commit and experiment) and run only the others")
     parser.add_argument("--runs-dir", type=Path,
                         help="where the runs' results folders stay (default: a new temp dir)")
+    parser.add_argument("--table", action="store_true",
+                        help="FOLDER is a results JSON (--out): print its counts as markdown")
     args = parser.parse_args(argv)
+    if args.table:
+        print(markdown_table(json.loads(args.folder.read_text())))
+        return
     algorithms = {name.upper() for name in algorithm_names()}
     manifest = read_manifest(args.folder)
     runs_dir = args.runs_dir or Path(tempfile.mkdtemp(prefix="rllib-learning-"))
     found = [item for item in experiments(args.folder, None)
-             if not args.only or any(fnmatch.fnmatch(item[0], g) for g in args.only)]
+             if (not args.only or any(fnmatch.fnmatch(item[0], g) for g in args.only))
+             and not any(fnmatch.fnmatch(item[0], g) for g in args.skip)]
     earlier = {key_of(r): r for r in json.loads(args.resume.read_text())["results"]
                if r["outcome"] != "to run"} if args.resume else {}
     results: list[dict[str, Any]] = []

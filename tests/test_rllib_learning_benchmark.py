@@ -148,3 +148,18 @@ def test_a_files_origin_and_its_env_as_run(bench) -> None:
     assert bench.env_run("CartPole-v0") is None
     assert bench.is_heavy("ale_py:ALE/Breakout-v5") and bench.is_heavy("Hopper-v1")
     assert not bench.is_heavy("Pendulum-v1")
+
+
+def test_the_docs_table_counts_outcomes_by_env_family(bench) -> None:
+    records = [{"env": "CartPole-v0", "outcome": "passed"},
+               {"env": "ray.rllib.examples.env.multi_agent.MultiAgentCartPole",
+                "outcome": "failed"},
+               {"env": "Pendulum-v1", "outcome": "not run"},
+               {"env": "ale_py:ALE/Breakout-v5", "outcome": "not run"}]
+    assert [bench.family(r["env"]) for r in records] == [
+        "CartPole", "multi-agent CartPole", "Pendulum", "Atari"]
+    table = bench.markdown_table({"results": records, "experiments": 4, "passed": 1,
+                                  "failed": 1, "not run": 2}).splitlines()
+    assert table[2:] == ["| multi-agent CartPole | 1 | 0 | 1 | 0 |",
+                         "| CartPole | 1 | 1 | 0 | 0 |", "| Pendulum | 1 | 0 | 0 | 1 |",
+                         "| Atari | 1 | 0 | 0 | 1 |", "| **all** | 4 | **1** | 1 | 2 |"]
