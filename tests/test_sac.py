@@ -453,6 +453,9 @@ def test_acting_in_minus_one_one_explore_and_deterministic():
     assert actions.dtype == np.int64 and set(actions.tolist()) == {0, 1, 2}
     with pytest.raises(ValueError, match="not supported by SAC"):
         SACPolicy(OBS, gym.spaces.MultiDiscrete([2, 2]), SMALL)
+    with pytest.raises(ValueError, match="normalize_actions: false cannot be honoured"):
+        SACPolicy(OBS, wide, {**SMALL, "normalize_actions": False})
+    SACPolicy(OBS, gym.spaces.Discrete(2), {**SMALL, "normalize_actions": False})
 
 
 def test_no_done_at_end_bootstraps_every_row():

@@ -161,6 +161,12 @@ class SACPolicy(SoftTargetPolicy):
             raise ValueError(f"action space {action_space} is not supported by SAC: it needs "
                              "a float Box (continuous) or a Discrete action space")
         super().__init__(observation_space, action_space, config, device)
+        if box and not self.config.normalize_actions:
+            raise ValueError(
+                "normalize_actions: false cannot be honoured by SAC on a Box action space: "
+                "its tanh-squashed Gaussian acts in [-1, 1], which the sampler maps onto the "
+                "space's bounds (RLlib then switches to an unsquashed Gaussian, which "
+                "actorrl's SAC does not build); set normalize_actions: true")
         entropy = self.config.target_entropy
         self.target_entropy = (auto_target_entropy(action_space)
                                if entropy in (None, "auto") else float(entropy))

@@ -124,6 +124,9 @@ class SACPolicyConfig(PolicyConfig):
     limits do not)."""
     train_batch_size: int = derived(256, "train_batch_size")
     """Rows per update (counts the rows of gradients applied from elsewhere)."""
+    normalize_actions: bool = derived(True, "rollout.normalize_actions")
+    """Whether the sampler maps ``Box`` actions from [-1, 1] onto the space's bounds (SAC's
+    squashed Gaussian needs it)."""
     seed: int | None = derived(None, "seed")
     """Seed of the action-sampling RNG (offset by ``worker_index``)."""
     num_workers: int = derived(0, "num_workers")
