@@ -543,6 +543,10 @@ def test_rllib_keys_load():
     assert config.policy.q_net["fcnet_hiddens"] == [64]
     assert config.policy.policy_net == {**config.policy.policy_net,
                                         "fcnet_activation": "tanh", "fcnet_hiddens": [256, 256]}
+    old = load_config(SACConfig, {"q_model_config": {"hidden_activation": "tanh",
+                                                     "hidden_layer_sizes": [512]}})
+    assert (old.policy.q_net["fcnet_activation"], old.policy.q_net["fcnet_hiddens"]) == (
+        "tanh", [512])  # RLlib 0.8's names (its atari-sac file)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         config = load_config(SACConfig, {
@@ -558,6 +562,8 @@ def test_rllib_keys_load():
                        ({"Q_model": {"fcnet_hiddens": [0]}}, "fcnet_hiddens"),
                        ({"policy_model_config": {"custom_model": "x:Y"}}, "custom_model"),
                        ({"q_model_config": {"nonsense": 1}}, "nonsense"),
+                       ({"Q_model": {"hidden_layer_sizes": [8], "fcnet_hiddens": [9]}},
+                        "keep one"),
                        ({"optimization": {"actor_learning_rate": -1}}, "actor_learning_rate"),
                        ({"worker_side_prioritization": True}, "worker_side_prioritization")]:
         with pytest.raises(ConfigError, match=match):

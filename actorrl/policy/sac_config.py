@@ -26,14 +26,19 @@ SAC_NET_DEFAULTS: dict[str, Any] = {
 }
 """RLlib's defaults of ``q_model_config`` and ``policy_model_config`` (both the same)."""
 
+NET_ALIASES: dict[str, str] = {"hidden_activation": "fcnet_activation",
+                               "hidden_layer_sizes": "fcnet_hiddens"}
+"""RLlib 0.8-1.0's names of the two settings (its atari-sac file still writes them)."""
+
 ACTIVATIONS = ("relu", "tanh", "elu", "swish", "linear")
 """The ``fcnet_activation`` values SAC's networks accept (``None`` is ``linear``)."""
 
 
 def resolve_net_config(config: dict[str, Any] | None) -> dict[str, Any]:
     """``config`` over :data:`SAC_NET_DEFAULTS` (RLlib updates its defaults with the
-    given keys)."""
-    return {**SAC_NET_DEFAULTS, **(config or {})}
+    given keys), RLlib 0.8's :data:`NET_ALIASES` read as the keys they name."""
+    given = {NET_ALIASES.get(key, key): value for key, value in (config or {}).items()}
+    return {**SAC_NET_DEFAULTS, **given}
 
 
 def check_net_config(config: dict[str, Any]) -> list[tuple[str, str]]:
@@ -42,9 +47,14 @@ def check_net_config(config: dict[str, Any]) -> list[tuple[str, str]]:
     actorrl's SAC does not build (a custom model, post-fcnet layers)."""
     problems: list[tuple[str, str]] = []
     for key in config:
-        if key not in SAC_NET_DEFAULTS:
+        if key not in SAC_NET_DEFAULTS and key not in NET_ALIASES:
             problems.append((str(key), "unknown option of SAC's networks (supported: "
-                                       f"{', '.join(sorted(SAC_NET_DEFAULTS))})"))
+                                       f"{', '.join(sorted(SAC_NET_DEFAULTS))}; RLlib 0.8: "
+                                       f"{', '.join(NET_ALIASES)})"))
+    for old, new in NET_ALIASES.items():
+        if old in config and new in config and config[old] != config[new]:
+            problems.append((old, f"and {new} both set, to {config[old]!r} and "
+                                  f"{config[new]!r}: keep one"))
     if problems:
         return problems
     resolved = resolve_net_config(config)
