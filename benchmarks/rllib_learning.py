@@ -70,7 +70,7 @@ from rllib_tuned_examples import (  # noqa: E402  (after the path set-up above)
 )
 
 from actorrl.algorithms.stop import REWARD_KEY, TIMESTEPS_KEY, lookup  # noqa: E402
-from actorrl.config.aliases import resolve_stop_keys  # noqa: E402
+from actorrl.config.aliases import resolve_rllib_keys, resolve_stop_keys  # noqa: E402
 from actorrl.envs.retired import current_env_id, is_mujoco_id  # noqa: E402
 from actorrl.experiment.sweep import NUM_SAMPLES_KEY, expand_grid  # noqa: E402
 
@@ -382,6 +382,25 @@ def read_manifest(folder: Path) -> dict[str, str]:
     return {p[0]: p[1] for p in pairs if len(p) == 2}
 
 
+def canonical(experiment: dict[str, Any]) -> str:
+    """The experiment as actorrl runs it, as text: run, env (as the loader maps it), bar and
+    config with RLlib's other spellings read as actorrl's keys and the keys actorrl ignores
+    (``framework``, API-stack switches...) dropped. Versions of a file that differ only in
+    those are one experiment here and run once."""
+    config = experiment.get("config") if isinstance(experiment.get("config"), dict) else {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            values = resolve_rllib_keys(config, algorithm=str(experiment.get("run")).lower(),
+                                        env_known=False).values
+        except Exception:  # an algorithm the alias table does not know: compare as written
+            values = config
+    env = env_of(experiment)
+    return json.dumps({"run": str(experiment.get("run")).upper(), "env": env_run(env) or env,
+                       "bar": bar_of(experiment), "trials": experiment.get(NUM_SAMPLES_KEY),
+                       "config": values}, sort_keys=True, default=str)
+
+
 def key_of(record: dict[str, Any]) -> tuple[str, str | None, str]:
     """What identifies an experiment across runs: its file, commit and name."""
     return record["file"], record["commit"], record["experiment"]
@@ -466,10 +485,14 @@ def main(argv: list[str] | None = None) -> None:
                if r["outcome"] != "to run"} if args.resume else {}
     results: list[dict[str, Any]] = []
     rates: dict[tuple[str, str], dict[str, Any]] = {}
+    measured: dict[str, dict[str, Any]] = {}
     for i, (relative, name, experiment) in enumerate(found):
         path, commit = origin(relative, manifest)
         if (path, commit, name) in earlier:
             results.append(earlier[(path, commit, name)])
+            if results[-1]["outcome"] in ("passed", "failed") \
+                    and "same_run_as" not in results[-1]:
+                measured.setdefault(canonical(experiment), results[-1])
             continue
         bar = bar_of(experiment)
         env = env_of(experiment)
@@ -490,23 +513,38 @@ def main(argv: list[str] | None = None) -> None:
         else:
             if env_run(env):
                 record["env_run"] = env_run(env)
+            twin = measured.get(canonical(experiment))
+        if not reason and twin is not None:
+            record.update({k: v for k, v in twin.items() if k not in record and k != "env_run"},
+                          same_run_as=f"{twin['file']}@{twin['commit']} ({twin['experiment']})")
+        elif not reason:
             record.update(run_experiment(runnable_file(experiment, bar), bar,
                                          work=runs_dir / f"{i:03d}", cap_s=args.cap_s,
                                          probe_s=args.probe_s, max_s=args.max_hours * 3600,
                                          plan=args.plan_only, long_runs=not args.no_long_runs,
                                          rates=rates))
         results.append(record)
+        if not reason and "same_run_as" not in record and record["outcome"] != "to run":
+            measured.setdefault(canonical(experiment), record)
+        if args.out:
+            write_summary(args, runs_dir, results)
         shown = {k: record.get(k) for k in ("reward", "best_reward", "env_steps",
                                             "best_at_env_steps", "seconds") if k in record}
         print(f"[{i + 1}/{len(found)}] {record['outcome']:8} {path}@{(commit or '')[:10]} "
               f"({name}) {shown or record.get('reason', '')}", file=sys.stderr, flush=True)
+    print(json.dumps(write_summary(args, runs_dir, results), indent=1))
+
+
+def write_summary(args: argparse.Namespace, runs_dir: Path, results: list[dict[str, Any]]
+                  ) -> dict[str, Any]:
+    """The JSON of the runs so far, written to ``--out`` when given (after every
+    experiment, so an interrupted run can ``--resume``)."""
     summary = {"measured": time.strftime("%Y-%m-%d"), "folder": str(args.folder),
                "cap_s": args.cap_s, "max_hours": args.max_hours, "runs_dir": str(runs_dir),
                **summarize(results), "results": results}
-    text = json.dumps(summary, indent=1)
     if args.out:
-        args.out.write_text(text + "\n")
-    print(text)
+        args.out.write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
 
 
 if __name__ == "__main__":

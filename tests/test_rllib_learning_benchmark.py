@@ -163,3 +163,18 @@ def test_the_docs_table_counts_outcomes_by_env_family(bench) -> None:
     assert table[2:] == ["| multi-agent CartPole | 1 | 0 | 1 | 0 |",
                          "| CartPole | 1 | 1 | 0 | 0 |", "| Pendulum | 1 | 0 | 0 | 1 |",
                          "| Atari | 1 | 0 | 0 | 1 |", "| **all** | 4 | **1** | 1 | 2 |"]
+
+
+def test_versions_differing_only_in_what_actorrl_ignores_run_once(bench) -> None:
+    """framework, API-stack switches and RLlib's renamed keys (num_sgd_iter / num_epochs,
+    stop paths) do not make another experiment; a changed value or env does."""
+    old = {"run": "PPO", "env": "Pendulum-v0", "stop": {"episode_reward_mean": -500},
+           "config": {"framework": "tf", "num_sgd_iter": 6, "num_workers": 0}}
+    new = {"run": "PPO", "env": "Pendulum-v1",
+           "stop": {"env_runners/episode_return_mean": -500},
+           "config": {"framework": "torch", "num_epochs": 6, "num_env_runners": 0,
+                      "enable_connectors": True, "_enable_rl_module_api": True}}
+    assert bench.canonical(old) == bench.canonical(new)
+    assert bench.canonical(old) != bench.canonical(
+        {**old, "config": {**old["config"], "lr": 1e-3}})
+    assert bench.canonical(old) != bench.canonical({**old, "env": "CartPole-v0"})
