@@ -48,6 +48,7 @@ from actorrl.experiment.errors import UsageError
 from actorrl.experiment.extras import import_extra, require_extra
 from actorrl.experiment.inference import Policy, load_policy
 from actorrl.policy.recurrent import step_model
+from actorrl.util.files import jsonable
 
 FORMATS: dict[str, str] = {"onnx": ".onnx", "torchscript": ".pt", "safetensors": ".safetensors"}
 """Export format -> the default file suffix."""
@@ -204,18 +205,19 @@ def example_inputs(policy: Policy, batch: int = EXAMPLE_BATCH) -> tuple[Any, ...
         tensors += [torch.as_tensor(np.stack([s] * batch)) for s in policy.get_initial_state()]
         inputs = policy.torch_policy.recurrent_inputs
         if inputs.prev_actions:
-            tensors.append(torch.as_tensor(np.stack([policy._zero_action()] * batch)))
+            tensors.append(torch.as_tensor(np.stack([policy.zero_action()] * batch)))
         if inputs.prev_rewards:
             tensors.append(torch.zeros(batch, dtype=torch.float32))
     return tuple(tensors)
 
 
 def export_metadata(policy: Policy, fmt: str) -> dict[str, Any]:
-    """What every exported file records about where it came from and what it computes."""
+    """What every exported file records about where it came from and what it computes
+    (``model``: the policy's model config with every default filled in)."""
     from actorrl import __version__
+    from actorrl.policy.model_config import resolve_model_config
 
-    model = dict(policy.config.get("model") or (policy.config.get("policy") or {})
-                 .get("model") or {})
+    model = jsonable(resolve_model_config(getattr(policy.torch_policy.config, "model", None)))
     return {"format": f"actorrl-policy-{fmt}", "actorrl_version": __version__,
             "algorithm": policy.algorithm, "env": policy.env,
             "checkpoint": policy.checkpoint,

@@ -122,7 +122,7 @@ class Policy:
         state = self.get_initial_state() if start else list(state)
         inputs = self._policy.recurrent_inputs
         prev_action = self._previous(inputs.prev_actions, prev_action, start, "prev_action",
-                                     "lstm_use_prev_action", self._zero_action)
+                                     "lstm_use_prev_action", self.zero_action)
         if prev_action is not None and not start and self.action_options["normalize"]:
             from actorrl.data.actions import squash_action
 
@@ -148,7 +148,9 @@ class Policy:
             return zero()
         return value
 
-    def _zero_action(self) -> np.ndarray:
+    def zero_action(self) -> np.ndarray:
+        """A recurrent model's previous-action input at an episode's start (zeros of the
+        action space's shape)."""
         space = self.action_space
         return np.zeros(space.shape, np.int64 if space.shape == () else np.float32)
 
