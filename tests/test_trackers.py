@@ -283,3 +283,19 @@ def test_asking_for_a_tracker_without_its_extra_is_exit_2_and_no_folder(tmp_path
     assert proc.returncode == 2, proc.stderr
     assert 'pip install -e ".[mlflow]"' in proc.stderr
     assert not output.exists()
+
+
+@pytest.mark.unit
+def test_a_submitted_job_with_logger_config_is_refused_naming_train(tmp_path: Path) -> None:
+    """``actorrl submit`` jobs are not tracked: the file's logger_config is refused with
+    the command that does track."""
+    import argparse
+
+    from actorrl.cli.cluster import CommandError, _read_submission
+
+    path = tmp_path / "job.yaml"
+    path.write_text("algorithm: ppo\nlogger_config: {mlflow: {tracking_uri: ./mlruns}}\n")
+    args = argparse.Namespace(config=str(path), set=[], algorithm=None)
+    with pytest.raises(CommandError, match=r"a submitted job is not tracked.*actorrl train "
+                                           r"--config .* --address ADDRESS"):
+        _read_submission(args)

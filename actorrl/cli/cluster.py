@@ -330,6 +330,11 @@ def _read_submission(args: argparse.Namespace) -> dict[str, Any]:
     if "algorithm" not in config:
         raise CommandError(f"{args.config} has no 'algorithm' key; add one or pass "
                            "--algorithm NAME")
+    if "logger_config" in config:
+        raise CommandError(f"{args.config} has logger_config (W&B / MLflow): a submitted "
+                           "job is not tracked; remove it, or train with `actorrl train "
+                           f"--config {args.config} --address ADDRESS`, which tracks from "
+                           "its own process")
     return config
 
 
