@@ -26,6 +26,7 @@ import torch
 
 from actorrl.data.batch import SampleBatch
 from actorrl.policy.action_dist import dist_class_for
+from actorrl.policy.action_masking import masked_model
 from actorrl.policy.advantages import compute_advantages
 from actorrl.policy.base import LossOutput, TorchPolicy
 from actorrl.policy.config import ActorCriticPolicyConfig
@@ -61,10 +62,12 @@ class ActorCriticPolicy(TorchPolicy):
         self.dist_class = dist_class_for(action_space, self.config.normalize_actions)
 
     def make_model(self) -> torch.nn.Module:
-        """The catalog model with the distribution's number of outputs."""
+        """The catalog model with the distribution's number of outputs (masked for an
+        ``action_mask`` observation: :mod:`actorrl.policy.action_masking`)."""
         num_outputs = self.dist_class.required_outputs(self.action_space)
-        return make_model(self.observation_space, self.action_space, num_outputs,
-                          self.config.model)
+        return masked_model(self.observation_space, self.action_space,
+                            lambda space: make_model(space, self.action_space, num_outputs,
+                                                     self.config.model))
 
     @torch.inference_mode()  # cheaper per op than no_grad; nothing here trains
     def compute_actions(self, obs: np.ndarray, explore: bool = True, *,

@@ -47,6 +47,7 @@ import torch
 from torch import nn
 
 from actorrl.data.batch import SampleBatch, chop_into_sequences
+from actorrl.policy.action_masking import legal_values, mask_layout, masked_model
 from actorrl.policy.base import LossOutput, TorchPolicy
 from actorrl.policy.config import DQNPolicyConfig, ExplorationConfig
 from actorrl.policy.encoders import build_encoder, build_mlp
@@ -219,9 +220,12 @@ class DQNPolicy(TorchPolicy):
 
     # ---- model and acting ----------------------------------------------------------------
     def make_model(self) -> nn.Module:
-        """The Q network (see :class:`QNetwork`)."""
-        return build_q_network(self.observation_space, int(self.action_space.n),
-                               self.config)
+        """The Q network (see :class:`QNetwork`); for an ``action_mask`` observation, built
+        on its ``observations`` and masked (:mod:`actorrl.policy.action_masking`: masked
+        Q-values are never greedy actions nor target maxima)."""
+        return masked_model(self.observation_space, self.action_space,
+                            lambda space: build_q_network(space, int(self.action_space.n),
+                                                          self.config))
 
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         """Adam with ``lr`` and ``adam_epsilon``."""
@@ -263,10 +267,19 @@ class DQNPolicy(TorchPolicy):
             epsilon = self.current_epsilon()
             if epsilon > 0.0:
                 explore_rows = self._rng.random(len(actions)) < epsilon
-                random_actions = self._rng.integers(0, self.action_space.n, len(actions))
+                random_actions = self._random_actions(np.asarray(obs), len(actions))
                 actions = np.where(explore_rows, random_actions, actions)
             self.global_timestep += len(actions)
         return actions.astype(np.int64), extras
+
+    def _random_actions(self, obs: np.ndarray, count: int) -> np.ndarray:
+        """Uniform random actions; with an action mask, uniform among each row's legal
+        ones."""
+        layout = mask_layout(self.model)
+        if layout is None:
+            return self._rng.integers(0, self.action_space.n, count)
+        scores = self._rng.random((count, int(self.action_space.n)))
+        return np.where(layout.legal(obs), scores, -1.0).argmax(axis=1)
 
     # ---- postprocessing ------------------------------------------------------------------
     def postprocess_trajectory(self, batch: SampleBatch) -> SampleBatch:
@@ -367,11 +380,12 @@ class DQNPolicy(TorchPolicy):
         if weights is not None:
             per_row = weights.float() * per_row
         loss = per_row.mean()
+        q_stats = q_t.detach() if mask_layout(self.model) is None else legal_values(q_t.detach())
         stats = {
             "loss": loss.detach(),
-            "mean_q": q_t.detach().mean(),
-            "min_q": q_t.detach().min(),
-            "max_q": q_t.detach().max(),
+            "mean_q": q_stats.mean(),
+            "min_q": q_stats.min(),
+            "max_q": q_stats.max(),
             "mean_td_error": td_error.detach().mean(),
             "cur_lr": self.optimizer.param_groups[0]["lr"],
         }

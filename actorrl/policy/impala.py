@@ -36,6 +36,7 @@ from torch import nn
 
 from actorrl.data.batch import SampleBatch
 from actorrl.policy.action_dist import dist_class_for
+from actorrl.policy.action_masking import masked_model
 from actorrl.policy.advantages import vtrace_from_importance_weights
 from actorrl.policy.base import LossOutput, TorchPolicy
 from actorrl.policy.config import ImpalaPolicyConfig
@@ -108,10 +109,12 @@ class ImpalaPolicy(TorchPolicy):
 
     def make_model(self) -> nn.Module:
         """The catalog's actor-critic model (or ``model.custom_model``): ``forward(obs) ->
-        (action_dist_inputs, value)``."""
+        (action_dist_inputs, value)``, masked for an ``action_mask`` observation
+        (:mod:`actorrl.policy.action_masking`)."""
         num_outputs = self.dist_class.required_outputs(self.action_space)
-        return make_model(self.observation_space, self.action_space, num_outputs,
-                          self.config.model)
+        return masked_model(self.observation_space, self.action_space,
+                            lambda space: make_model(space, self.action_space, num_outputs,
+                                                     self.config.model))
 
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         """Adam, or RMSProp with ``decay``, ``momentum`` and ``epsilon`` (``opt_type``)."""
