@@ -147,34 +147,14 @@ def test_torchscript_export_loads_with_plain_torch(v1_checkpoint: Path, tmp_path
                                atol=1e-5)
 
 
-class DocumentedActorCritic:
-    """The default actor-critic MLP in plain torch, as docs/export.md shows it."""
+DOCS_PAGE = Path(__file__).resolve().parent.parent / "docs" / "tracking-and-export.md"
 
-    @staticmethod
-    def build(obs_dim: int, num_actions: int, hiddens: list[int]):
-        from torch import nn
 
-        def encoder() -> nn.Sequential:
-            layers: list[nn.Module] = []
-            size = obs_dim
-            for hidden in hiddens:
-                layers += [nn.Linear(size, hidden), nn.Tanh()]
-                size = hidden
-            return nn.Sequential(nn.Flatten(), nn.Sequential(*layers))
-
-        class ActorCritic(nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.encoder = encoder()
-                self.policy_head = nn.Linear(hiddens[-1], num_actions)
-                self.value_encoder = encoder()
-                self.value_head = nn.Linear(hiddens[-1], 1)
-
-            def forward(self, obs):
-                return (self.policy_head(self.encoder(obs)),
-                        self.value_head(self.value_encoder(obs)).squeeze(-1))
-
-        return ActorCritic()
+def documented_safetensors_code() -> str:
+    """The plain-torch code of the docs' safetensors section, as the page shows it."""
+    text = DOCS_PAGE.read_text()
+    section = text[text.index("### safetensors"):]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
 
 
 @needs_safetensors
@@ -185,7 +165,6 @@ def test_safetensors_weights_load_into_the_documented_model(v1_checkpoint: Path,
     from the file's metadata it computes 0.2's logits and values."""
     import torch
     from safetensors import safe_open
-    from safetensors.torch import load_file
 
     from actorrl.experiment.export import export_policy
 
@@ -193,9 +172,11 @@ def test_safetensors_weights_load_into_the_documented_model(v1_checkpoint: Path,
     with safe_open(str(out), "pt") as f:
         meta = json.loads(f.metadata()["actorrl"])
     assert meta["model"]["fcnet_hiddens"] == [16, 16] and meta["action_space"] == "Discrete(2)"
-    model = DocumentedActorCritic.build(4, 2, meta["model"]["fcnet_hiddens"])
-    model.load_state_dict(load_file(str(out)))  # strict: every name and shape matches
-    stats = meta["observation_filter"]
+    code = documented_safetensors_code()
+    assert code.count('"policy.safetensors"') == 2
+    namespace: dict = {}
+    exec(code.replace('"policy.safetensors"', repr(str(out))), namespace)  # the docs' code
+    model, stats = namespace["model"], namespace["stats"]
     obs = torch.tensor(expected["observations"])
     x = ((obs - torch.tensor(stats["mean"])) / (torch.tensor(stats["std"]) + 1e-8)).clamp(
         -stats["clip"], stats["clip"]).float()
@@ -227,8 +208,9 @@ def test_a_missing_extra_names_the_pip_command(v1_checkpoint: Path, monkeypatch)
 # ---- recurrent, Q-learning and continuous policies, through the CLI --------------------------
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A tiny IMPALA LSTM run (previous action and reward as inputs, MeanStdFilter), a tiny
-    Ape-X run and a tiny PPO Pendulum run (continuous actions), one results folder each."""
+    """Tiny runs, one results folder each: IMPALA LSTM (previous action and reward as
+    inputs, MeanStdFilter), Ape-X, PPO on Pendulum (continuous actions) and A2C on a Dict
+    observation with MultiDiscrete actions."""
     base = tmp_path_factory.mktemp("export-runs")
     lstm_model = json.dumps({"use_lstm": True, "lstm_cell_size": 8, "fcnet_hiddens": [8],
                              "lstm_use_prev_action": True, "lstm_use_prev_reward": True,
@@ -239,7 +221,10 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                      "--set", 'model={"fcnet_hiddens":[16]}', "--set", "hiddens=[16]",
                      "--stop-timesteps", "600"],
             "ppo": ["--env", "Pendulum-v1", "--set", "train_batch_size=400", "--set",
-                    'model={"fcnet_hiddens":[16]}', "--stop-timesteps", "400"]}
+                    'model={"fcnet_hiddens":[16]}', "--stop-timesteps", "400"],
+            "a2c": ["--env", "tests.actors.space_envs:make", "--set",
+                    'env_config={"obs": "dict", "actions": "multidiscrete"}',
+                    "--stop-timesteps", "400"]}
     folders = {}
     for algo, args in runs.items():
         output = base / algo
@@ -381,3 +366,23 @@ def test_a_continuous_policy_exports_the_env_action(trained: dict, tmp_path: Pat
     mean = dist_inputs[:, :1].astype(np.float64)
     np.testing.assert_allclose(actions, np.clip(-2.0 + (mean + 1.0) * 2.0, -2.0, 2.0),
                                rtol=1e-5, atol=1e-6)
+
+
+@needs_onnx
+def test_a_structured_observation_policy_exports_on_flattened_rows(trained: dict,
+                                                                   tmp_path: Path) -> None:
+    """Dict observations, MultiDiscrete actions: the graph takes the rows preprocess()
+    gives (the workers' flattening) and returns each component's argmax."""
+    import onnxruntime
+
+    from actorrl.experiment.export import export_policy
+
+    policy = actorrl.load_policy(trained["a2c"])
+    assert type(policy.observation_space).__name__ == "Dict"
+    session = onnxruntime.InferenceSession(str(export_policy(trained["a2c"], "onnx",
+                                                             tmp_path / "d.onnx")))
+    raw = [policy.observation_space.sample() for _ in range(16)]
+    rows = np.stack([policy.preprocess(o) for o in raw]).astype(np.float32)
+    actions, _ = session.run(None, {"obs": rows})
+    assert actions.shape == (16, 2)
+    np.testing.assert_array_equal(actions, np.stack([policy.compute_action(o) for o in raw]))
