@@ -90,8 +90,37 @@ NON_DEFAULT["dqn"] = {**NON_DEFAULT["apex"], "final_prioritized_replay_beta": 0.
                       "prioritized_replay_beta_annealing_timesteps": 99}
 """DQN has Ape-X's keys (other defaults: RLlib's DQN), so Ape-X's values are non-default
 for it too, and anneals beta."""
+_DQN_ONLY = {"adam_epsilon", "double_q", "dueling", "hiddens", "per_worker_exploration",
+             "batch_replay", "lr_schedule"}
+_DDPG = {"policy_delay": 3, "smooth_target_policy": True, "target_noise": 0.3,
+         "target_noise_clip": 0.4, "actor_hiddens": [5, 6], "actor_hidden_activation": "tanh",
+         "critic_hiddens": [7, 8], "critic_hidden_activation": "elu", "actor_lr": 0.01,
+         "critic_lr": 0.02, "l2_reg": 0.5, "no_done_at_end": True, "tau": 0.3, "twin_q": True,
+         "use_huber": True,
+         "exploration_config": {"type": "GaussianNoise", "random_timesteps": 5, "stddev": 0.3,
+                                "initial_scale": 0.9, "final_scale": 0.1,
+                                "scale_timesteps": 7}}
+NON_DEFAULT["ddpg"] = {**{k: v for k, v in NON_DEFAULT["dqn"].items() if k not in _DQN_ONLY},
+                       **_DDPG}
+NON_DEFAULT["td3"] = {**NON_DEFAULT["ddpg"], "twin_q": False, "smooth_target_policy": False,
+                      "prioritized_replay": True,
+                      "exploration_config": {**_DDPG["exploration_config"],
+                                             "type": "OrnsteinUhlenbeckNoise", "ou_theta": 0.1,
+                                             "ou_sigma": 0.3, "ou_base_scale": 0.2,
+                                             "stddev": None}}
+del NON_DEFAULT["td3"]["exploration_config"]["stddev"]
+NON_DEFAULT["apex_ddpg"] = {**{k: v for k, v in NON_DEFAULT["apex"].items()
+                               if k not in _DQN_ONLY}, **_DDPG,
+                            "worker_side_prioritization": False}
+"""DDPG, TD3 and Ape-X DDPG have DQN's and Ape-X's replay keys without the Q-network's
+(``batch_replay`` and ``lr_schedule`` they refuse), and DDPG's policy keys."""
+CONTINUOUS = {"ddpg", "td3", "apex_ddpg"}
+"""Algorithms for Box actions only: their components are built on Pendulum-v1."""
 FIXED = {"impala": {"batch_mode"}, "appo": {"batch_mode"},
-         "apex": {"final_prioritized_replay_beta", "prioritized_replay_beta_annealing_timesteps"}}
+         "apex": {"final_prioritized_replay_beta", "prioritized_replay_beta_annealing_timesteps"},
+         "ddpg": {"batch_replay", "lr_schedule"}, "td3": {"batch_replay", "lr_schedule"},
+         "apex_ddpg": {"batch_replay", "lr_schedule", "final_prioritized_replay_beta",
+                       "prioritized_replay_beta_annealing_timesteps"}}
 """Keys with one valid value for an algorithm (IMPALA and APPO need truncated fragments;
 Ape-X's beta is constant, as RLlib's: its flat beta-annealing keys are ignored)."""
 LOAD_ONLY = {"preprocessor_pref"}
@@ -181,12 +210,13 @@ def test_components_built_from_the_wire_form_keep_every_value(name: str) -> None
     """What the actors receive (``to_dict()`` over the wire) loads back to the same
     dataclasses, and the objects built from them carry them."""
     spec = get_algorithm(name)
-    config = load_config(spec.config_cls, {**NON_DEFAULT[name], "env": "CartPole-v1",
+    env = "Pendulum-v1" if name in CONTINUOUS else "CartPole-v1"
+    config = load_config(spec.config_cls, {**NON_DEFAULT[name], "env": env,
                                            "env_config": {}})
     parts = components(name, config)
     worker_dict = config.worker_config().to_dict()
-    policy_cls = RolloutWorker("CartPole-v1", spec.policy, worker_dict).get_policy()
-    worker = RolloutWorker("CartPole-v1", spec.policy, worker_dict, worker_index=2,
+    policy_cls = RolloutWorker(env, spec.policy, worker_dict).get_policy()
+    worker = RolloutWorker(env, spec.policy, worker_dict, worker_index=2,
                            num_workers=3)
     try:
         assert worker.rollout_config == parts["rollout"]
@@ -197,8 +227,9 @@ def test_components_built_from_the_wire_form_keep_every_value(name: str) -> None
         assert policy_config == parts["policy"].replace(**context)
     finally:
         worker.stop()
-    policy = type(policy_cls)(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2),
-                              parts["policy"])
+    action_space = (gym.spaces.Box(-1, 1, (1,)) if name in CONTINUOUS
+                    else gym.spaces.Discrete(2))
+    policy = type(policy_cls)(gym.spaces.Box(-1, 1, (4,)), action_space, parts["policy"])
     assert policy.config is parts["policy"]
     assert load_worker_config(worker_dict, type(parts["policy"])) == config.worker_config()
     if "learner" in parts:
@@ -360,6 +391,11 @@ REPLAY_CASE = {**SMALL, "debug": True, "train_batch_size": 32, "max_weight_sync_
                "num_replay_buffer_shards": 2, "batch_replay": True, "buffer_size": 2000,
                "prioritized_replay": False, "hiddens": [8]}
 """Ape-X's and DQN's trainer case (the replay pipeline)."""
+DDPG_CASE = {**{k: v for k, v in REPLAY_CASE.items() if k not in ("batch_replay", "hiddens")},
+             "env": "Pendulum-v1", "actor_hiddens": [8], "critic_hiddens": [8],
+             "timesteps_per_iteration": 0}
+"""DDPG's, TD3's and Ape-X DDPG's trainer case (the replay pipeline on a Box env; their
+iterations' env-step minimum set to 0 as Ape-X DQN's, so the time bound shows)."""
 REPLAY_READ = COMMON_READ | {"num_gpus", "debug", "max_weight_sync_delay", "training_intensity",
                              "learning_starts", "learner_queue_size",
                              "num_replay_buffer_shards", "batch_replay"}
@@ -391,6 +427,9 @@ TRAINER_CASES: dict[str, tuple[str, dict[str, Any], set[str]]] = {
             COMMON_READ | {"num_gpus"}),
     "ppo-steps": ("ppo", {**STEPS, "train_batch_size": 128, "sgd_minibatch_size": 32},
                   {"timesteps_per_iteration"}),
+    **{name: (name, DDPG_CASE, REPLAY_READ - {"batch_replay"}) for name in CONTINUOUS},
+    **{f"{name}-steps": (name, {**STEPS, "env": "Pendulum-v1", "learning_starts": 10_000},
+                         {"timesteps_per_iteration"}) for name in CONTINUOUS},
 }
 """Case -> (algorithm, a small config, the trainer keys it proves read). Together an
 algorithm's cases prove every key no component carries (see
@@ -428,9 +467,13 @@ def _batch_size_received(t: Any, d: RecordingDriver) -> int:
     return microbatch if microbatch is not None else _learner(t, d).config.train_batch_size
 
 
+OBS_SHAPES = {"Acrobot-v1": (6,), "Pendulum-v1": (3,)}
+"""The observation shape of the trainer cases' envs (the workers built them)."""
 READS: dict[str, Any] = {
-    "env": lambda t, d, r: {c["args"][0] for c in d.made("worker")} == {"Acrobot-v1"}
-    and {d.instance(w).worker.env.observation_space.shape for w in t.workers} == {(6,)},
+    "env": lambda t, d, r: {c["args"][0] for c in d.made("worker")} == {t.config.env}
+    != {type(t.config)().env}
+    and {d.instance(w).worker.env.observation_space.shape for w in t.workers}
+    == {OBS_SHAPES[t.config.env]},
     "num_workers": lambda t, d, r: len(d.made("worker")) == 3 == len(t.workers)
     == r["num_healthy_workers"],
     "seed": lambda t, d, r: [d.instance(w).worker.seed for w in t.workers] == [5, 5, 5],

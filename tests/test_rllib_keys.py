@@ -74,6 +74,7 @@ IGNORED_OFF: dict[str, Any] = {
     "_lr_vf": 0.001, "num_aggregation_workers": 2, "object_store_memory": 0,
     "object_store_memory_per_worker": 0, "num_accs_per_worker": 0, "no_done_at_end": False,
     "num_cpus_per_learner_worker": 1, "grad_clip_by": "global_norm", "soft_horizon": False,
+    "use_state_preprocessor": False,
 }
 REFUSED: dict[str, Any] = {
     # key -> a value that would change learning and that actorrl cannot honour
@@ -86,7 +87,7 @@ REFUSED: dict[str, Any] = {
     "create_env_on_driver": True, "use_pytorch": "yes", "eager": 1, "eager_tracing": "no",
     "_enable_rl_module_api": 1, "_enable_learner_api": "x", "_enable_new_api_stack": 0,
     "enable_rl_module_and_learner": "yes", "enable_env_runner_and_connector_v2": 1,
-    "disable_env_checking": "x", "soft_horizon": True,
+    "disable_env_checking": "x", "soft_horizon": True, "use_state_preprocessor": True,
     "replay_buffer_config._enable_replay_buffer_api": "x",
     "replay_buffer_config.replay_sequence_length": 20,
     "replay_buffer_config.replay_burn_in": 10,

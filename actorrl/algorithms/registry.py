@@ -11,13 +11,16 @@ def _registry() -> dict[str, AlgorithmSpec]:
     from actorrl.algorithms.a2c import A2C
     from actorrl.algorithms.a3c import A3C
     from actorrl.algorithms.apex import APEX
+    from actorrl.algorithms.apex_ddpg import APEX_DDPG
     from actorrl.algorithms.appo import APPO
+    from actorrl.algorithms.ddpg import DDPG, TD3
     from actorrl.algorithms.dqn import DQN
     from actorrl.algorithms.impala import IMPALA
     from actorrl.algorithms.ppo import PPO
     from actorrl.algorithms.sac import SAC
 
-    return {spec.name: spec for spec in (APEX, DQN, A3C, IMPALA, A2C, APPO, PPO, SAC)}
+    specs = (APEX, DQN, A3C, IMPALA, A2C, APPO, PPO, SAC, DDPG, TD3, APEX_DDPG)
+    return {spec.name: spec for spec in specs}
 
 
 def algorithm_names() -> list[str]:

@@ -324,6 +324,11 @@ IGNORED: tuple[Ignored, ...] = (
             "episode ends are terminal, as actorrl's (time limits are truncations)",
             "actorrl marks an episode's end terminal unless the env truncates it (gymnasium's "
             "TimeLimit); set no_done_at_end: false (SAC honours true)"),
+    Ignored("use_state_preprocessor", "0.8-2.x (DDPG)", _is(False), "false",
+            "DDPG's networks read the observation directly, as RLlib's default",
+            "actorrl's DDPG builds no state preprocessor before its networks (each reads "
+            "the flattened observation, or model's conv stack for images); set "
+            "use_state_preprocessor: false"),
     Ignored("soft_horizon", "0.8-1.x", _is(False), "false",
             "episodes cut at horizon reset the env, as actorrl's horizon does",
             "actorrl's horizon cuts episodes (the env resets); RLlib's soft horizon, which "
@@ -376,7 +381,7 @@ RLLIB_ONLY_KEYS: dict[str, str] = {
 """RLlib keys actorrl does not have, whose near names mean something else: refused
 without a did-you-mean."""
 
-RLLIB_ONLY_ALGORITHMS = ("DQN", "DDPG", "TD3", "APEX_DDPG", "DDPPO", "PG", "MARWIL",
+RLLIB_ONLY_ALGORITHMS = ("DQN", "DDPPO", "PG", "MARWIL",
                          "BC", "CQL", "ES", "ARS", "R2D2", "SimpleQ", "Rainbow", "QMIX",
                          "MADDPG", "Dreamer", "DreamerV3", "SlateQ", "CRR", "AlphaZero",
                          "LinUCB", "LinTS", "MAML", "MBMPO", "LeelaChessZero", "DT", "IQL")
@@ -684,6 +689,11 @@ def _model_keys(out: dict[str, Any], problems: list[str]) -> None:
 
 EPSILON_TYPES = ("EpsilonGreedy", "PerWorkerEpsilonGreedy")
 """``exploration_config.type`` values of actorrl's Q-learning policies."""
+NOISE_ALGORITHMS = ("ddpg", "td3", "apexddpg")
+"""Algorithms whose deterministic policies explore with noise: their policy config checks
+``exploration_config`` (``OrnsteinUhlenbeckNoise``, ``GaussianNoise`` and the
+``PerWorker`` forms). Names compared without underscores (``apex_ddpg``, as its config
+class ``ApexDDPGConfig`` names it: ``apexddpg``)."""
 POLICY_GRADIENT = ("a2c", "a3c", "impala", "appo", "ppo", "sac")
 """Algorithms whose policies explore by sampling their action distribution."""
 
@@ -691,7 +701,8 @@ POLICY_GRADIENT = ("a2c", "a3c", "impala", "appo", "ppo", "sac")
 def _exploration_types(out: dict[str, Any], algorithm: str, problems: list[str]) -> None:
     """``exploration_config`` of a type actorrl's policies do not explore with: on the
     policy-gradient algorithms RLlib's ``StochasticSampling`` (or ``{}``) is what they do
-    (ignored with a warning); any other type is refused, naming it."""
+    (ignored with a warning); any other type is refused, naming it. DDPG's, TD3's and
+    Ape-X DDPG's noise types are their policy config's to check."""
     explore = out.get("exploration_config")
     if not isinstance(explore, Mapping) or not algorithm:
         return
@@ -707,6 +718,8 @@ def _exploration_types(out: dict[str, Any], algorithm: str, problems: list[str])
             problems.append(f"exploration_config: {shown(explore)} cannot be honoured: "
                             f"{algorithm}'s policy explores by sampling its action "
                             "distribution (StochasticSampling); drop exploration_config")
+    elif algorithm.replace("_", "") in NOISE_ALGORITHMS:
+        return
     elif kind is not None and kind not in EPSILON_TYPES:
         out.pop("exploration_config")
         problems.append(f"exploration_config.type: {kind!r} cannot be honoured: actorrl's "
@@ -772,7 +785,7 @@ def _final_beta(out: dict[str, Any], given: dict[str, list[tuple[str, Any]]], al
     if final == beta:
         _warn("final_prioritized_replay_beta", final, "equal to prioritized_replay_beta: "
               "beta is constant")
-    elif algorithm == "apex":
+    elif algorithm.replace("_", "") in ("apex", "apexddpg"):
         _warn("final_prioritized_replay_beta", final, "RLlib's Ape-X never annealed beta "
               "(its replay shards use prioritized_replay_beta throughout), nor does actorrl")
     else:

@@ -33,7 +33,9 @@ _POLICY_KEYS = (
     "entropy_coeff_schedule", "clip_param", "vf_clip_param", "use_kl_loss", "kl_coeff",
     "kl_target", "target_update_frequency", "twin_q", "tau", "initial_alpha",
     "target_entropy", "optimization", "q_model_config", "policy_model_config",
-    "no_done_at_end")
+    "no_done_at_end", "policy_delay", "smooth_target_policy", "target_noise",
+    "target_noise_clip", "actor_hiddens", "actor_hidden_activation", "critic_hiddens",
+    "critic_hidden_activation", "actor_lr", "critic_lr", "l2_reg", "use_huber")
 
 
 _ROLLOUT_KEYS = ("num_envs_per_worker", "rollout_fragment_length", "batch_mode", "explore",
