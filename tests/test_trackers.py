@@ -299,3 +299,62 @@ def test_a_submitted_job_with_logger_config_is_refused_naming_train(tmp_path: Pa
     with pytest.raises(CommandError, match=r"a submitted job is not tracked.*actorrl train "
                                            r"--config .* --address ADDRESS"):
         _read_submission(args)
+
+
+@pytest.mark.skipif(not _both_installed(), reason="the wandb and mlflow extras are not "
+                    "installed (pip install -e \".[wandb,mlflow]\")")
+def test_an_interrupted_run_ends_its_tracker_runs_as_interrupted(tmp_path: Path) -> None:
+    """SIGINT after the first result: the run stops (exit 130) with its final checkpoint,
+    and both trackers hold every result, that checkpoint and the interruption (MLflow
+    KILLED, W&B exit code 130)."""
+    import select
+    import signal
+    import subprocess
+    import time
+
+    from tests.helpers.cluster import CLI
+
+    tag = f"tracked-sigint-{tmp_path.name}"
+    output, store = tmp_path / "results", tmp_path / "mlruns"
+    args = ["train", "ppo", "--env", "CartPole-v1", "--num-workers", "1", "--set",
+            "train_batch_size=400", "--stop-reward", "none", "--stop-time", "120",
+            "--checkpoint-every", "0", "--progress", "plain", "--output", str(output),
+            "--wandb", "arl-sigint", "--mlflow", str(store)]
+    proc = subprocess.Popen([*CLI, *args], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=_offline_env(tmp_path, tag))
+    try:
+        assert proc.stdout is not None
+        seen, deadline = b"", time.monotonic() + RUN_TIMEOUT_S
+        while b"result iter=" not in seen:
+            assert time.monotonic() < deadline, seen.decode(errors="replace")
+            ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+            if ready:
+                chunk = proc.stdout.read1(65536)
+                assert chunk, f"exit {proc.poll()}: {seen.decode(errors='replace')}"
+                seen += chunk
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=RUN_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err.decode(errors="replace")
+    assert_no_process_left(tag)
+    [run] = run_dirs(output)
+    results = read_jsonl(run / "result.jsonl")
+    [checkpoint] = sorted((run / "checkpoints").iterdir())
+
+    from tests.helpers.wandb_offline import read_offline_run
+
+    [folder] = (run / "wandb").glob("offline-run-*")
+    logged = read_offline_run(folder)
+    assert [h["_step"] for h in logged.history] == [r["training_iteration"] for r in results]
+    assert len(logged.artifacts) == 1 and logged.exit_code == 130
+
+    client = _mlflow_client(store)
+    [mlrun] = client.search_runs([client.get_experiment_by_name("actorrl").experiment_id])
+    assert mlrun.info.status == "KILLED"
+    history = client.get_metric_history(mlrun.info.run_id, "timesteps_total")
+    assert [m.value for m in history] == [r["timesteps_total"] for r in results]
+    assert [a.path for a in client.list_artifacts(mlrun.info.run_id, "checkpoints")] == [
+        f"checkpoints/{checkpoint.name}"]
