@@ -409,6 +409,11 @@ def test_target_update_period_counts_env_steps_as_trained_rows():
                                            "train_batch_size": 32})
     assert config.component("policy").target_network_update_freq == 32 * 32
     assert load_config(spec.config_cls, {}).component("policy").target_network_update_freq == 1
+    # An explicit training_intensity replaces the natural ratio, in both places.
+    config = load_config(spec.config_cls, {"training_intensity": 64,
+                                           "target_network_update_freq": 10})
+    assert config.effective_training_intensity() == 64
+    assert config.component("policy").target_network_update_freq == 640
 
 
 def test_checkpoint_state_carries_alpha_targets_and_optimizer():
