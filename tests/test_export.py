@@ -206,6 +206,11 @@ def test_a_missing_extra_names_the_pip_command(v1_checkpoint: Path, monkeypatch)
 
 
 # ---- recurrent, Q-learning and continuous policies, through the CLI --------------------------
+SHARES_THE_RUNS = pytest.mark.xdist_group("test_export-trained")
+"""For the tests that read the module's tiny runs: under ``--dist loadgroup`` they run in
+one pytest-xdist worker, so the runs are trained once."""
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Tiny runs, one results folder each: IMPALA LSTM (previous action and reward as
@@ -253,6 +258,7 @@ def _episode(policy, steps: int = 25) -> list[tuple[np.ndarray, int, float, list
     return rows
 
 
+@SHARES_THE_RUNS
 def test_a_recurrent_policy_takes_its_state_in_and_gives_it_out(trained: dict) -> None:
     policy = actorrl.load_policy(trained["impala"])
     assert policy.is_recurrent and len(policy.get_initial_state()) == 4
@@ -269,6 +275,7 @@ def test_a_recurrent_policy_takes_its_state_in_and_gives_it_out(trained: dict) -
         previous, reward = action, 1.0
 
 
+@SHARES_THE_RUNS
 @needs_onnx
 def test_recurrent_onnx_and_torchscript_carry_the_state_as_the_torch_policy(
         trained: dict, tmp_path: Path) -> None:
@@ -305,6 +312,7 @@ def test_recurrent_onnx_and_torchscript_carry_the_state_as_the_torch_policy(
         prev_action = np.array([action], np.int64)
 
 
+@SHARES_THE_RUNS
 @needs_onnx
 def test_a_q_policy_exports_its_q_values(trained: dict, tmp_path: Path) -> None:
     """Ape-X: the graph's outputs are the Q-values and their argmax, as the torch policy."""
@@ -328,6 +336,7 @@ def test_a_q_policy_exports_its_q_values(trained: dict, tmp_path: Path) -> None:
     assert actions.tolist() == [policy.compute_action(o) for o in obs]
 
 
+@SHARES_THE_RUNS
 def test_export_cli_writes_next_to_the_checkpoint_and_refuses_bad_input(
         trained: dict, tmp_path: Path) -> None:
     proc = run_cli(["export", str(trained["apex"]), "--format", "torchscript"], cwd=tmp_path,
@@ -346,6 +355,7 @@ def test_export_cli_writes_next_to_the_checkpoint_and_refuses_bad_input(
         assert "Traceback" not in proc.stderr
 
 
+@SHARES_THE_RUNS
 @needs_onnx
 def test_a_continuous_policy_exports_the_env_action(trained: dict, tmp_path: Path) -> None:
     """Pendulum (normalize_actions): the Gaussian's mean mapped from [-1, 1] onto the
@@ -368,6 +378,7 @@ def test_a_continuous_policy_exports_the_env_action(trained: dict, tmp_path: Pat
                                rtol=1e-5, atol=1e-6)
 
 
+@SHARES_THE_RUNS
 @needs_onnx
 def test_a_structured_observation_policy_exports_on_flattened_rows(trained: dict,
                                                                    tmp_path: Path) -> None:
