@@ -114,13 +114,27 @@ NON_DEFAULT["apex_ddpg"] = {**{k: v for k, v in NON_DEFAULT["apex"].items()
                             "worker_side_prioritization": False}
 """DDPG, TD3 and Ape-X DDPG have DQN's and Ape-X's replay keys without the Q-network's
 (``batch_replay`` and ``lr_schedule`` they refuse), and DDPG's policy keys."""
+NON_DEFAULT["sac"] = {
+    **{k: v for k, v in NON_DEFAULT["dqn"].items()
+       if k not in _DQN_ONLY | {"exploration_config", "huber_threshold",
+                                "worker_side_prioritization"}},
+    "twin_q": False, "q_model_config": {"fcnet_hiddens": [5]},
+    "policy_model_config": {"fcnet_hiddens": [6], "fcnet_activation": "tanh"}, "tau": 0.3,
+    "initial_alpha": 0.5, "target_entropy": -3.0, "no_done_at_end": True,
+    "optimization": {"actor_learning_rate": 0.01, "critic_learning_rate": 0.02,
+                     "entropy_learning_rate": 0.03},
+    "actor_lr": 0.04, "critic_lr": 0.05, "alpha_lr": 0.06}
+"""SAC has DQN's replay keys without the Q-network's and epsilon's (batch replay, worker-side
+priorities and ``lr_schedule`` it refuses), and its own policy keys; discrete here
+(CartPole), where ``normalize_actions: false`` is allowed."""
 CONTINUOUS = {"ddpg", "td3", "apex_ddpg"}
 """Algorithms for Box actions only: their components are built on Pendulum-v1."""
 FIXED = {"impala": {"batch_mode"}, "appo": {"batch_mode"},
          "apex": {"final_prioritized_replay_beta", "prioritized_replay_beta_annealing_timesteps"},
          "ddpg": {"batch_replay", "lr_schedule"}, "td3": {"batch_replay", "lr_schedule"},
          "apex_ddpg": {"batch_replay", "lr_schedule", "final_prioritized_replay_beta",
-                       "prioritized_replay_beta_annealing_timesteps"}}
+                       "prioritized_replay_beta_annealing_timesteps"},
+         "sac": {"batch_replay", "lr_schedule", "worker_side_prioritization"}}
 """Keys with one valid value for an algorithm (IMPALA and APPO need truncated fragments;
 Ape-X's beta is constant, as RLlib's: its flat beta-annealing keys are ignored)."""
 LOAD_ONLY = {"preprocessor_pref"}
@@ -428,6 +442,12 @@ TRAINER_CASES: dict[str, tuple[str, dict[str, Any], set[str]]] = {
     "ppo-steps": ("ppo", {**STEPS, "train_batch_size": 128, "sgd_minibatch_size": 32},
                   {"timesteps_per_iteration"}),
     **{name: (name, DDPG_CASE, REPLAY_READ - {"batch_replay"}) for name in CONTINUOUS},
+    "sac": ("sac", {**{k: v for k, v in REPLAY_CASE.items() if k not in ("batch_replay",
+                                                                        "hiddens")},
+                    "q_model_config": {"fcnet_hiddens": [8]},
+                    "policy_model_config": {"fcnet_hiddens": [8]},
+                    "timesteps_per_iteration": 0}, REPLAY_READ - {"batch_replay"}),
+    "sac-steps": ("sac", {**STEPS, "learning_starts": 10_000}, {"timesteps_per_iteration"}),
     **{f"{name}-steps": (name, {**STEPS, "env": "Pendulum-v1", "learning_starts": 10_000},
                          {"timesteps_per_iteration"}) for name in CONTINUOUS},
 }

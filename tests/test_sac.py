@@ -358,6 +358,10 @@ def test_optimizer_groups_rates_and_per_group_clip():
     assert {k: g["lr"] for k, g in groups.items()} == {
         "actor": 1e-3, "critic": 2e-3, "twin_critic": 2e-3, "alpha": 3e-3}
     assert all(g["eps"] == 1e-7 for g in groups.values())
+    # RLlib 2.10+'s actor_lr / critic_lr / alpha_lr replace optimization's rates.
+    newer = _policy(BOX, actor_lr=4e-3, alpha_lr=5e-3)
+    assert {g["name"]: g["lr"] for g in newer.optimizer.param_groups} == {
+        "actor": 4e-3, "critic": 3e-4, "twin_critic": 3e-4, "alpha": 5e-3}
     policy.model.zero_grad()
     policy.loss(policy.model, policy.batch_to_tensors(_batch(16, BOX))).loss.backward()
     norms_before = {k: torch.linalg.vector_norm(torch.stack([

@@ -35,7 +35,7 @@ _POLICY_KEYS = (
     "target_entropy", "optimization", "q_model_config", "policy_model_config",
     "no_done_at_end", "policy_delay", "smooth_target_policy", "target_noise",
     "target_noise_clip", "actor_hiddens", "actor_hidden_activation", "critic_hiddens",
-    "critic_hidden_activation", "actor_lr", "critic_lr", "l2_reg", "use_huber")
+    "critic_hidden_activation", "actor_lr", "critic_lr", "l2_reg", "use_huber", "alpha_lr")
 
 
 _ROLLOUT_KEYS = ("num_envs_per_worker", "rollout_fragment_length", "batch_mode", "explore",

@@ -183,18 +183,16 @@ class SACPolicy(SoftTargetPolicy):
 
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         """One Adam (epsilon 1e-7) with a parameter group per loss: actor, critic, twin
-        critic, alpha; their learning rates from ``optimization``."""
+        critic, alpha; their learning rates from ``optimization`` (or ``actor_lr``,
+        ``critic_lr``, ``alpha_lr``)."""
         assert isinstance(model, SACModel)
-        opt = self.config.optimization
-        groups = [{"params": list(model.policy.parameters()), "name": ACTOR,
-                   "lr": opt.actor_learning_rate},
-                  {"params": list(model.q.parameters()), "name": CRITIC,
-                   "lr": opt.critic_learning_rate}]
+        actor_lr, critic_lr, alpha_lr = self.config.learning_rates
+        groups = [{"params": list(model.policy.parameters()), "name": ACTOR, "lr": actor_lr},
+                  {"params": list(model.q.parameters()), "name": CRITIC, "lr": critic_lr}]
         if model.twin_q is not None:
             groups.append({"params": list(model.twin_q.parameters()), "name": TWIN_CRITIC,
-                           "lr": opt.critic_learning_rate})
-        groups.append({"params": [model.log_alpha], "name": ALPHA,
-                       "lr": opt.entropy_learning_rate})
+                           "lr": critic_lr})
+        groups.append({"params": [model.log_alpha], "name": ALPHA, "lr": alpha_lr})
         return torch.optim.Adam(groups, eps=ADAM_EPSILON, foreach=True)
 
     def _set_optimizer_lr(self) -> None:
@@ -202,9 +200,8 @@ class SACPolicy(SoftTargetPolicy):
         state, which carries the rates of the run that saved it)."""
         if self._optimizer is None:
             return
-        opt = self.config.optimization
-        rates = {ACTOR: opt.actor_learning_rate, CRITIC: opt.critic_learning_rate,
-                 TWIN_CRITIC: opt.critic_learning_rate, ALPHA: opt.entropy_learning_rate}
+        actor_lr, critic_lr, alpha_lr = self.config.learning_rates
+        rates = {ACTOR: actor_lr, CRITIC: critic_lr, TWIN_CRITIC: critic_lr, ALPHA: alpha_lr}
         for group in self._optimizer.param_groups:
             group["lr"] = rates[group["name"]]
 

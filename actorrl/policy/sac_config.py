@@ -128,6 +128,12 @@ class SACPolicyConfig(PolicyConfig):
     algorithm hands it to the learner in trained rows."""
     optimization: SACOptimizationConfig = field(default_factory=SACOptimizationConfig)
     """The actor, critic and entropy learning rates."""
+    actor_lr: float | None = None
+    """RLlib 2.10+'s key for ``optimization.actor_learning_rate``: replaces it when set."""
+    critic_lr: float | None = None
+    """RLlib 2.10+'s key for ``optimization.critic_learning_rate``: replaces it when set."""
+    alpha_lr: float | None = None
+    """RLlib 2.10+'s key for ``optimization.entropy_learning_rate``: replaces it when set."""
     no_done_at_end: bool = False
     """RLlib 1.x: never mark an episode's end terminal, so every transition bootstraps
     (SAC's Pendulum file sets it; with false, terminations stop the bootstrap and time
@@ -153,6 +159,8 @@ class SACPolicyConfig(PolicyConfig):
             ("n_step", self.n_step >= 1, ">= 1"),
             ("target_network_update_freq", self.target_network_update_freq >= 0, ">= 0"),
             ("train_batch_size", self.train_batch_size >= 1, ">= 1"),
+            *[(name, getattr(self, name) is None or getattr(self, name) > 0, "> 0 or null")
+              for name in ("actor_lr", "critic_lr", "alpha_lr")],
         ]
         problems += [f"{name} must be {allowed}, got {getattr(self, name)!r}"
                      for name, ok, allowed in checks if not ok]
@@ -169,6 +177,15 @@ class SACPolicyConfig(PolicyConfig):
             problems.append("model.use_lstm: actorrl's SAC has no recurrent networks "
                             "(RLlib's is RNNSAC); set use_lstm: false")
         return problems
+
+    @property
+    def learning_rates(self) -> tuple[float, float, float]:
+        """The actor, critic and entropy learning rates: ``optimization``'s, each replaced
+        by ``actor_lr`` / ``critic_lr`` / ``alpha_lr`` where set."""
+        opt = self.optimization
+        return (opt.actor_learning_rate if self.actor_lr is None else self.actor_lr,
+                opt.critic_learning_rate if self.critic_lr is None else self.critic_lr,
+                opt.entropy_learning_rate if self.alpha_lr is None else self.alpha_lr)
 
     @property
     def q_net(self) -> dict[str, Any]:
