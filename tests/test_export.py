@@ -189,6 +189,21 @@ def test_safetensors_weights_load_into_the_documented_model(v1_checkpoint: Path,
 
 
 @pytest.mark.unit
+def test_a_policy_export_does_not_know_is_refused_naming_what_it_exports() -> None:
+    from types import SimpleNamespace
+
+    from actorrl.experiment.export import policy_kind
+
+    class OtherPolicy:
+        pass
+
+    other = SimpleNamespace(torch_policy=OtherPolicy(), algorithm="ddpg")
+    with pytest.raises(UsageError, match=r"does not know ddpg's policy \(OtherPolicy\): it "
+                                         r"exports actor-critic policies.*load_policy"):
+        policy_kind(other)  # type: ignore[arg-type]
+
+
+@pytest.mark.unit
 def test_a_missing_extra_names_the_pip_command(v1_checkpoint: Path, monkeypatch) -> None:
     import importlib.util
 
@@ -214,8 +229,8 @@ one pytest-xdist worker, so the runs are trained once."""
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Tiny runs, one results folder each: IMPALA LSTM (previous action and reward as
-    inputs, MeanStdFilter), Ape-X, PPO on Pendulum (continuous actions) and A2C on a Dict
-    observation with MultiDiscrete actions."""
+    inputs, MeanStdFilter), Ape-X, PPO and SAC on Pendulum (continuous actions) and A2C on
+    a Dict observation with MultiDiscrete actions."""
     base = tmp_path_factory.mktemp("export-runs")
     lstm_model = json.dumps({"use_lstm": True, "lstm_cell_size": 8, "fcnet_hiddens": [8],
                              "lstm_use_prev_action": True, "lstm_use_prev_reward": True,
@@ -227,6 +242,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                      "--stop-timesteps", "600"],
             "ppo": ["--env", "Pendulum-v1", "--set", "train_batch_size=400", "--set",
                     'model={"fcnet_hiddens":[16]}', "--stop-timesteps", "400"],
+            "sac": ["--env", "Pendulum-v1", "--set", "learning_starts=200",
+                    "--stop-timesteps", "400"],
             "a2c": ["--env", "tests.actors.space_envs:make", "--set",
                     'env_config={"obs": "dict", "actions": "multidiscrete"}',
                     "--stop-timesteps", "400"]}
@@ -357,25 +374,29 @@ def test_export_cli_writes_next_to_the_checkpoint_and_refuses_bad_input(
 
 @SHARES_THE_RUNS
 @needs_onnx
-def test_a_continuous_policy_exports_the_env_action(trained: dict, tmp_path: Path) -> None:
-    """Pendulum (normalize_actions): the Gaussian's mean mapped from [-1, 1] onto the
-    action bounds, in the graph as in load_policy."""
+@pytest.mark.parametrize("algo", ["ppo", "sac"])
+def test_a_continuous_policy_exports_the_env_action(trained: dict, tmp_path: Path,
+                                                    algo: str) -> None:
+    """Pendulum (normalize_actions): the greedy action in [-1, 1] (PPO's Gaussian mean,
+    SAC's tanh of its mean) mapped onto the action bounds, in the graph as in
+    load_policy."""
     import onnxruntime
 
     from actorrl.experiment.export import export_policy
 
-    policy = actorrl.load_policy(trained["ppo"])
+    policy = actorrl.load_policy(trained[algo])
     assert policy.action_options["normalize"]
-    session = onnxruntime.InferenceSession(str(export_policy(trained["ppo"], "onnx",
+    session = onnxruntime.InferenceSession(str(export_policy(trained[algo], "onnx",
                                                              tmp_path / "c.onnx")))
     obs = np.stack([policy.observation_space.sample() for _ in range(32)]).astype(np.float32)
     actions, dist_inputs = session.run(None, {"obs": obs})
     assert actions.shape == (32, 1) and dist_inputs.shape == (32, 2)
     np.testing.assert_allclose(actions, np.stack([policy.compute_action(o) for o in obs]),
-                               rtol=1e-5, atol=1e-6)
+                               rtol=1e-5, atol=1e-5)
     mean = dist_inputs[:, :1].astype(np.float64)
-    np.testing.assert_allclose(actions, np.clip(-2.0 + (mean + 1.0) * 2.0, -2.0, 2.0),
-                               rtol=1e-5, atol=1e-6)
+    normalized = np.tanh(mean) if algo == "sac" else mean
+    np.testing.assert_allclose(actions, np.clip(-2.0 + (normalized + 1.0) * 2.0, -2.0, 2.0),
+                               rtol=1e-5, atol=1e-5)
 
 
 @SHARES_THE_RUNS

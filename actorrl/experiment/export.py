@@ -11,11 +11,11 @@ inputs
     ``prev_rewards`` ``[B]`` (float32).
 outputs
     ``action`` ``[B]`` (int64 for ``Discrete``) or ``[B, n]``: the greedy action (argmax of
-    the logits or Q-values, the mean of a Gaussian) as the env takes it (a ``Box`` action
-    mapped onto the space's bounds or clipped, as the checkpoint's ``normalize_actions`` /
-    ``clip_actions`` say); ``action_dist_inputs`` (the logits,
-    or a Gaussian's means and log stds) or, for DQN and Ape-X, ``q_values``; a recurrent
-    policy's ``state_out_0``...
+    the logits or Q-values, the mean of a Gaussian, SAC's ``tanh`` of its mean) as the env
+    takes it (a ``Box`` action mapped onto the space's bounds or clipped, as the
+    checkpoint's ``normalize_actions`` / ``clip_actions`` say); ``action_dist_inputs``
+    (the logits, or a Gaussian's means and log stds) or, for DQN and Ape-X, ``q_values``;
+    a recurrent policy's ``state_out_0``...
 The checkpoint's ``MeanStdFilter`` (its mean, std and clip) is part of the graph, so
 consumers feed raw observations. The batch dimension is dynamic.
 
@@ -91,6 +91,7 @@ class GreedyPolicy(nn.Module):
         torch_policy = policy.torch_policy
         self.model = torch_policy.model
         self.recurrent = policy.is_recurrent
+        self.kind = policy_kind(policy)
         self.dist_class = getattr(torch_policy, "dist_class", None)
         inputs = getattr(torch_policy, "recurrent_inputs", None)
         self.prev_actions = bool(self.recurrent and inputs and inputs.prev_actions)
@@ -123,15 +124,17 @@ class GreedyPolicy(nn.Module):
             prev_a = rest.pop(0) if self.prev_actions else None
             prev_r = rest.pop(0) if self.prev_rewards else None
             outputs, _, state_out = step_model(self.model, obs, state, prev_a, prev_r)
-        elif self.dist_class is None:
-            outputs = self.model(obs)
-        else:
+        elif self.kind == DISTRIBUTION:
             policy_outputs = getattr(self.model, "policy_outputs", None)
             outputs = policy_outputs(obs) if policy_outputs else self.model(obs)[0]
-        if self.dist_class is None:
-            action = outputs.argmax(dim=-1)
         else:
+            outputs = self.model(obs)
+        if self.kind == DISTRIBUTION:
             action = self.dist_class(outputs).deterministic_sample()
+        elif self.kind == SQUASHED_GAUSSIAN:
+            action = torch.tanh(torch.chunk(outputs, 2, dim=-1)[0])  # tanh of the mean
+        else:  # Q-values or a categorical's logits
+            action = outputs.argmax(dim=-1)
         return (self._env_action(action), outputs, *state_out)
 
     def _env_action(self, action: torch.Tensor) -> torch.Tensor:
@@ -145,6 +148,32 @@ class GreedyPolicy(nn.Module):
         if self.action_mode == "clip":
             return torch.minimum(torch.maximum(action, self.action_low), self.action_high)
         return action
+
+
+DISTRIBUTION, Q_VALUES, SQUASHED_GAUSSIAN, LOGITS = (
+    "distribution", "q_values", "squashed_gaussian", "logits")
+"""What a policy's model outputs (see :func:`policy_kind`)."""
+
+
+def policy_kind(policy: Policy) -> str:
+    """What the policy's model outputs, which decides the greedy action: ``distribution``
+    (actor-critic policies: the inputs of their action distribution, whose mode is the
+    action), ``q_values`` (DQN, Ape-X: the argmax), ``squashed_gaussian`` (SAC on a
+    ``Box``: ``tanh`` of the mean) or ``logits`` (SAC on ``Discrete``: the argmax).
+    :class:`UsageError` for a policy :func:`export_policy` does not know."""
+    from actorrl.policy.dqn import DQNPolicy
+
+    torch_policy = policy.torch_policy
+    if getattr(torch_policy, "dist_class", None) is not None:
+        return DISTRIBUTION
+    if isinstance(torch_policy, DQNPolicy):
+        return Q_VALUES
+    if type(torch_policy).__name__ == "SACPolicy":
+        return LOGITS if getattr(torch_policy.model, "discrete", False) else SQUASHED_GAUSSIAN
+    raise UsageError(f"actorrl export does not know {policy.algorithm}'s policy "
+                     f"({type(torch_policy).__name__}): it exports actor-critic policies "
+                     "(PPO, APPO, IMPALA, A2C, A3C), DQN / Ape-X and SAC; "
+                     "actorrl.load_policy runs any checkpoint's policy in Python")
 
 
 def _action_mode(policy: Policy) -> str:
@@ -184,8 +213,7 @@ def input_names(policy: Policy) -> list[str]:
 
 def output_names(policy: Policy) -> list[str]:
     """The graph's output names, in order (see the module docstring)."""
-    outputs = ("action_dist_inputs" if getattr(policy.torch_policy, "dist_class", None)
-               is not None else "q_values")
+    outputs = "q_values" if policy_kind(policy) == Q_VALUES else "action_dist_inputs"
     names = ["action", outputs]
     if policy.is_recurrent:
         names += [f"state_out_{i}" for i in range(len(policy.get_initial_state()))]
