@@ -680,11 +680,13 @@ def test_rllib_pendulum_apex_ddpg_file_trains_on_two_workers(tmp_path):
 @pytest.mark.timeout(1500)
 def test_td3_reaches_minus_250_on_pendulum_within_30k_env_steps(tmp_path):
     """RLlib's pendulum-td3 settings (replay and random actions for the first 5000 steps)
-    reach a mean return of -250 within 30k env steps: bounded by env steps, not time."""
+    reach a mean return of -250 over 5 episodes (pendulum-sac's window) within 30k env
+    steps: bounded by env steps, not time."""
     text = PENDULUM_TD3.replace("episode_reward_mean: -900", "episode_reward_mean: -250")
     path = _write(tmp_path, "pendulum-td3.yaml", text)
     proc = _cli(tmp_path, "--config", str(path), "--set", "learning_starts=5000",
-                "--set", "seed=0", "--stop-timesteps", "30000", timeout_s=1450)
+                "--set", "seed=0", "--set", "metrics_smoothing_episodes=5",
+                "--stop-timesteps", "30000", timeout_s=1450)
     assert proc.returncode == 0, proc.stderr[-3000:]
     _, status, _ = _results(tmp_path)
     assert status["best_reward"] >= -250, (status, proc.stdout[-3000:])
