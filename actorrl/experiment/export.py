@@ -162,13 +162,14 @@ def policy_kind(policy: Policy) -> str:
     ``Box``: ``tanh`` of the mean) or ``logits`` (SAC on ``Discrete``: the argmax).
     :class:`UsageError` for a policy :func:`export_policy` does not know."""
     from actorrl.policy.dqn import DQNPolicy
+    from actorrl.policy.sac import SACPolicy
 
     torch_policy = policy.torch_policy
     if getattr(torch_policy, "dist_class", None) is not None:
         return DISTRIBUTION
     if isinstance(torch_policy, DQNPolicy):
         return Q_VALUES
-    if type(torch_policy).__name__ == "SACPolicy":
+    if isinstance(torch_policy, SACPolicy):
         return LOGITS if getattr(torch_policy.model, "discrete", False) else SQUASHED_GAUSSIAN
     raise UsageError(f"actorrl export does not know {policy.algorithm}'s policy "
                      f"({type(torch_policy).__name__}): it exports actor-critic policies "
