@@ -73,6 +73,25 @@ def test_a_format_1_checkpoint_is_migrated_and_acts_as_it_did(expected: dict) ->
                                rtol=1e-5, atol=1e-6)
 
 
+def test_a_format_1_checkpoint_restores_and_training_continues_in_format_2(tmp_path: Path
+                                                                         ) -> None:
+    """--restore of the 0.2 checkpoint: counters continue from its 3,200 env steps and
+    the new checkpoint is format 2."""
+    output = tmp_path / "results"
+    proc = run_cli(["train", "--restore", str(V1_CHECKPOINT), "--stop-timesteps", "4000",
+                    "--checkpoint-every", "0", "--output", str(output), "--progress",
+                    "plain"], cwd=tmp_path, timeout_s=RUN_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr
+    [run] = run_dirs(output)
+    results = [json.loads(line) for line in (run / "result.jsonl").read_text().splitlines()]
+    assert results[0]["training_iteration"] == 9 and results[0]["timesteps_total"] > 3200
+    [checkpoint] = sorted((run / "checkpoints").iterdir())
+    metadata = json.loads((checkpoint / ckpt.METADATA_FILE).read_text())
+    assert metadata["format_version"] == 2 and metadata["actorrl_version"] == actorrl.__version__
+    _, state = ckpt.read_checkpoint(checkpoint)
+    assert state["format_version"] == 2 and "migrated_from_format" not in state
+
+
 @pytest.mark.unit
 def test_a_checkpoint_of_a_newer_format_is_refused_naming_both(tmp_path: Path) -> None:
     """A state file from a future actorrl: refused with both versions and the fix."""
