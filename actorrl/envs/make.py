@@ -14,13 +14,18 @@ import gymnasium as gym
 from actorrl.envs.atari import INSTALL_HINT, is_atari_id, make_atari, register_ale
 from actorrl.envs.custom.memory import register_memory_envs
 from actorrl.envs.custom.partial import register_partial_envs
+from actorrl.envs.pettingzoo_env import (
+    is_pettingzoo_env,
+    is_pettingzoo_spec,
+    make_pettingzoo,
+    wrap_pettingzoo,
+)
+from actorrl.envs.protocol import ALL_AGENTS, MultiAgentEnv  # noqa: F401 (re-exported)
 from actorrl.envs.retired import check_mujoco_installed, current_env_id
 from actorrl.util.classpath import resolve_callable
 
 register_partial_envs()
 register_memory_envs()
-
-ALL_AGENTS = "__all__"
 
 
 class EnvContext(dict):
@@ -42,34 +47,11 @@ EnvSpec = str | Callable[[EnvContext], Any]
 """A gymnasium id, a ``"pkg.module:factory"`` path, or a factory callable."""
 
 
-class MultiAgentEnv:
-    """Base class of multi-agent envs; see the module docstring for the protocol.
-
-    Subclasses set ``possible_agents`` (agent ids), ``observation_spaces`` and
-    ``action_spaces`` (agent id -> space) and implement :meth:`reset` and :meth:`step`.
-    """
-
-    possible_agents: list[str] = []
-    observation_spaces: dict[str, gym.Space] = {}
-    action_spaces: dict[str, gym.Space] = {}
-
-    def reset(self, *, seed: int | None = None, options: dict | None = None
-              ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Start an episode: observations of the agents that act first, and infos."""
-        raise NotImplementedError
-
-    def step(self, actions: dict[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
-        """Apply one action per acting agent: ``(obs, rewards, terminateds, truncateds,
-        infos)`` keyed by agent id; the flag dicts also hold ``"__all__"``."""
-        raise NotImplementedError
-
-    def close(self) -> None:
-        """Release resources (nothing by default)."""
-
-
 def make_env(spec: EnvSpec, env_config: Mapping[str, Any] | None = None, *,
              worker_index: int = 0, vector_index: int = 0, num_workers: int = 0) -> Any:
-    """Build one env (``gym.Env`` or :class:`MultiAgentEnv`) from ``spec``.
+    """Build one env (``gym.Env`` or :class:`MultiAgentEnv`) from ``spec``; PettingZoo
+    envs (a ``pettingzoo.*`` module path, or a factory returning one) are wrapped as
+    :class:`MultiAgentEnv` (:mod:`actorrl.envs.pettingzoo_env`).
 
     Raises ``ValueError`` naming the problem: an unknown gymnasium id (with close matches
     from gymnasium's registry), a bad ``"pkg.module:factory"`` path, or a factory that
@@ -82,6 +64,8 @@ def make_env(spec: EnvSpec, env_config: Mapping[str, Any] | None = None, *,
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"env must be a gymnasium id, a 'pkg.module:factory' path or a "
                          f"callable, got {spec!r}")
+    if is_pettingzoo_spec(spec):
+        return make_pettingzoo(spec, env_config)
     if ":" in spec:
         module_name, _, name = spec.partition(":")
         try:
@@ -133,6 +117,8 @@ def register_minatar() -> None:
 def _check_env(env: Any, spec: Any) -> Any:
     if isinstance(env, (gym.Env, MultiAgentEnv)):
         return env
+    if is_pettingzoo_env(env):
+        return wrap_pettingzoo(env)
     raise ValueError(f"env factory {spec!r} returned {type(env).__name__}, expected a "
                      f"gymnasium.Env or an actorrl.envs.MultiAgentEnv")
 
