@@ -328,3 +328,28 @@ def test_catch_frames_show_ball_and_paddle():
     assert Catch(channels_first=True).reset(seed=0)[0].shape == (1, 10, 5)
     with pytest.raises(ValueError, match="rows >= 3"):
         Catch(rows=2)
+
+
+def test_rllib_example_envs_read_the_env_config_form_rllibs_files_write():
+    """RLlib builds a class-path env with ``from_config(path, env_config)``: env_config's keys
+    are the constructor's keyword arguments, so its tuned files write
+    ``env_config: {config: {num_agents: 4}}`` for ``MultiAgentCartPole(config={...})``.
+    Read literally, that dict has no ``num_agents`` and the 4-agent file trained one agent
+    (and RepeatAfterMe ran with delay 1, not the file's 2)."""
+    from actorrl.envs.custom.multi_agent import MultiAgentCartPole
+    from actorrl.envs.custom.rllib_examples import (
+        RandomLargeObsSpaceEnv,
+        RepeatAfterMeEnv,
+        constructor_config,
+    )
+
+    assert MultiAgentCartPole({"config": {"num_agents": 4}}).possible_agents == [0, 1, 2, 3]
+    assert MultiAgentCartPole({"num_agents": 2}).possible_agents == [0, 1]
+    assert RepeatAfterMeEnv({"config": {"repeat_delay": 2}}).delay == 2
+    assert RepeatAfterMeEnv({"repeat_delay": 3}).delay == 3
+    env = RandomLargeObsSpaceEnv({"config": {"p_terminated": 1.0}})
+    assert env.p_terminated == 1.0 and env.observation_space.shape == (5000,)
+    # Only the one-key form is unwrapped: a config that merely has a "config" key stays.
+    assert constructor_config({"config": {"a": 1}, "b": 2}) == {"config": {"a": 1}, "b": 2}
+    assert constructor_config({"config": 3}) == {"config": 3}
+    assert constructor_config(None) == {}

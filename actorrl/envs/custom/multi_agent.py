@@ -11,7 +11,8 @@ the episode ends when both are. ``policy_for_agent`` maps ``agent_i`` to ``polic
 
 :class:`MultiAgentCartPole` is RLlib's example env of that name (its tuned
 ``multi-agent-cartpole-*`` files name ``ray.rllib.examples.env.multi_agent.MultiAgentCartPole``,
-which actorrl reads as this class): ``env_config["num_agents"]`` (default 1) independent
+which actorrl reads as this class): ``env_config["num_agents"]`` (default 1; RLlib's files
+write ``env_config: {config: {num_agents: 4}}``, read alike) independent
 games whose agent ids are the integers ``0..n-1``, and :func:`policy_p_agent_id`, RLlib's
 example mapping ``agent_id -> "p<agent_id>"``.
 
@@ -26,6 +27,7 @@ from typing import Any
 import gymnasium as gym
 
 from actorrl.envs import ALL_AGENTS, EnvContext, MultiAgentEnv
+from actorrl.envs.custom.rllib_examples import constructor_config
 
 AGENTS = ("agent_0", "agent_1")
 
@@ -94,7 +96,7 @@ class MultiAgentCartPole(IndependentCartPoles):
     ``0..n-1`` (integers, as RLlib numbers them)."""
 
     def __init__(self, env_config: EnvContext | dict | None = None) -> None:
-        num_agents = (env_config or {}).get("num_agents", 1)
+        num_agents = constructor_config(env_config).get("num_agents", 1)
         if not isinstance(num_agents, int) or isinstance(num_agents, bool) or num_agents < 1:
             raise ValueError(f"env_config.num_agents must be an integer >= 1, got "
                              f"{num_agents!r}")

@@ -2,7 +2,8 @@
 
 RLlib's files name these by class path (``ray.rllib.examples.env.random_env.RandomEnv``);
 :data:`actorrl.config.aliases.RLLIB_CLASSES` reads those paths as the classes here. Each
-takes the ``env_config`` RLlib's took, with RLlib's defaults.
+takes the ``env_config`` RLlib's took, with RLlib's defaults, directly or in the form RLlib's
+files write it (``env_config: {config: {...}}``, see :func:`constructor_config`).
 
 - :class:`RandomEnv`: observations and rewards sampled from their spaces, an episode ending
   with probability ``p_terminated`` (RLlib's older ``p_done``) at every step, or after
@@ -15,10 +16,24 @@ takes the ``env_config`` RLlib's took, with RLlib's defaults.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+
+
+def constructor_config(env_config: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The ``config`` argument RLlib gives one of its example env classes for this
+    ``env_config``. RLlib builds a class-path env with ``from_config(path, env_config)``:
+    ``env_config``'s keys are the constructor's keyword arguments, so its files write
+    ``env_config: {config: {num_agents: 4}}`` for ``MultiAgentCartPole(config={...})``.
+    That form (one ``config`` key holding a mapping) gives the inner mapping; any other
+    ``env_config`` (actorrl's own files) is the config itself."""
+    config = dict(env_config or {})
+    if set(config) == {"config"} and isinstance(config["config"], Mapping):
+        return dict(config["config"])
+    return config
 
 
 class RandomEnv(gym.Env):
@@ -28,7 +43,7 @@ class RandomEnv(gym.Env):
     (None), ``check_action_bounds`` (False)."""
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
-        config = dict(config or {})
+        config = constructor_config(config)
         self.action_space = config.get("action_space", gym.spaces.Discrete(2))
         self.observation_space = config.get("observation_space", gym.spaces.Discrete(2))
         self.reward_space = config.get(
@@ -65,7 +80,7 @@ class RandomLargeObsSpaceEnv(RandomEnv):
     tests)."""
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
-        super().__init__({**dict(config or {}), "observation_space": gym.spaces.Box(
+        super().__init__({**constructor_config(config), "observation_space": gym.spaces.Box(
             -1.0, 1.0, (5000,), dtype=np.float32)})
 
 
@@ -75,7 +90,7 @@ class RepeatAfterMeEnv(gym.Env):
     observations and actions; True: ``Box(-1, 1, (2,))``)."""
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
-        config = dict(config or {})
+        config = constructor_config(config)
         self.continuous = bool(config.get("continuous", False))
         self.observation_space: gym.Space = (
             gym.spaces.Box(-1.0, 1.0, (2,), dtype=np.float32) if self.continuous
