@@ -6,7 +6,8 @@ As RLlib builds DDPG on its DQN (SimpleQ), actorrl runs both on DQN's pipeline
 weights synced to the sampler after every sample, sampling paced at the training
 intensity (RLlib's natural ratio by default: one train batch per sampling round), and
 ``target_network_update_freq`` counted in env steps sampled, handed to the learner in rows
-trained. The policy is :class:`actorrl.policy.ddpg.DDPGPolicy`; its keys are RLlib's
+trained; the learner is paced too, as SAC's, so the replay ratio is exact. The policy
+is :class:`actorrl.policy.ddpg.DDPGPolicy`; its keys are RLlib's
 (``twin_q``, ``policy_delay``, ``smooth_target_policy``, ``target_noise``,
 ``target_noise_clip``, ``actor_hiddens``, ``critic_hiddens``, ``actor_lr``,
 ``critic_lr``, ``tau``, ``l2_reg``, ``use_huber``, ``exploration_config``...).
@@ -31,9 +32,9 @@ import warnings
 from dataclasses import dataclass, field
 
 from actorrl.algorithms.dqn import DQNConfig, DQNRolloutConfig
-from actorrl.algorithms.dqn import build_pipeline as build_dqn_pipeline
 from actorrl.algorithms.ppo import AUTO, PPORolloutConfig
 from actorrl.algorithms.sac import SamplerWarning
+from actorrl.algorithms.sac import build_pipeline as build_paced_pipeline
 from actorrl.algorithms.trainer import AlgorithmSpec, Trainer
 from actorrl.pipelines.apex import AsyncReplayOptimizer
 from actorrl.policy.ddpg_config import DDPGPolicyConfig, TD3PolicyConfig
@@ -122,9 +123,10 @@ class TD3Config(DDPGConfig):
 
 
 async def build_pipeline(trainer: Trainer, config: DDPGConfig) -> AsyncReplayOptimizer:
-    """DQN's pipeline: one replay shard next to the learner, paced at the effective
-    training intensity."""
-    return await build_dqn_pipeline(trainer, config)
+    """SAC's pipeline: one replay shard next to the learner, sampling and learning both
+    paced at the effective training intensity (RLlib's synchronous loop trains exactly
+    that many rows per env step sampled)."""
+    return await build_paced_pipeline(trainer, config)  # type: ignore[arg-type]
 
 
 DDPG = AlgorithmSpec("ddpg", DDPGConfig, "actorrl.policy.ddpg:DDPGPolicy", build_pipeline)
