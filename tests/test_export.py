@@ -248,8 +248,8 @@ one pytest-xdist worker, so the runs are trained once."""
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Tiny runs, one results folder each: IMPALA LSTM (previous action and reward as
-    inputs, MeanStdFilter), Ape-X, PPO and SAC on Pendulum (continuous actions) and A2C on
-    a Dict observation with MultiDiscrete actions."""
+    inputs, MeanStdFilter), Ape-X, PPO and SAC on Pendulum (continuous actions), A2C on a
+    Dict observation with MultiDiscrete actions, and PPO with action masks (``masked``)."""
     base = tmp_path_factory.mktemp("export-runs")
     lstm_model = json.dumps({"use_lstm": True, "lstm_cell_size": 8, "fcnet_hiddens": [8],
                              "lstm_use_prev_action": True, "lstm_use_prev_reward": True,
@@ -265,14 +265,17 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                     "--stop-timesteps", "400"],
             "a2c": ["--env", "tests.actors.space_envs:make", "--set",
                     'env_config={"obs": "dict", "actions": "multidiscrete"}',
-                    "--stop-timesteps", "400"]}
+                    "--stop-timesteps", "400"],
+            "masked": ["--env", "actorrl.envs.custom.masked:pick_best", "--set",
+                       "train_batch_size=400", "--stop-timesteps", "400"]}
     folders = {}
-    for algo, args in runs.items():
-        output = base / algo
+    for name, args in runs.items():
+        output = base / name
+        algo = "ppo" if name == "masked" else name
         proc = run_cli(["train", algo, *TINY, *args, "--output", str(output)], cwd=base,
                        timeout_s=RUN_TIMEOUT_S)
         assert proc.returncode == 0, proc.stderr
-        [folders[algo]] = run_dirs(output)
+        [folders[name]] = run_dirs(output)
     return folders
 
 
@@ -437,3 +440,28 @@ def test_a_structured_observation_policy_exports_on_flattened_rows(trained: dict
     actions, _ = session.run(None, {"obs": rows})
     assert actions.shape == (16, 2)
     np.testing.assert_array_equal(actions, np.stack([policy.compute_action(o) for o in raw]))
+
+
+@SHARES_THE_RUNS
+@needs_onnx
+def test_an_action_masked_policy_exports_its_mask(trained: dict, tmp_path: Path) -> None:
+    """RLlib's action_mask / observations Dict: the graph masks the logits as the model
+    does, so its greedy actions are legal ones, the torch policy's."""
+    import onnxruntime
+
+    from actorrl.experiment.export import export_policy
+
+    policy = actorrl.load_policy(trained["masked"])
+    session = onnxruntime.InferenceSession(str(export_policy(trained["masked"], "onnx",
+                                                             tmp_path / "m.onnx")))
+    rng = np.random.default_rng(5)
+    raw = []
+    for _ in range(64):
+        obs = policy.observation_space.sample()
+        obs["action_mask"][:] = 0
+        obs["action_mask"][rng.choice(6, size=2, replace=False)] = 1
+        raw.append(obs)
+    rows = np.stack([policy.preprocess(o) for o in raw]).astype(np.float32)
+    actions, _ = session.run(None, {"obs": rows})
+    assert all(o["action_mask"][a] == 1 for o, a in zip(raw, actions))
+    assert actions.tolist() == [policy.compute_action(o) for o in raw]
