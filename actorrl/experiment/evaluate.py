@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -20,6 +20,11 @@ from actorrl.algorithms import get_algorithm
 from actorrl.algorithms.checkpoints import CheckpointError, read_checkpoint
 from actorrl.data.batch import DEFAULT_POLICY_ID
 from actorrl.experiment.errors import UsageError, error_summary
+from actorrl.experiment.evaluate_multiagent import (
+    is_multi_agent,
+    policy_means,
+    rollout_multi_agent,
+)
 
 MAX_PARALLEL_ENVS = 16
 RENDER_MODES = ("no", "human")
@@ -39,6 +44,10 @@ class EvaluationResult:
     episode_reward_max: float
     episode_len_mean: float
     episode_rewards: list[float]
+    policy_reward_mean: dict[str, float] = field(default_factory=dict)
+    """Multi-agent: each policy's mean return (see :mod:`.evaluate_multiagent`)."""
+    policy_rewards: dict[str, list[float]] = field(default_factory=dict)
+    """Multi-agent: each policy's return in every episode it played."""
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -50,7 +59,9 @@ class EvaluationResult:
                 f"{self.episodes} episodes, return mean {self.episode_reward_mean:.2f} "
                 f"std {self.episode_reward_std:.2f} (min {self.episode_reward_min:.1f}, "
                 f"max {self.episode_reward_max:.1f}), episode_len_mean "
-                f"{self.episode_len_mean:.1f}")
+                f"{self.episode_len_mean:.1f}"
+                + "".join(f"; policy {pid} mean {mean:.3f}"
+                          for pid, mean in self.policy_reward_mean.items()))
 
 
 def action_options(config: dict[str, Any]) -> dict[str, bool]:
@@ -67,7 +78,8 @@ def evaluate_checkpoint(path: str | os.PathLike[str], episodes: int, *,
                         env: str | None = None, seed: int | None = None,
                         render: str = "no") -> EvaluationResult:
     """Load the checkpoint at ``path`` (a checkpoint folder or a results folder: its latest
-    checkpoint) and run ``episodes`` greedy episodes; ``env`` overrides the checkpoint's."""
+    checkpoint) and run ``episodes`` greedy episodes; ``env`` overrides the checkpoint's.
+    A multi-agent checkpoint plays all its policies (:mod:`.evaluate_multiagent`)."""
     if episodes < 1:
         raise UsageError(f"--episodes must be >= 1, got {episodes}")
     if render not in RENDER_MODES:
@@ -78,21 +90,28 @@ def evaluate_checkpoint(path: str | os.PathLike[str], episodes: int, *,
     env_config = dict(config.get("env_config") or {})
     if render == "human":
         env_config["render_mode"] = "human"
-    envs = _make_envs(env_id, env_config, min(episodes, MAX_PARALLEL_ENVS))
-    try:
-        policy = _load_policy(spec.policy, env_id, env_config, config, state)
-        observe = observation_fn(envs[0].observation_space, config, state)
-        returns, lengths = _rollout(policy, envs, episodes, seed, observe,
-                                    action_options(config))
-    finally:
-        for e in envs:
-            e.close()
+    per_policy: dict[str, list[float]] = {}
+    if is_multi_agent(config):
+        returns, lengths, per_policy = rollout_multi_agent(
+            spec.policy, env_id, env_config, config, state, episodes,
+            min(episodes, MAX_PARALLEL_ENVS), seed)
+    else:
+        envs = _make_envs(env_id, env_config, min(episodes, MAX_PARALLEL_ENVS))
+        try:
+            policy = _load_policy(spec.policy, env_id, env_config, config, state)
+            observe = observation_fn(envs[0].observation_space, config, state)
+            returns, lengths = _rollout(policy, envs, episodes, seed, observe,
+                                        action_options(config))
+        finally:
+            for e in envs:
+                e.close()
     arr = np.asarray(returns, dtype=np.float64)
     return EvaluationResult(
         checkpoint=str(folder), algorithm=spec.name, env=env_id, episodes=len(returns),
         episode_reward_mean=float(arr.mean()), episode_reward_std=float(arr.std()),
         episode_reward_min=float(arr.min()), episode_reward_max=float(arr.max()),
-        episode_len_mean=float(np.mean(lengths)), episode_rewards=[float(r) for r in returns])
+        episode_len_mean=float(np.mean(lengths)), episode_rewards=[float(r) for r in returns],
+        policy_reward_mean=policy_means(per_policy), policy_rewards=per_policy)
 
 
 def _read_checkpoint(path: str | os.PathLike[str]) -> tuple[Any, dict[str, Any], Any]:

@@ -11,7 +11,9 @@
 
 With an action-mask observation (:mod:`actorrl.policy.action_masking`) it draws among the
 legal actions only. Any action space that gymnasium can sample works. Its model is one
-unused parameter, so weights, checkpoints and evaluation handle it like any policy.
+unused parameter, so weights, checkpoints and evaluation handle it like any policy. Its
+random stream starts from torch's global generator, which rollout workers seed from their
+``seed``: runs with a seed repeat.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ class RandomPolicy(TorchPolicy):
         if self.layout is not None:
             self.layout.check_action_space(action_space)
         super().__init__(observation_space, action_space, config, device)
-        seed = getattr(self.config, "seed", None)
+        # Drawn from torch's generator, which a rollout worker seeds from its ``seed``.
+        seed = int(torch.randint(0, 2**31 - 1, ()).item())
         self._rng = np.random.default_rng(seed)
         self.action_space.seed(seed)
 
