@@ -67,7 +67,7 @@ EXIT_USAGE = 2
 STOP_TIME_DEFAULT = object()
 """``--stop-time`` not given: the config file's ``stop`` mapping, else the default (an
 object, not a string, so argparse does not parse it)."""
-ALGORITHMS_HELP = "apex, dqn, a3c, impala, appo, ppo, a2c, sac"
+ALGORITHMS_HELP = "apex, dqn, a3c, impala, appo, ppo, a2c, sac, ddpg, td3, apex_ddpg"
 
 
 # ---- argument types ------------------------------------------------------------------
