@@ -201,7 +201,10 @@ def _policy(action_space: gym.Space, **config: Any) -> SACPolicy:
         # Targets apart from the online nets, and the two target nets apart from each other
         # (the minimum then picks either, row by row).
         for p in policy.target_model.parameters():
-            p.add_(0.3 * torch.randn_like(p))
+            if p.dim() > 1:  # random weights, zero biases: neither net above the other
+                p.add_(torch.randn_like(p))
+            else:
+                p.zero_()
     return policy
 
 

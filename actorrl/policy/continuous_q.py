@@ -11,7 +11,7 @@ loss only. :class:`SoftTargetPolicy` keeps the target networks and their update 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -31,7 +31,7 @@ ADAM_EPSILON = 1e-7
 def build_xavier_mlp(in_dim: int, hiddens: list[int], activation: str | None, out_dim: int
                      ) -> nn.Sequential:
     """Linear + activation per hidden layer, then a linear output; Xavier-uniform weights
-    and zero biases (RLlib's SAC and DDPG layers)."""
+    and zero biases (RLlib's DDPG layers)."""
     act = activation_class(activation or "linear")
     layers: list[nn.Module] = []
     size = in_dim
@@ -43,6 +43,11 @@ def build_xavier_mlp(in_dim: int, hiddens: list[int], activation: str | None, ou
         layers.append(act())
         size = int(hidden)
     return nn.Sequential(*layers[:-1])
+
+
+MLPBuilder = Callable[[int, list[int], "str | None", int], nn.Sequential]
+"""``(in_dim, hiddens, activation, out_dim) -> MLP``: how a :class:`QNetwork` builds its
+layers (:func:`build_xavier_mlp`, or SAC's :func:`actorrl.policy.sac.build_fcnet_mlp`)."""
 
 
 def observation_encoder(obs_space: gym.Space, model: Mapping[str, Any] | None
@@ -57,17 +62,17 @@ class QNetwork(nn.Module):
     """``Q(s, a)``: the observation's features concatenated with the action through an MLP
     to one value (continuous actions); with ``num_actions``, one Q-value per action from
     the features alone (discrete). ``net`` holds ``fcnet_hiddens`` and
-    ``fcnet_activation``."""
+    ``fcnet_activation``; ``build_mlp`` makes the layers (default: Xavier-initialised)."""
 
     def __init__(self, obs_space: gym.Space, model: Mapping[str, Any],
-                 net: Mapping[str, Any], action_dim: int, num_actions: int | None) -> None:
+                 net: Mapping[str, Any], action_dim: int, num_actions: int | None,
+                 build_mlp: MLPBuilder = build_xavier_mlp) -> None:
         super().__init__()
         self.encoder, features = observation_encoder(obs_space, model)
         self.discrete = num_actions is not None
         in_dim = features if self.discrete else features + action_dim
-        self.mlp = build_xavier_mlp(in_dim, list(net["fcnet_hiddens"]),
-                                    net["fcnet_activation"],
-                                    num_actions if num_actions is not None else 1)
+        self.mlp = build_mlp(in_dim, list(net["fcnet_hiddens"]), net["fcnet_activation"],
+                             num_actions if num_actions is not None else 1)
 
     def forward(self, obs: torch.Tensor, actions: torch.Tensor | None = None) -> torch.Tensor:
         """``[B]`` Q-values of ``actions`` (continuous) or ``[B, n]`` (discrete)."""

@@ -50,13 +50,13 @@ from actorrl.policy.continuous_q import (
     ADAM_EPSILON,
     QNetwork,
     SoftTargetPolicy,
-    build_xavier_mlp,
     detached_call,
     min_q,
     observation_encoder,
     on_target,
 )
 from actorrl.policy.dqn import N_STEPS, adjust_nstep, huber_loss
+from actorrl.policy.encoders import build_mlp
 from actorrl.policy.sac_config import SACPolicyConfig
 
 LOG_STD_MIN = -5.0
@@ -105,7 +105,15 @@ class SquashedGaussian:
         return torch.tanh(self.mean)
 
 
-# ---- the networks (Q networks and layers: actorrl.policy.continuous_q) -------------------
+# ---- the networks (Q networks: actorrl.policy.continuous_q) -------------------------------
+def build_fcnet_mlp(in_dim: int, hiddens: list[int], activation: str | None, out_dim: int
+                    ) -> nn.Sequential:
+    """Linear + activation per hidden layer, then a linear output: RLlib's fully connected
+    network, which its SAC builds the policy and each Q network with (normalized-column
+    weights of norm 1, the output layer's of norm 0.01, zero biases)."""
+    return build_mlp(in_dim, hiddens, activation or "linear", out_dim, out_init_std=0.01)
+
+
 class SACModel(nn.Module):
     """The actor (``policy``: distribution inputs), the Q network(s) and ``log_alpha``."""
 
@@ -118,13 +126,14 @@ class SACModel(nn.Module):
         encoder, features = observation_encoder(obs_space, config.model)
         policy_net = config.policy_net
         outputs = num_actions if num_actions is not None else 2 * self.action_dim
-        self.policy = nn.Sequential(encoder, build_xavier_mlp(
+        self.policy = nn.Sequential(encoder, build_fcnet_mlp(
             features, list(policy_net["fcnet_hiddens"]), policy_net["fcnet_activation"],
             outputs))
         q_net = config.q_net
-        self.q = QNetwork(obs_space, config.model, q_net, self.action_dim, num_actions)
-        self.twin_q = (QNetwork(obs_space, config.model, q_net, self.action_dim, num_actions)
-                       if config.twin_q else None)
+        self.q = QNetwork(obs_space, config.model, q_net, self.action_dim, num_actions,
+                          build_fcnet_mlp)
+        self.twin_q = (QNetwork(obs_space, config.model, q_net, self.action_dim, num_actions,
+                                build_fcnet_mlp) if config.twin_q else None)
         self.log_alpha = nn.Parameter(torch.tensor(math.log(config.initial_alpha)))
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
