@@ -611,6 +611,19 @@ def test_rllib_files_load(tmp_path):
             apex.use_huber, apex.evaluation_interval) == (16, 1, 50000, 1.0, True, 5)
 
 
+@pytest.mark.parametrize("name,algorithm", [
+    ("pendulum-ddpg", "ddpg"), ("pendulum-td3", "td3"), ("pendulum-apex-ddpg", "apex_ddpg"),
+    ("hopper-ddpg", "ddpg"), ("halfcheetah-td3", "td3")])
+def test_example_files_plan(name, algorithm):
+    """The examples (RLlib's files; the release tests' pass criteria as their stops)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = plan_training(None, config_file=str(REPO / "examples" / f"{name}.yaml"),
+                             stop_time_given=False, stop_time_s=None)
+    assert plan.spec.name == algorithm
+    assert "episode_reward_mean" in dict(plan.stop.thresholds)
+
+
 # ---- through actorrl train -------------------------------------------------------------------
 def _cli(tmp_path: Path, *args: str, timeout_s: float = 300.0) -> subprocess.CompletedProcess:
     env = dict(os.environ)
