@@ -299,25 +299,25 @@ def train_argv(config: Path, experiment: dict[str, Any], output: Path, stop_time
 
 
 def probe_rate(config: Path, data: dict[str, Any], work: Path, probe_s: float,
-               rates: dict[tuple[str, str], dict[str, Any]]) -> dict[str, Any] | None:
+               rates: dict[tuple[str, str], dict[str, Any] | None]) -> dict[str, Any] | None:
     """Env steps/s of the experiment's algorithm on its env: measured by a ``probe_s`` run
-    of the file, or taken from an earlier probe of the same algorithm and env (``rates``)."""
+    of the file, or taken from an earlier probe of the same algorithm and env (``rates``);
+    None when the probe finished no iteration."""
     key = (str(data.get("run")).upper(), str(env_of(data)))
     if key not in rates:
         start = time.monotonic()
         run_train(train_argv(config, data, work / "probe", probe_s), probe_s + 300)
         rows = read_results(work / "probe")
         last = rows[-1] if rows else {}
-        if not last.get(TIME_KEY):
-            return None
-        rates[key] = {"env_steps_per_s": round(last[TIMESTEPS_KEY] / last[TIME_KEY]),
-                      "measured_by": str(config), "wall_s": round(time.monotonic() - start, 1)}
+        rates[key] = None if not last.get(TIME_KEY) else {
+            "env_steps_per_s": round(last[TIMESTEPS_KEY] / last[TIME_KEY]),
+            "measured_by": str(config), "wall_s": round(time.monotonic() - start, 1)}
     return rates[key]
 
 
 def run_experiment(data: dict[str, Any], bar: dict[str, Any], *, work: Path, cap_s: float,
                    probe_s: float, max_s: float, plan: bool, long_runs: bool = True,
-                   rates: dict[tuple[str, str], dict[str, Any]] | None = None
+                   rates: dict[tuple[str, str], dict[str, Any] | None] | None = None
                    ) -> dict[str, Any]:
     """Plan, (probe,) and run one written experiment; its outcome record. An Atari or
     MuJoCo experiment with an env-step budget is probed first: not run when the budget
@@ -337,6 +337,10 @@ def run_experiment(data: dict[str, Any], bar: dict[str, Any], *, work: Path, cap
         return {"outcome": "to run", "warnings": warnings_}
     if bar["timesteps"] is not None and is_heavy(env_of(data)):
         probe = probe_rate(config, data, work, probe_s, {} if rates is None else rates)
+        if probe is None:
+            return {"outcome": "not run", "warnings": warnings_, "reason": (
+                f"budget beyond a 2-core machine: a {probe_s:g} s run of the file finished "
+                f"no training iteration, so {bar['timesteps']:,} env steps are out of reach")}
         if probe:
             estimate_s = bar["timesteps"] / probe["env_steps_per_s"]
             pace = (f"{bar['timesteps']:,} env steps at the {probe['env_steps_per_s']:,} env "
@@ -484,7 +488,7 @@ def main(argv: list[str] | None = None) -> None:
     earlier = {key_of(r): r for r in json.loads(args.resume.read_text())["results"]
                if r["outcome"] != "to run"} if args.resume else {}
     results: list[dict[str, Any]] = []
-    rates: dict[tuple[str, str], dict[str, Any]] = {}
+    rates: dict[tuple[str, str], dict[str, Any] | None] = {}
     measured: dict[str, dict[str, Any]] = {}
     for i, (relative, name, experiment) in enumerate(found):
         path, commit = origin(relative, manifest)
