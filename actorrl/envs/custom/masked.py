@@ -5,8 +5,8 @@ values in [0, 1) and allows a random subset of the ``n`` actions (at least one);
 legal action pays its value, taking a masked one raises ``ValueError`` (so a run that
 finishes never took one). Observations follow RLlib's convention: a ``Dict`` with
 ``action_mask`` (0/1 per action) and ``observations`` (the values, masked ones included);
-the best policy takes the legal action of highest value (a mean return per step of about
-0.7 with the defaults, against 0.5 for a uniformly random legal action). ``env_config``:
+the best policy takes the legal action of highest value (a return of about 7.6 per
+10-step episode with the defaults, against 5.0 for a uniformly random legal action). ``env_config``:
 ``num_actions`` (default 6), ``episode_len`` (default 10)::
 
     actorrl train ppo --env actorrl.envs.custom.masked:pick_best
