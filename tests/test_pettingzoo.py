@@ -255,3 +255,13 @@ def test_evaluate_plays_a_multi_agent_checkpoint_with_every_policy(tmp_path):
     assert result.policy_reward_mean["learner"] > 0.3
     assert again.policy_rewards == result.policy_rewards
     assert "policy learner mean" in result.describe()
+
+
+def test_the_plain_progress_line_shows_each_policys_return():
+    """A zero-sum game's episode totals are all 0: the line shows each policy's mean."""
+    from actorrl.experiment.progress import plain_line
+
+    line = plain_line({"training_iteration": 3, "episode_reward_mean": 0.0,
+                       "policy_reward_mean": {"random": -0.5, "learner": 0.5}}, {}, 1.0, None)
+    assert "reward_mean=0.00" in line
+    assert line.index("policy/learner=0.50") < line.index("policy/random=-0.50")

@@ -54,6 +54,8 @@ def plain_line(result: dict[str, Any], derived: dict[str, float], elapsed_s: flo
     evaluation = result.get("evaluation")
     if isinstance(evaluation, dict):
         fields["eval_reward_mean"] = _fmt_number(evaluation.get("episode_reward_mean"))
+    fields.update({f"policy/{pid}": _fmt_number(value)  # multi-agent: each policy's return
+                   for pid, value in sorted((result.get("policy_reward_mean") or {}).items())})
     fields.update({f"custom/{name}": _fmt_number(value)
                    for name, value in custom_means(result).items()})
     return "result " + " ".join(f"{k}={v}" for k, v in fields.items())
