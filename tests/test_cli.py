@@ -111,7 +111,7 @@ one pytest-xdist worker, so the training runs once, not once per worker."""
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """An Ape-X run of ~1500 env steps with a YAML config file, a --set override, a
-    checkpoint every iteration, and its exit status."""
+    checkpoint every iteration (all kept), and its exit status."""
     base = tmp_path_factory.mktemp("trained")
     config = base / "apex.yaml"
     config.write_text("train_batch_size: 64\nlearning_starts: 400\nlr: 0.002\n")
@@ -119,7 +119,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict:
     tag = f"trained-{base.name}"
     proc = run_cli(["train", "apex", *TINY, "--config", str(config), "--set", "lr=0.001",
                     "--seed", "3", "--stop-timesteps", "1500", "--checkpoint-every", "1",
-                    "--output", str(output)], cwd=base, timeout_s=RUN_TIMEOUT_S, tag=tag)
+                    "--keep-checkpoints", "0", "--output", str(output)], cwd=base,
+                   timeout_s=RUN_TIMEOUT_S, tag=tag)
     dirs = run_dirs(output)
     return {"proc": proc, "base": base, "output": output, "dirs": dirs, "tag": tag,
             "run": dirs[0] if dirs else None}

@@ -208,7 +208,7 @@ class Trainer:
             log.error("could not replace %r: %s", dead, exc)
             return None
         self.learner_side_actors = [new if a == dead else a for a in self.learner_side_actors]
-        log.warning("replaced %r with %r", dead, new)
+        log.debug("replaced %r with %r", dead, new)  # the pipeline logs it
         return new
 
     async def replace_worker(self, dead: ActorHandle) -> ActorHandle | None:
@@ -226,7 +226,7 @@ class Trainer:
         if self.learner is not None:
             await self.broadcast_learner_weights([new])
         await self._send_filters([new])
-        log.warning("replaced rollout worker %r with %r", dead, new)
+        log.debug("replaced rollout worker %r with %r", dead, new)  # the pipeline logs it
         return new
 
     # ---- iterations ---------------------------------------------------------------------

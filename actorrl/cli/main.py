@@ -4,6 +4,7 @@
 
     actorrl train [ALGO] [--env ENV] [--num-workers N] [--config FILE] [--set KEY=VALUE ...]
                        [--seed N] [--output DIR] [--checkpoint-every N] [--restore PATH]
+                       [--keep-checkpoints N] [--max-failures N|none] [--failure-window S|none]
                        [--stop-reward R|none] [--stop-timesteps N] [--stop-time S|none]
                        [--address ADDR [--keys DIR] | --serial] [--progress auto|rich|plain]
                        [--start-method fork|spawn] [--concurrent-trials N] [--debug]
@@ -85,6 +86,31 @@ def _int_at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def _max_failures(text: str) -> int:
+    """An integer >= 0, or ``none`` / ``-1`` (no limit: -1)."""
+    if text.strip().lower() in ("none", "unlimited", "-1"):
+        return -1
+    return _int_at_least(0)(text)
+
+
+def _failure_window(text: str) -> float | None:
+    """Seconds > 0, or ``none`` (failures counted since the start: None)."""
+    if text.strip().lower() in ("none", "off"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds or 'none', got {text!r}"
+                                         ) from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds (or 'none'), got {text}")
+    return value
+
+
+_NOT_GIVEN = object()
+"""A flag's default when "not given" must differ from every value it takes."""
+
+
 def _stop_reward(text: str) -> float | str | None:
     """A number, ``none`` (no reward criterion) or ``auto`` (450 on CartPole-v1)."""
     lowered = text.strip().lower()
@@ -155,6 +181,18 @@ def _add_train(subparsers: argparse._SubParsersAction) -> None:
                    help="parent of the results folder (default: ./results)")
     p.add_argument("--checkpoint-every", type=_int_at_least(0), default=10, metavar="N",
                    help="checkpoint every N iterations, 0: only at the end (default: 10)")
+    p.add_argument("--keep-checkpoints", type=_int_at_least(0), default=None, metavar="N",
+                   help="keep the newest N checkpoints and the best by episode_reward_mean "
+                        "(a Tune file's checkpoint_score_attr); 0 keeps all (default: a "
+                        "Tune file's keep_checkpoints_num, else 5)")
+    p.add_argument("--max-failures", type=_max_failures, default=None, metavar="N",
+                   help="restart from the last checkpoint when an actor the pipeline "
+                        "cannot replace (the learner) dies, at most N times per "
+                        "--failure-window; 0: fail at once, 'none': no limit (default: a "
+                        "Tune file's max_failures, else 20)")
+    p.add_argument("--failure-window", type=_failure_window, default=_NOT_GIVEN,
+                   metavar="S", help="the sliding window --max-failures counts in, in "
+                   "seconds; 'none': since the start (default: 3600)")
     p.add_argument("--restore", metavar="CHECKPOINT",
                    help="continue from a checkpoint folder (or a results folder's latest); "
                         "its config is the base config and its counters continue")
@@ -295,7 +333,11 @@ def _plan(args: argparse.Namespace, config_file: object, seed: int | None) -> Tr
             stop_time_given=args.stop_time is not STOP_TIME_DEFAULT, debug=args.debug,
             command=["actorrl", *args.argv], serial=args.serial,
             start_method=args.start_method, wandb_project=args.wandb,
-            mlflow_uri=args.mlflow)
+            mlflow_uri=args.mlflow, max_failures=args.max_failures,
+            failure_window_s=(None if args.failure_window is _NOT_GIVEN
+                              else args.failure_window),
+            failure_window_given=args.failure_window is not _NOT_GIVEN,
+            keep_checkpoints=args.keep_checkpoints)
         return plan if args.address else without_missing_gpus(plan)
 
 
@@ -306,6 +348,15 @@ def _check_remote_flags(args: argparse.Namespace) -> None:
                          "jobs resume from their own checkpoints")
     if args.serial:
         raise UsageError("--serial runs locally; it cannot be combined with --address")
+    given = [flag for flag, value in (("--max-failures", args.max_failures),
+                                      ("--keep-checkpoints", args.keep_checkpoints))
+             if value is not None]
+    if args.failure_window is not _NOT_GIVEN:
+        given.append("--failure-window")
+    if given:
+        raise UsageError(f"{', '.join(given)} apply to local training; a cluster job takes "
+                         "job.max_failures and job.failure_window_s in 'actorrl submit' "
+                         "files, and keeps job.keep_checkpoints checkpoints")
     if args.start_method:
         raise UsageError("--start-method applies to local training; on a cluster each "
                          "node chooses (ACTORRL_START_METHOD where it joins)")

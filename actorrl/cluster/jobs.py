@@ -6,8 +6,8 @@ A submission is a mapping::
     {"algorithm": "apex",            # any name get_algorithm() knows
      "env": "CartPole-v1", ...,      # the algorithm's config keys (RLlib names)
      "stop": {"training_iteration": 20, "episode_reward_mean": 450},   # any reached: done
-     "job": {"name": "...", "checkpoint_interval_s": 30, "max_failures": 3,
-             "placement": {"learner": "gpu-box"}}}                     # optional
+     "job": {"name": "...", "checkpoint_interval_s": 30, "max_failures": 20,
+             "failure_window_s": 3600, "placement": {"learner": "gpu-box"}}}  # optional
 
 Each job has a directory ``STATE_DIR/jobs/JOB_ID`` with ``job.json`` (its record),
 ``result.jsonl`` (every result), ``job.log`` (coordinator-side events: placement, deaths,
@@ -21,10 +21,13 @@ Recovery, in the order it is tried:
   any node with room; the job does not notice beyond ``num_worker_restarts``;
 - anything the pipeline cannot survive (the learner or a replay shard died, a node holding
   them was lost) fails the iteration: the job's actors are stopped and the job restarts
-  from its last checkpoint, up to ``max_failures`` times. Counters (iteration, timesteps,
-  trained steps, time) continue from the last *reported* result, never going backwards;
-  what was learned since the checkpoint and the replay contents are lost, and the job
-  log says so;
+  from its last checkpoint after a backoff (1 s, doubling per failure in the window, at
+  most 60 s), as long as at most ``max_failures`` failures fall within the last
+  ``failure_window_s`` seconds (:mod:`actorrl.algorithms.restarts`; the window survives a
+  coordinator restart). Counters (iteration, timesteps, trained steps, time) continue
+  from the last *reported* result, never going backwards, and so do the failure counters
+  of ``info`` (``num_worker_restarts``, ...); what was learned since the checkpoint and
+  the replay contents are lost, and the job log says so;
 - a restarted coordinator resumes every job that was running from its checkpoint.
 
 Roles: ``job.*`` takes client and admin keys (never node keys). A job belongs to the key
@@ -49,6 +52,15 @@ from typing import Any
 
 from actorrl.algorithms import Trainer, get_algorithm
 from actorrl.algorithms.checkpoints import list_checkpoints, read_checkpoint, write_checkpoint
+from actorrl.algorithms.restarts import (
+    BACKOFF_INITIAL_S,
+    BACKOFF_MAX_S,
+    DEFAULT_FAILURE_WINDOW_S,
+    DEFAULT_MAX_FAILURES,
+    CarriedCounters,
+    FailureWindow,
+    RestartPolicy,
+)
 from actorrl.algorithms.run_loop import CheckpointPolicy, run_trainer
 from actorrl.algorithms.stop import StopCriteria
 from actorrl.cluster import RUNNING_STATES, TERMINAL_STATES, JobError
@@ -89,8 +101,17 @@ class JobOptions:
     checkpoint_interval_s: float = 30.0
     """Checkpoint after an iteration when this long has passed since the last one
     (0: after every iteration)."""
-    max_failures: int = 3
-    """Restarts from the last checkpoint before the job is marked failed."""
+    max_failures: int | None = DEFAULT_MAX_FAILURES
+    """Failures (each restarted from the last checkpoint) tolerated within
+    ``failure_window_s``; one more within the window marks the job failed. None or -1:
+    no limit; 0: the first failure ends the job."""
+    failure_window_s: float | None = DEFAULT_FAILURE_WINDOW_S
+    """The sliding window, in seconds, that ``max_failures`` counts in (None: since the
+    job began)."""
+    restart_backoff_s: float = BACKOFF_INITIAL_S
+    """The wait before the first restart within the window, doubling with each more."""
+    restart_backoff_max_s: float = BACKOFF_MAX_S
+    """The longest wait before a restart."""
     placement: dict[str, str] = field(default_factory=dict)
     """Actor-name pattern (fnmatch: ``learner``, ``worker-*``) -> preferred node name."""
     keep_checkpoints: int = 2
@@ -101,8 +122,7 @@ class JobOptions:
         if self.checkpoint_interval_s < 0:
             problems.append(f"job.checkpoint_interval_s must be >= 0, got "
                             f"{self.checkpoint_interval_s}")
-        if self.max_failures < 0:
-            problems.append(f"job.max_failures must be >= 0, got {self.max_failures}")
+        problems += self.restart_policy().problems("job.")
         if self.keep_checkpoints < 1:
             problems.append(f"job.keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
         if not all(isinstance(k, str) and isinstance(v, str)
@@ -110,6 +130,13 @@ class JobOptions:
             problems.append("job.placement must map actor-name patterns to node names")
         if problems:
             raise ConfigError("invalid job options:", problems=problems)
+
+    def restart_policy(self) -> RestartPolicy:
+        """The job's :class:`~actorrl.algorithms.restarts.RestartPolicy`."""
+        return RestartPolicy(max_failures=self.max_failures,
+                             failure_window_s=self.failure_window_s,
+                             backoff_initial_s=self.restart_backoff_s,
+                             backoff_max_s=self.restart_backoff_max_s)
 
 
 @dataclass(frozen=True)
@@ -180,6 +207,11 @@ class ManagedJob:
         self.results: list[dict[str, Any]] = []
         self.results_offset = 0
         self.num_failures = 0
+        """Failures since the job began (restarts from a checkpoint, or the last one)."""
+        self.failures = FailureWindow(submission.options.restart_policy())
+        """The failures within the restart policy's window (decides each restart)."""
+        self.carried = CarriedCounters()
+        """The failure counters of ``info`` continued across restarts."""
         self.checkpoint: dict[str, Any] | None = None
         self.checkpoint_lock = asyncio.Lock()
         """One checkpoint write at a time: the job's own (each interval, the last) and a
@@ -206,6 +238,8 @@ class ManagedJob:
                 "algorithm": self.submission.algorithm, "state": self.state,
                 "error": self.error, "created_at": self.created_at,
                 "num_results": self.num_results, "num_failures": self.num_failures,
+                "failure_times": list(self.failures.times),
+                "carried_counters": self.carried.totals(),
                 "checkpoint": self.checkpoint, "stop_reason": self.stop_reason,
                 "last_counters": self.last_counters, "owner_key": self.owner_key,
                 "episode_reward_mean": jsonable(last.get("episode_reward_mean")),
@@ -225,6 +259,9 @@ class ManagedJob:
         job.error = record.get("error", "")
         job.created_at = record.get("created_at", job.created_at)
         job.num_failures = record.get("num_failures", 0)
+        times = record.get("failure_times") or []
+        job.failures.times = [float(t) for t in times if isinstance(t, (int, float))]
+        job.carried = CarriedCounters(record.get("carried_counters") or {})
         job.checkpoint = record.get("checkpoint")
         job.last_counters = record.get("last_counters") or {}
         job.stop_reason = record.get("stop_reason", "")
@@ -254,7 +291,9 @@ class ManagedJob:
 
     # ---- results ------------------------------------------------------------------------
     def publish(self, result: dict[str, Any]) -> dict[str, Any]:
-        """Record a result; counters are kept monotonic across restarts."""
+        """Record a result; counters are kept monotonic across restarts, and the failure
+        counters of ``info`` add the earlier attempts' counts."""
+        self.carried.apply(result)
         for key in COUNTERS:
             value = result.get(key)
             previous = self.last_counters.get(key)
@@ -446,18 +485,22 @@ class JobManager:
                     raise
                 except Exception as exc:
                     job.num_failures += 1
+                    job.carried.restarted()
+                    decision = job.failures.record()
                     job.log(f"iteration failed: {exc!r}\n{traceback.format_exc()}",
                             logging.ERROR)
-                    if job.num_failures > job.submission.options.max_failures:
+                    if not decision.restart:
                         job.set_state("failed", f"{type(exc).__name__}: {exc}")
-                        job.log(f"failed after {job.num_failures} failures", logging.ERROR)
+                        job.log(f"failed: {decision.describe()} (job.max_failures per "
+                                "job.failure_window_s)", logging.ERROR)
                         return
                     where = (f"checkpoint of iteration {job.checkpoint['iteration']}"
                              if job.checkpoint else "scratch (no checkpoint yet)")
-                    job.log(f"restarting from {where} (failure {job.num_failures} of at most "
-                            f"{job.submission.options.max_failures}); progress since that "
+                    job.log(f"restarting from {where} ({decision.describe()}; "
+                            f"{job.num_failures} since the job began); progress since that "
                             "checkpoint and all replay contents are lost", logging.WARNING)
                     job.set_state("restarting")
+                    await asyncio.sleep(decision.delay_s)  # the backoff
         except asyncio.CancelledError:
             if job.state not in TERMINAL_STATES and job.state != "interrupted":
                 job.set_state("stopped")
@@ -577,10 +620,16 @@ class JobManager:
         if job is None:
             return
         what = record.spec.name or record.spec.class_path
+        reason = record.reason.strip().splitlines()[0] if record.reason.strip() else "?"
+        if what.startswith("worker-"):
+            # The pipeline replaces a rollout worker and logs it as one line (what died,
+            # why, replaced or not): this one is for the coordinator's log only.
+            log.debug("[%s] actor %s died: %s", job.id, what, reason)
+            return
         extra = ""
         if what.startswith("replay-"):
             extra = "; the replay data it held is lost"
-        job.log(f"actor {what} died: {record.reason}{extra}", logging.WARNING)
+        job.log(f"actor {what} died: {reason}{extra}", logging.WARNING)
 
     async def shutdown(self, checkpoint: bool = True) -> None:
         """Checkpoint running jobs (best effort), then stop them as ``interrupted`` so a

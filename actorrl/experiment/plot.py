@@ -1,7 +1,8 @@
 """``actorrl plot``: learning curves of one or more results folders as a PNG.
 
 Two panels: ``episode_reward_mean`` against ``timesteps_total`` and against wall time
-(``time_total_s``), with the min..max band of each iteration shaded; several runs overlaid,
+(``time_total_s``), with the min..max band of each iteration shaded (iterations undone by a
+restart from an earlier checkpoint left out); several runs overlaid,
 each labelled with its folder name. A folder that holds no ``result.jsonl`` but has run
 folders inside (``results/``) stands for all of them. A ``.csv`` learning curve written by
 ``benchmarks/learning.py`` (``docs/results/<algo>-<env>.csv``: env steps, seconds, mean,
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from actorrl.experiment.errors import UsageError
-from actorrl.experiment.results import RESULT_FILE, read_results
+from actorrl.experiment.results import RESULT_FILE, current_results, read_results
 
 DEFAULT_PLOT_NAME = "learning_curves.png"
 
@@ -43,7 +44,7 @@ def _as_float(value: object) -> float:
 
 def load_curve(run_dir: Path) -> Curve:
     """The series of ``run_dir``; :class:`UsageError` when it has no results yet."""
-    results = read_results(run_dir)
+    results = current_results(read_results(run_dir))  # without rolled-back iterations
     if not results:
         raise UsageError(f"{str(run_dir)!r} has no results yet ({RESULT_FILE} is empty)")
     return Curve(

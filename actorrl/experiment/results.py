@@ -103,6 +103,36 @@ def derived_metrics(result: dict[str, Any], previous: dict[str, Any] | None
     return out
 
 
+def rollback_step(result: dict[str, Any], previous: dict[str, Any] | None) -> int | None:
+    """When ``result`` is the first after a rollback (a restart from an earlier checkpoint:
+    its ``training_iteration`` is not above the previous result's), the first
+    ``timesteps_total`` it supersedes (the checkpoint's plus one); None otherwise."""
+    if previous is None:
+        return None
+    iteration, before = result.get("training_iteration"), previous.get("training_iteration")
+    if not (isinstance(iteration, int) and isinstance(before, int)) or iteration > before:
+        return None
+    start = int(result.get("timesteps_total") or 0) - int(result.get("timesteps_this_iter")
+                                                          or 0)
+    return max(start, 0) + 1
+
+
+def current_results(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``results`` without the rows a later rollback superseded: after a restart from an
+    earlier checkpoint, the iterations that were done again replace the lost ones (the
+    rows stay in ``result.jsonl``; ``actorrl plot`` draws these)."""
+    kept: list[dict[str, Any]] = []
+    floor = math.inf
+    for result in reversed(results):
+        iteration = result.get("training_iteration")
+        if isinstance(iteration, (int, float)):
+            if iteration >= floor:
+                continue
+            floor = iteration
+        kept.append(result)
+    return kept[::-1]
+
+
 def _safe_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "env"
 
@@ -193,6 +223,7 @@ class ResultWriter:
         self._csv_path = run_dir / PROGRESS_FILE
         self._csv_columns: list[str] = []
         self._previous: dict[str, Any] | None = None
+        self._rollbacks = 0
         self._tb = None
         if tensorboard:
             self._tb = _summary_writer_class()(logdir=str(run_dir), flush_secs=10)
@@ -200,6 +231,15 @@ class ResultWriter:
     def record(self, result: dict[str, Any]) -> dict[str, float]:
         """Write ``result`` everywhere; returns its :func:`derived_metrics`."""
         derived = derived_metrics(result, self._previous)
+        purge = rollback_step(result, self._previous)
+        if purge is not None and self._tb is not None:
+            # TensorBoard hides what a restart undid: a writer opened with purge_step
+            # supersedes the earlier events at and after that step.
+            self._tb.close()
+            self._rollbacks += 1
+            self._tb = _summary_writer_class()(
+                logdir=str(self.run_dir), flush_secs=10, purge_step=purge,
+                filename_suffix=f".rollback{self._rollbacks}")  # a file of its own
         self._previous = result
         self._jsonl.write(to_json_line(result) + "\n")
         self._jsonl.flush()

@@ -6,9 +6,12 @@ leaves no folder behind). :class:`LocalRun` then starts an embedded local cluste
 :class:`~actorrl.runtime.Driver` in this process; workers, learner and replay shards as
 child processes, or, with ``--serial``, every actor in this process and event loop),
 trains with :func:`~actorrl.algorithms.run_loop.run_trainer`, records every result,
-checkpoints, and shuts everything down. :class:`TrainingRun` is what a local run and an
-``--address`` run (:mod:`actorrl.experiment.remote`) share: the results folder, the
-summary, signals and exit codes.
+checkpoints (keeping the newest ``--keep-checkpoints`` and the best:
+:mod:`actorrl.experiment.retention`), restarts from the last checkpoint when an actor
+the pipeline cannot replace dies (``--max-failures`` per ``--failure-window``:
+:mod:`actorrl.experiment.recovery`), and shuts everything down. :class:`TrainingRun` is
+what a local run and an ``--address`` run (:mod:`actorrl.experiment.remote`) share: the
+results folder, the summary, signals and exit codes.
 
 Exit codes: 0 a stop criterion was met; 1 training failed (one error line, details in the
 logs); 2 bad input; 130 interrupted by SIGINT; 143 interrupted by SIGTERM. On the first
@@ -36,6 +39,7 @@ from typing import Any
 
 from actorrl.algorithms import AlgorithmSpec, Trainer, algorithm_names, get_algorithm
 from actorrl.algorithms.checkpoints import CheckpointError, read_checkpoint, write_checkpoint
+from actorrl.algorithms.restarts import RestartPolicy
 from actorrl.algorithms.run_loop import (
     FINISHED,
     INTERRUPTED,
@@ -61,6 +65,7 @@ from actorrl.config.sections import ConfigError
 from actorrl.envs import make_env
 from actorrl.experiment.errors import UsageError, error_summary
 from actorrl.experiment.progress import ProgressDisplay
+from actorrl.experiment.recovery import RecoveringTrainer, describe_failure, is_recoverable
 from actorrl.experiment.results import (
     STATUS_FAILED,
     STATUS_FINISHED,
@@ -69,6 +74,7 @@ from actorrl.experiment.results import (
     ResultWriter,
     RunDirectory,
 )
+from actorrl.experiment.retention import SCORE_KEY, Retention
 from actorrl.experiment.signals import exit_code_for
 from actorrl.experiment.trackers import RunInfo, TrackerSet, TrackerSettings, tracker_settings
 from actorrl.runtime import Driver
@@ -110,6 +116,12 @@ class TrainPlan:
     trackers: TrackerSettings | None = None
     """W&B / MLflow (``--wandb``, ``--mlflow``, the file's ``logger_config``); see
     :mod:`actorrl.experiment.trackers`."""
+    restart_policy: RestartPolicy = field(default_factory=RestartPolicy)
+    """When a local run restarts from its last checkpoint after an actor died
+    (``--max-failures``, ``--failure-window``, a Tune file's ``max_failures``)."""
+    retention: Retention = field(default_factory=Retention)
+    """Which checkpoints stay (``--keep-checkpoints``, a Tune file's
+    ``keep_checkpoints_num`` and ``checkpoint_score_attr``)."""
 
 
 @dataclass(frozen=True)
@@ -135,21 +147,25 @@ class ConfigFile:
     logger_config: dict[str, Any] | None = None
     """The file's ``logger_config`` (Tune's W&B / MLflow logger settings), top level or in
     RLlib's ``config`` section; see :mod:`actorrl.experiment.trackers`."""
+    run_settings: dict[str, Any] = field(default_factory=dict)
+    """Tune's experiment settings that ``actorrl train`` honours
+    (:data:`RUN_SETTING_KEYS`: checkpoint retention, the failure limit), as written."""
 
 
 FILE_RUN_KEYS = ("algorithm", "run")
 """Keys naming the algorithm in a config file (actorrl's and RLlib's)."""
 EXPERIMENT_KEYS = frozenset({*FILE_RUN_KEYS, "env", "stop", "config", "logger_config"})
 """Top-level keys of RLlib's experiment layout that ``actorrl train`` reads."""
+RUN_SETTING_KEYS = ("keep_checkpoints_num", "checkpoint_score_attr", "max_failures")
+"""Tune's experiment settings in RLlib's files that ``actorrl train`` honours: the
+checkpoints kept (:mod:`actorrl.experiment.retention`) and the failures restarted
+(:mod:`actorrl.experiment.recovery`); command-line flags override them."""
 IGNORED_EXPERIMENT_KEYS: dict[str, str] = {
     "checkpoint_freq": "actorrl checkpoints every --checkpoint-every iterations (default 10) "
                        "and at the end",
     "checkpoint_at_end": "actorrl always checkpoints at the end",
-    "keep_checkpoints_num": "actorrl keeps every checkpoint in the results folder",
-    "checkpoint_score_attr": "actorrl keeps every checkpoint in the results folder",
     "local_dir": "results go to --output (default results/)",
     "storage_path": "results go to --output (default results/)",
-    "max_failures": "actorrl replaces dead workers itself; a failed learner ends the run",
     "verbose": "actorrl prints one progress line per iteration",
 }
 """Tune's experiment settings beside ``run``/``config`` in RLlib's files: accepted with one
@@ -187,6 +203,7 @@ def config_file_sections(path: str, data: dict[str, Any]) -> ConfigFile:
         raise UsageError(f"config file {path!r} has a 'job' section, which only "
                          "'actorrl submit' reads; remove it to train locally")
     named = [(key, data.pop(key)) for key in FILE_RUN_KEYS if key in data]
+    run_settings = {key: data.pop(key) for key in RUN_SETTING_KEYS if key in data}
     algorithm = None
     if named:
         texts = {str(value).lower() for _, value in named}
@@ -222,7 +239,7 @@ def config_file_sections(path: str, data: dict[str, Any]) -> ConfigFile:
         data = {**nested, **data}
     logger_config = data.pop("logger_config", None)
     return ConfigFile(path=path, values=data, algorithm=algorithm, stop=stop,
-                      logger_config=logger_config)
+                      logger_config=logger_config, run_settings=run_settings)
 
 
 def config_keys_of_any_algorithm() -> set[str]:
@@ -351,6 +368,36 @@ def stop_criteria(env: str, file: ConfigFile | None, *, stop_reward: float | Non
     return StopCriteria(thresholds=thresholds, time_s=time_s)
 
 
+def run_settings(file: ConfigFile | None, *, max_failures: int | None,
+                 failure_window_s: float | None, failure_window_given: bool,
+                 keep_checkpoints: int | None) -> tuple[RestartPolicy, Retention]:
+    """The run's restart policy and checkpoint retention: the command line's
+    ``--max-failures`` / ``--failure-window`` / ``--keep-checkpoints`` where given (None /
+    ``failure_window_given`` false: not given), else the file's Tune settings
+    (:data:`RUN_SETTING_KEYS`; ``keep_checkpoints_num: null`` keeps all), else the
+    defaults; :class:`UsageError` naming a bad value."""
+    settings = dict(file.run_settings) if file is not None else {}
+    where = f"config file {file.path!r}: " if file is not None else ""
+    defaults = RestartPolicy()
+    limit = max_failures if max_failures is not None else settings.get(
+        "max_failures", defaults.max_failures)
+    window = failure_window_s if failure_window_given else defaults.failure_window_s
+    policy = RestartPolicy(max_failures=limit, failure_window_s=window)
+    problems = policy.problems("--" if max_failures is not None else "")
+    if problems:
+        raise UsageError(f"{where if max_failures is None else ''}{problems[0]}")
+    keep = keep_checkpoints
+    if keep is None and "keep_checkpoints_num" in settings:
+        keep = settings["keep_checkpoints_num"] or 0  # Tune's null: keep every one
+    try:
+        retention = Retention(
+            keep=Retention.keep if keep is None else keep,
+            score_attr=settings.get("checkpoint_score_attr", Retention.score_attr))
+    except ValueError as exc:
+        raise UsageError(f"{where}{exc}") from None
+    return policy, retention
+
+
 def check_env(config: AlgorithmConfig) -> None:
     """Build and close one env of ``config`` so a bad env id or env_config fails here,
     before any process starts."""
@@ -377,7 +424,9 @@ def plan_training(algorithm: str | None, *, env: str | None = None,
                   stop_time_given: bool = True, debug: bool = False,
                   command: Sequence[str] = (), serial: bool = False,
                   start_method: str | None = None, wandb_project: str | None = None,
-                  mlflow_uri: str | None = None) -> TrainPlan:
+                  mlflow_uri: str | None = None, max_failures: int | None = None,
+                  failure_window_s: float | None = None, failure_window_given: bool = False,
+                  keep_checkpoints: int | None = None) -> TrainPlan:
     """Validate all inputs of ``actorrl train`` (see the module docstring).
 
     ``algorithm`` None takes the algorithm from the config file (``algorithm``/``run``) or
@@ -387,7 +436,9 @@ def plan_training(algorithm: str | None, *, env: str | None = None,
     means the file's ``stop`` or, without one, ``stop_time_s``. ``config_file`` is a path
     or an already read :class:`ConfigFile` (one trial of a sweep). ``wandb_project`` /
     ``mlflow_uri`` (``--wandb`` / ``--mlflow``) ask for trackers beside the file's
-    ``logger_config``.
+    ``logger_config``. ``max_failures``, ``failure_window_s`` and ``keep_checkpoints``
+    (``--max-failures``, ``--failure-window``, ``--keep-checkpoints``): see
+    :func:`run_settings`.
     """
     file = (read_config_file_sections(config_file) if isinstance(config_file, str)
             else config_file)
@@ -414,10 +465,15 @@ def plan_training(algorithm: str | None, *, env: str | None = None,
     stop = stop_criteria(config.env, file, stop_reward=stop_reward,
                          stop_reward_given=stop_reward_given, stop_timesteps=stop_timesteps,
                          stop_time_s=stop_time_s, stop_time_given=stop_time_given)
+    policy, retention = run_settings(file, max_failures=max_failures,
+                                     failure_window_s=failure_window_s,
+                                     failure_window_given=failure_window_given,
+                                     keep_checkpoints=keep_checkpoints)
     return TrainPlan(spec=spec, config=config, stop=stop, output_dir=output_dir,
                      checkpoint_every=checkpoint_every, restore_from=restore_from,
                      restore_state=restore_state, debug=debug, command=tuple(command),
-                     serial=serial, start_method=start_method, trackers=trackers)
+                     serial=serial, start_method=start_method, trackers=trackers,
+                     restart_policy=policy, retention=retention)
 
 
 @dataclass
@@ -475,6 +531,8 @@ class TrainingRun:
         self._aborted = False
         self._writer: ResultWriter | None = None
         self._trackers = TrackerSet([])
+        self.last_result: dict[str, Any] | None = None
+        """The latest result (a checkpoint's score is read from it)."""
 
     # ---- signals ------------------------------------------------------------------------
     def on_signal(self, signum: int, count: int) -> None:
@@ -552,6 +610,7 @@ class TrainingRun:
     def _record(self, result: dict[str, Any]) -> None:
         assert self._writer is not None
         derived = self._writer.record(result)
+        self.last_result = result
         self._trackers.record(result)
         self.summary.observe(result)
         self.display.update(result, derived, self.summary.best_reward)
@@ -642,6 +701,10 @@ class LocalRun(TrainingRun):
             self._finish(STATUS_INTERRUPTED, self._signal_exit_code(),
                          "interrupted while starting")
             return
+        recovering = RecoveringTrainer(
+            trainer, rebuild=lambda: Trainer.create(plan.spec, plan.config, driver),
+            state=self._restart_state, policy=plan.restart_policy,
+            notify=self._note_restart)
         try:
             if plan.restore_state is not None:
                 await trainer.set_state(plan.restore_state)
@@ -650,17 +713,38 @@ class LocalRun(TrainingRun):
                                   f"{plan.restore_state['timesteps_total']:,})")
 
             async def save(final: bool) -> None:
-                await self._checkpoint(trainer, final)
+                live = recovering.trainer
+                if live is None:  # interrupted while a restart built the next trainer
+                    log.warning("no final checkpoint: the run was restarting")
+                    return
+                try:
+                    await self._checkpoint(live, final)
+                except Exception as exc:
+                    if not is_recoverable(exc):
+                        raise
+                    # An actor died while its state was fetched: the next iteration
+                    # fails the same way and restarts from the last checkpoint written.
+                    self._note_restart(f"checkpoint skipped: {describe_failure(exc)}")
 
             policy = CheckpointPolicy(save=save, every_iterations=plan.checkpoint_every)
-            await self._train(trainer, f"{plan.spec.name} on {plan.config.env}", policy,
+            await self._train(recovering, f"{plan.spec.name} on {plan.config.env}", policy,
                               ITERATION_GRACE_S)
         finally:
             if not self._aborted:  # an abort leaves the actors to the driver's shutdown
-                try:
-                    await wait_for(trainer.stop(), TRAINER_STOP_TIMEOUT_S)
-                except Exception as exc:  # the driver's shutdown kills whatever is left
-                    log.warning("stopping the trainer: %s", error_summary(exc))
+                await recovering.stop()  # the driver's shutdown kills whatever is left
+
+    async def _restart_state(self) -> dict[str, Any] | None:
+        """What a restarted trainer restores: the last checkpoint of this run, else the
+        ``--restore`` checkpoint, else nothing."""
+        path = self.summary.last_checkpoint
+        if path is None:
+            return self.plan.restore_state
+        _, state = await asyncio.to_thread(read_checkpoint, path)
+        return state
+
+    def _note_restart(self, text: str) -> None:
+        log.warning(text, extra=FILE_ONLY)
+        self.display.note(text)
 
     async def _checkpoint(self, trainer: Trainer, final: bool) -> None:
         state = await wait_for(trainer.get_state(), STATE_TIMEOUT_S)
@@ -669,10 +753,15 @@ class LocalRun(TrainingRun):
                     "timesteps_total": state["timesteps_total"],
                     "num_steps_trained": state["num_steps_trained"],
                     "episode_reward_mean": self.summary.last_reward,
-                    "best_reward": self.summary.best_reward, "final": final}
+                    "best_reward": self.summary.best_reward, "final": final,
+                    SCORE_KEY: self.plan.retention.score_of(self.last_result)}
         path = await asyncio.to_thread(write_checkpoint, self.run_dir.checkpoints_dir, state,
                                        metadata)
         self._note_checkpoint(str(path))
+        retention = self.plan.retention
+        await asyncio.to_thread(retention.prune, self.run_dir.checkpoints_dir)
+        best = await asyncio.to_thread(retention.best, self.run_dir.checkpoints_dir)
+        self.run_dir.update_status(best_checkpoint=str(best) if best else None)
 
 
 def format_summary(plan_name: str, env: str, summary: RunSummary, run_dir: Path) -> str:

@@ -298,6 +298,17 @@ class TrainingIntensity:
         return trained + rows_in_flight < self.intensity * sampled + slack_rows
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an error (a remote error's type and message, never its remote
+    traceback), for one-line log messages."""
+    message = getattr(exc, "message", None)
+    type_name = getattr(exc, "type_name", None)
+    text = f"{type_name}: {message}" if isinstance(type_name, str) and isinstance(
+        message, str) else (str(exc) or type(exc).__name__)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
 def require_at_least_one(name: str, value: int) -> None:
     """Refuse a count setting below 1, naming it."""
     if value < 1:
@@ -335,7 +346,7 @@ class Fleet:
             return None  # already handled (it had several calls in flight)
         self._replacing.add(actor)
         self.num_failures += 1
-        log.warning("%s %r failed: %s", self.role, actor, exc)
+        log.debug("%s %r failed: %s", self.role, actor, exc)
         forget(actor)
         try:
             new = await self.replace(actor) if self.replace is not None else None
@@ -346,6 +357,12 @@ class Fleet:
             self.actors.pop(index)
         else:
             self.actors[index] = new
+        # One line per failure (the full error is at debug level): what died, why, and
+        # what was done about it.
+        outcome = ("replaced" if new is not None
+                   else f"not replaced, {len(self.actors)} left")
+        log.warning("%s %s failed (%s); %s", self.role, actor.name or repr(actor),
+                    first_line(exc), outcome)
         return new
 
     def replace_in_background(self, failures: Iterable[tuple[ActorHandle, BaseException]],

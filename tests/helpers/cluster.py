@@ -15,6 +15,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -192,18 +193,25 @@ def _cmdline(pid: int) -> str:
         return "?"
 
 
-def read_tensorboard_scalars(path: Path) -> dict[str, list[tuple[int, float]]]:
-    """tag -> [(step, value)] from a TensorBoard event file (TFRecord framing: length,
-    length crc, Event protobuf, data crc)."""
+def read_tensorboard_events(path: Path) -> list[Any]:
+    """The Event protobufs of a TensorBoard event file (TFRecord framing: length, length
+    crc, Event protobuf, data crc)."""
     from tensorboardX.proto.event_pb2 import Event
 
     data = path.read_bytes()
-    scalars: dict[str, list[tuple[int, float]]] = {}
+    events = []
     pos = 0
     while pos < len(data):
         (length,) = struct.unpack_from("<Q", data, pos)
-        event = Event.FromString(data[pos + 12:pos + 12 + length])
+        events.append(Event.FromString(data[pos + 12:pos + 12 + length]))
         pos += 12 + length + 4
+    return events
+
+
+def read_tensorboard_scalars(path: Path) -> dict[str, list[tuple[int, float]]]:
+    """tag -> [(step, value)] from a TensorBoard event file."""
+    scalars: dict[str, list[tuple[int, float]]] = {}
+    for event in read_tensorboard_events(path):
         for value in event.summary.value:
             scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
     return scalars

@@ -1,0 +1,164 @@
+"""A local ``actorrl train`` that survives the death of an actor its pipeline cannot
+replace (the learner, a replay shard the pipeline does not replace, ...).
+
+:class:`RecoveringTrainer` is what :func:`~actorrl.algorithms.run_loop.run_trainer` drives
+for a local run: it trains the current :class:`~actorrl.algorithms.Trainer` and, when an
+iteration fails because an actor process died (:class:`ActorDiedError`), counts the failure
+in the run's :class:`~actorrl.algorithms.restarts.FailureWindow`, stops the trainer's
+actors, waits the backoff, builds a fresh trainer and restores the last checkpoint (or the
+``--restore`` checkpoint, or nothing), then trains on. Over the limit, the iteration fails
+with :class:`RestartLimitError` naming the limit and the last failure.
+
+After a restart the counters are the checkpoint's: the iterations and env steps of the
+lost work are not counted again (``training_iteration`` resumes at the checkpoint's next
+iteration). Each later result says so in ``info``: ``num_restarts`` and
+``restored_iteration`` (the iteration it rolled back to). The failure counters of
+``info`` (``num_worker_restarts``, ...) continue across restarts.
+
+Other errors (a bug in a loss, a bad env) are not restarted: they would fail again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from actorrl.algorithms import Trainer
+from actorrl.algorithms.restarts import CarriedCounters, FailureWindow, RestartPolicy
+from actorrl.experiment.errors import error_summary
+from actorrl.runtime.errors import ActorDiedError
+from transport.timeouts import wait_for
+
+log = logging.getLogger(__name__)
+
+STOP_TIMEOUT_S = 30.0
+"""Deadline for stopping a failed trainer's actors before building the next one."""
+
+Rebuild = Callable[[], Awaitable[Trainer]]
+"""Builds a fresh trainer (new actors) for the same config."""
+StateSource = Callable[[], Awaitable[dict[str, Any] | None]]
+"""The state a fresh trainer restores: the last checkpoint's, or None (from scratch)."""
+
+
+_HANDLE_DIED = re.compile(r"ActorHandle\((?P<name>\S+) #\w+ @ [^)]*\)(?: at \S+)? died: "
+                          r"(?P<reason>.*)")
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One short line for a failure: ``learner died: <reason>`` for an actor's death
+    (without its handle's endpoints), :func:`error_summary` otherwise."""
+    text = error_summary(exc)
+    match = _HANDLE_DIED.search(text)
+    return f"{match['name']} died: {match['reason']}" if match else text
+
+
+class RestartLimitError(RuntimeError):
+    """A run failed more often than its restart policy allows."""
+
+
+def is_recoverable(exc: BaseException) -> bool:
+    """Whether a failed iteration is worth a restart: an actor process died (its state is
+    gone; a fresh one from the checkpoint can carry on)."""
+    return isinstance(exc, ActorDiedError)
+
+
+class RecoveringTrainer:
+    """Trains ``trainer``; restarts it from the last checkpoint when an actor dies (see the
+    module docstring). ``notify`` receives one line per restart for the user."""
+
+    def __init__(self, trainer: Trainer, *, rebuild: Rebuild, state: StateSource,
+                 policy: RestartPolicy, notify: Callable[[str], None]) -> None:
+        self.trainer: Trainer | None = trainer
+        """The live trainer (None while a restart builds the next one)."""
+        self._rebuild = rebuild
+        self._state = state
+        self.failures = FailureWindow(policy)
+        self.counters = CarriedCounters()
+        self._notify = notify
+        self.num_restarts = 0
+        self.restored_iteration: int | None = None
+        self._iteration = trainer.iteration
+
+    @property
+    def iteration(self) -> int:
+        """Iterations done so far (the current trainer's, after a restart the
+        checkpoint's plus what was done since)."""
+        if self.trainer is not None:
+            self._iteration = self.trainer.iteration
+        return self._iteration
+
+    async def train(self) -> dict[str, Any]:
+        """One iteration's result, restarting (as often as the policy allows) when an
+        actor died during it."""
+        while True:
+            trainer = self.trainer
+            try:
+                if trainer is None:
+                    raise RuntimeError("no trainer to train")  # never: restarts set one
+                result = await trainer.train()
+            except Exception as exc:
+                if not is_recoverable(exc):
+                    raise
+                await self._restart(exc)
+                continue
+            self.counters.apply(result)
+            if self.num_restarts:
+                info = result.setdefault("info", {})
+                info["num_restarts"] = self.num_restarts
+                info["restored_iteration"] = self.restored_iteration
+            return result
+
+    async def _restart(self, failure: BaseException) -> None:
+        """Replace the trainer after ``failure``, retrying while the rebuild itself loses
+        actors; raises :class:`RestartLimitError` over the policy's limit."""
+        while True:
+            decision = self.failures.record()
+            if not decision.restart:
+                raise RestartLimitError(f"{describe_failure(failure)} ({decision.describe()}; "
+                                        "--max-failures and --failure-window set the "
+                                        "limit)") from failure
+            self._notify(f"{describe_failure(failure)}: {decision.describe()} from the "
+                         "last checkpoint")
+            await self.stop()
+            self.counters.restarted()
+            await asyncio.sleep(decision.delay_s)  # the backoff, not a synchronisation
+            try:
+                trainer = await self._rebuild()
+            except Exception as exc:
+                if not is_recoverable(exc):
+                    raise
+                failure = exc
+                continue
+            self.trainer = trainer
+            try:
+                state = await self._state()
+                if state is not None:
+                    await trainer.set_state(state)
+            except Exception as exc:
+                if not is_recoverable(exc):
+                    raise
+                failure = exc
+                continue
+            self.num_restarts += 1
+            self.restored_iteration = trainer.iteration
+            self._iteration = trainer.iteration
+            where = (f"iteration {trainer.iteration}" if state is not None
+                     else "scratch (no checkpoint yet)")
+            self._notify(f"restarted from {where}; training goes on (restart "
+                         f"{self.num_restarts})")
+            return
+
+    async def stop(self) -> None:
+        """Stop the live trainer's pipeline and actors (bounded; what is left is killed
+        with the driver)."""
+        trainer, self.trainer = self.trainer, None
+        if trainer is None:
+            return
+        self._iteration = trainer.iteration
+        try:
+            await wait_for(trainer.stop(), STOP_TIMEOUT_S)
+        except Exception as exc:
+            log.warning("stopping the failed trainer: %s", error_summary(exc))
