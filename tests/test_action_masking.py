@@ -261,3 +261,22 @@ async def test_masked_training_through_the_pipeline_learns_pick_best(algorithm, 
         finally:
             await trainer.stop()
     assert result["episode_reward_mean"] >= LEARNED_RETURN > RANDOM_LEGAL_RETURN, history
+
+
+def test_multi_discrete_actions_are_masked_per_component():
+    """A MultiDiscrete([3, 2]) mask has 3 + 2 entries, the components side by side: a PPO
+    policy and RandomPolicy choose only legal values of each component."""
+    from actorrl.policy.ppo import PPOPolicy
+    from actorrl.policy.random_policy import RandomPolicy
+
+    space = gym.spaces.Dict({"action_mask": gym.spaces.MultiBinary(5),
+                             "observations": gym.spaces.Box(-1, 1, (2,), np.float32)})
+    actions_space = gym.spaces.MultiDiscrete([3, 2])
+    prep = observation_preprocessor(space)
+    obs = np.stack([prep({"action_mask": np.array([0, 0, 1, 1, 0], np.int8),
+                          "observations": np.zeros(2, np.float32)})] * 300)
+    for policy in (PPOPolicy(space, actions_space, {"model": {"fcnet_hiddens": [8]}}),
+                   RandomPolicy(space, actions_space, {})):
+        actions, _ = policy.compute_actions(obs, explore=True)
+        assert actions.shape == (300, 2)
+        assert (actions[:, 0] == 2).all() and (actions[:, 1] == 0).all()
