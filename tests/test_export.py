@@ -248,7 +248,7 @@ one pytest-xdist worker, so the runs are trained once."""
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Tiny runs, one results folder each: IMPALA LSTM (previous action and reward as
-    inputs, MeanStdFilter), Ape-X, PPO and SAC on Pendulum (continuous actions), A2C on a
+    inputs, MeanStdFilter), Ape-X, PPO, SAC and DDPG on Pendulum (continuous actions), A2C on a
     Dict observation with MultiDiscrete actions, and PPO with action masks (``masked``)."""
     base = tmp_path_factory.mktemp("export-runs")
     lstm_model = json.dumps({"use_lstm": True, "lstm_cell_size": 8, "fcnet_hiddens": [8],
@@ -263,6 +263,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                     'model={"fcnet_hiddens":[16]}', "--stop-timesteps", "400"],
             "sac": ["--env", "Pendulum-v1", "--set", "learning_starts=200",
                     "--stop-timesteps", "400"],
+            "ddpg": ["--env", "Pendulum-v1", "--set", "learning_starts=200",
+                     "--stop-timesteps", "400"],
             "a2c": ["--env", "tests.actors.space_envs:make", "--set",
                     'env_config={"obs": "dict", "actions": "multidiscrete"}',
                     "--stop-timesteps", "400"],
@@ -396,12 +398,12 @@ def test_export_cli_writes_next_to_the_checkpoint_and_refuses_bad_input(
 
 @SHARES_THE_RUNS
 @needs_onnx
-@pytest.mark.parametrize("algo", ["ppo", "sac"])
+@pytest.mark.parametrize("algo", ["ppo", "sac", "ddpg"])
 def test_a_continuous_policy_exports_the_env_action(trained: dict, tmp_path: Path,
                                                     algo: str) -> None:
     """Pendulum (normalize_actions): the greedy action in [-1, 1] (PPO's Gaussian mean,
-    SAC's tanh of its mean) mapped onto the action bounds, in the graph as in
-    load_policy."""
+    SAC's tanh of its mean, DDPG's actor) mapped onto the action bounds, in the graph as
+    in load_policy."""
     import onnxruntime
 
     from actorrl.experiment.export import export_policy
@@ -411,11 +413,11 @@ def test_a_continuous_policy_exports_the_env_action(trained: dict, tmp_path: Pat
     session = onnxruntime.InferenceSession(str(export_policy(trained[algo], "onnx",
                                                              tmp_path / "c.onnx")))
     obs = np.stack([policy.observation_space.sample() for _ in range(32)]).astype(np.float32)
-    actions, dist_inputs = session.run(None, {"obs": obs})
-    assert actions.shape == (32, 1) and dist_inputs.shape == (32, 2)
+    actions, outputs = session.run(None, {"obs": obs})
+    assert actions.shape == (32, 1) and outputs.shape == (32, 1 if algo == "ddpg" else 2)
     np.testing.assert_allclose(actions, np.stack([policy.compute_action(o) for o in obs]),
                                rtol=1e-5, atol=1e-5)
-    mean = dist_inputs[:, :1].astype(np.float64)
+    mean = outputs[:, :1].astype(np.float64)
     normalized = np.tanh(mean) if algo == "sac" else mean
     np.testing.assert_allclose(actions, np.clip(-2.0 + (normalized + 1.0) * 2.0, -2.0, 2.0),
                                rtol=1e-5, atol=1e-5)

@@ -11,11 +11,13 @@ inputs
     ``prev_rewards`` ``[B]`` (float32).
 outputs
     ``action`` ``[B]`` (int64 for ``Discrete``) or ``[B, n]``: the greedy action (argmax of
-    the logits or Q-values, the mean of a Gaussian, SAC's ``tanh`` of its mean) as the env
+    the logits or Q-values, the mean of a Gaussian, SAC's ``tanh`` of its mean, DDPG's
+    actor) as the env
     takes it (a ``Box`` action mapped onto the space's bounds or clipped, as the
     checkpoint's ``normalize_actions`` / ``clip_actions`` say); ``action_dist_inputs``
-    (the logits, or a Gaussian's means and log stds) or, for DQN and Ape-X, ``q_values``;
-    a recurrent policy's ``state_out_0``...
+    (the logits, or a Gaussian's means and log stds) or, for DQN and Ape-X, ``q_values``
+    (for DDPG and TD3, ``actor_actions``: the actor's output in [-1, 1]); a recurrent
+    policy's ``state_out_0``...
 The checkpoint's ``MeanStdFilter`` (its mean, std and clip) is part of the graph, so
 consumers feed raw observations. The batch dimension is dynamic.
 
@@ -133,6 +135,8 @@ class GreedyPolicy(nn.Module):
             action = self.dist_class(outputs).deterministic_sample()
         elif self.kind == SQUASHED_GAUSSIAN:
             action = torch.tanh(torch.chunk(outputs, 2, dim=-1)[0])  # tanh of the mean
+        elif self.kind == DETERMINISTIC:
+            action = outputs
         else:  # Q-values or a categorical's logits
             action = outputs.argmax(dim=-1)
         return (self._env_action(action), outputs, *state_out)
@@ -150,8 +154,8 @@ class GreedyPolicy(nn.Module):
         return action
 
 
-DISTRIBUTION, Q_VALUES, SQUASHED_GAUSSIAN, LOGITS = (
-    "distribution", "q_values", "squashed_gaussian", "logits")
+DISTRIBUTION, Q_VALUES, SQUASHED_GAUSSIAN, LOGITS, DETERMINISTIC = (
+    "distribution", "q_values", "squashed_gaussian", "logits", "deterministic")
 """What a policy's model outputs (see :func:`policy_kind`)."""
 
 
@@ -161,6 +165,7 @@ def policy_kind(policy: Policy) -> str:
     action), ``q_values`` (DQN, Ape-X: the argmax), ``squashed_gaussian`` (SAC on a
     ``Box``: ``tanh`` of the mean) or ``logits`` (SAC on ``Discrete``: the argmax).
     :class:`UsageError` for a policy :func:`export_policy` does not know."""
+    from actorrl.policy.ddpg import DDPGPolicy
     from actorrl.policy.dqn import DQNPolicy
     from actorrl.policy.sac import SACPolicy
 
@@ -171,9 +176,11 @@ def policy_kind(policy: Policy) -> str:
         return Q_VALUES
     if isinstance(torch_policy, SACPolicy):
         return LOGITS if getattr(torch_policy.model, "discrete", False) else SQUASHED_GAUSSIAN
+    if isinstance(torch_policy, DDPGPolicy):
+        return DETERMINISTIC
     raise UsageError(f"actorrl export does not know {policy.algorithm}'s policy "
                      f"({type(torch_policy).__name__}): it exports actor-critic policies "
-                     "(PPO, APPO, IMPALA, A2C, A3C), DQN / Ape-X and SAC; "
+                     "(PPO, APPO, IMPALA, A2C, A3C), DQN / Ape-X, SAC and DDPG / TD3; "
                      "actorrl.load_policy runs any checkpoint's policy in Python")
 
 
@@ -214,7 +221,8 @@ def input_names(policy: Policy) -> list[str]:
 
 def output_names(policy: Policy) -> list[str]:
     """The graph's output names, in order (see the module docstring)."""
-    outputs = "q_values" if policy_kind(policy) == Q_VALUES else "action_dist_inputs"
+    outputs = {Q_VALUES: "q_values", DETERMINISTIC: "actor_actions"}.get(
+        policy_kind(policy), "action_dist_inputs")
     names = ["action", outputs]
     if policy.is_recurrent:
         names += [f"state_out_{i}" for i in range(len(policy.get_initial_state()))]
