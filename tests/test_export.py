@@ -240,9 +240,11 @@ def test_a_missing_extra_names_the_pip_command(v1_checkpoint: Path, monkeypatch)
 
 
 # ---- recurrent, Q-learning and continuous policies, through the CLI --------------------------
-SHARES_THE_RUNS = pytest.mark.xdist_group("test_export-trained")
-"""For the tests that read the module's tiny runs: under ``--dist loadgroup`` they run in
-one pytest-xdist worker, so the runs are trained once."""
+def SHARES_THE_RUNS(test):  # noqa: N802 (used as a mark)
+    """For the tests that read the module's tiny runs: under ``--dist loadgroup`` they run
+    in one pytest-xdist worker, so the runs are trained once; the first one's timeout
+    covers training all of them (~100 s on 2 busy cores)."""
+    return pytest.mark.timeout(600)(pytest.mark.xdist_group("test_export-trained")(test))
 
 
 @pytest.fixture(scope="module")
