@@ -5,9 +5,11 @@ Env specs
     A factory is called with an :class:`EnvContext` (the ``env_config`` dict plus
     ``worker_index``, ``vector_index``, ``num_workers``); a gymnasium id gets ``env_config``
     as keyword arguments of ``gymnasium.make``. gymnasium's own ``"module:EnvId"`` form also
-    works (the module is imported, then the id made). actorrl ships
-    ``actorrl/StatelessCartPole-v1`` (:mod:`actorrl.envs.custom.partial`), a partially observed
-    CartPole for recurrent policies, and ``actorrl/MemoryCue-v0``
+    works (the module is imported, then the id made). A PettingZoo module path
+    (``"pettingzoo.classic.connect_four_v3"``) makes that env as a :class:`MultiAgentEnv`
+    (:mod:`actorrl.envs.pettingzoo_env`; a factory may also return a PettingZoo env).
+    actorrl ships ``actorrl/StatelessCartPole-v1`` (:mod:`actorrl.envs.custom.partial`), a
+    partially observed CartPole for recurrent policies, and ``actorrl/MemoryCue-v0``
     (:mod:`actorrl.envs.custom.memory`), a cue to recall a few steps later.
 
 Vectorization
@@ -38,7 +40,8 @@ Episode metrics
     :class:`EpisodeWindow` turns a stream of them into RLlib's smoothed result keys.
 
 Modules
-    :mod:`actorrl.envs.make` (env specs to envs, the multi-agent protocol),
+    :mod:`actorrl.envs.make` (env specs to envs), :mod:`actorrl.envs.protocol` (the
+    multi-agent protocol), :mod:`actorrl.envs.pettingzoo_env` (PettingZoo envs),
     :mod:`actorrl.envs.vector` (the vectorized envs a worker steps),
     :mod:`actorrl.envs.episodes` (episode metrics), :mod:`actorrl.envs.custom.pixel` (a small
     pixel game, ``--env actorrl.envs.custom.pixel:catch``). The names below are re-exported here.
