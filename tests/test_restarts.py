@@ -332,7 +332,8 @@ class StubTrainer:
         if isinstance(step, BaseException):
             raise step
         self.iteration += 1
-        return {"training_iteration": self.iteration, "info": dict(step)}
+        return {"training_iteration": self.iteration, "timesteps_total": 100 * self.iteration,
+                "info": dict(step)}
 
     async def set_state(self, state: dict[str, Any]) -> None:
         self.restored = state
@@ -343,15 +344,15 @@ class StubTrainer:
 
 
 async def test_a_recovering_trainer_restarts_on_actor_deaths_only() -> None:
-    """An actor's death restarts from the state source (results then name the restart
-    and the iteration rolled back to, failure counters carried); another error
-    propagates at once; over the limit, a RestartLimitError names it."""
+    """An actor's death restarts from the state source (results then name the restart,
+    the iteration rolled back to and the env steps lost, failure counters carried);
+    another error propagates at once; over the limit, a RestartLimitError names it."""
     from actorrl.experiment.recovery import RecoveringTrainer, RestartLimitError
     from actorrl.runtime.errors import ActorDiedError
 
     died = ActorDiedError("ActorHandle(learner #1234abcd @ ipc:///x.sock) at ipc:///x.sock "
                           "died: killed")
-    first = StubTrainer([{"num_worker_restarts": 2}, died])
+    first = StubTrainer([{}, {"num_worker_restarts": 2}, died])
     second = StubTrainer([{"num_worker_restarts": 0}, ValueError("a bug")])
     built = iter([second])
     notes: list[str] = []
@@ -360,17 +361,19 @@ async def test_a_recovering_trainer_restarts_on_actor_deaths_only() -> None:
         return next(built)
 
     async def state() -> dict[str, Any]:
-        return {"iteration": 1}
+        return {"iteration": 1, "timesteps_total": 100}
 
     recovering = RecoveringTrainer(
         first, rebuild=rebuild, state=state, notify=notes.append,  # type: ignore[arg-type]
         policy=RestartPolicy(max_failures=1, backoff_initial_s=0))
     assert (await recovering.train())["training_iteration"] == 1
-    result = await recovering.train()
-    assert first.stopped and second.restored == {"iteration": 1}
-    assert result["training_iteration"] == 2
+    assert (await recovering.train())["training_iteration"] == 2
+    result = await recovering.train()  # iteration 3 fails: back to iteration 1
+    assert first.stopped and second.restored == {"iteration": 1, "timesteps_total": 100}
+    assert result["training_iteration"] == 2 and result["timesteps_total"] == 200
     assert result["info"] == {"num_worker_restarts": 2, "num_restarts": 1,
-                              "restored_iteration": 1}
+                              "restored_iteration": 1, "timesteps_lost": 100,
+                              "timesteps_sampled_all": 300}
     assert notes[0].startswith("learner died: killed: failure 1"), notes
     with pytest.raises(ValueError, match="a bug"):
         await recovering.train()
@@ -450,3 +453,17 @@ def test_a_job_survives_spread_out_learner_losses_and_keeps_its_counters(
     assert "replaced" in about_worker[0] and "Traceback" not in about_worker[0]
     assert "restarting from checkpoint" in log and "within 0.001 s" in log
     assert pids_alive(pids, 30) == []
+
+
+def test_the_summary_best_is_that_of_the_current_curve() -> None:
+    """The run summary's best reward leaves out iterations a rollback undid (the best
+    of 1, 2, 3', 4', 5 after a restart from iteration 2), not the lost iteration 4's."""
+    from actorrl.experiment.train import RunSummary
+
+    summary = RunSummary()
+    for iteration, reward in [(1, 10.0), (2, 50.0), (3, 40.0), (4, 90.0), (3, 20.0),
+                              (4, 30.0), (5, 45.0)]:
+        summary.observe({"training_iteration": iteration, "episode_reward_mean": reward,
+                         "timesteps_total": 100 * iteration})
+    assert (summary.best_reward, summary.best_iteration) == (50.0, 2)
+    assert summary.last_reward == 45.0 and summary.training_iteration == 5

@@ -11,9 +11,12 @@ with :class:`RestartLimitError` naming the limit and the last failure.
 
 After a restart the counters are the checkpoint's: the iterations and env steps of the
 lost work are not counted again (``training_iteration`` resumes at the checkpoint's next
-iteration). Each later result says so in ``info``: ``num_restarts`` and
-``restored_iteration`` (the iteration it rolled back to). The failure counters of
-``info`` (``num_worker_restarts``, ...) continue across restarts.
+iteration). Each later result says so in ``info``: ``num_restarts``,
+``restored_iteration`` (the iteration it rolled back to), ``timesteps_lost`` (env steps of
+reported results that the rollbacks undid) and ``timesteps_sampled_all``
+(``timesteps_total`` plus those: every env step sampled, the lost ones included, as far as
+results reported them). The failure counters of ``info`` (``num_worker_restarts``, ...)
+continue across restarts.
 
 Other errors (a bug in a loss, a bad env) are not restarted: they would fail again.
 """
@@ -80,6 +83,8 @@ class RecoveringTrainer:
         self._notify = notify
         self.num_restarts = 0
         self.restored_iteration: int | None = None
+        self.timesteps_lost = 0
+        self._reported_timesteps = 0
         self._iteration = trainer.iteration
 
     @property
@@ -105,10 +110,16 @@ class RecoveringTrainer:
                 await self._restart(exc)
                 continue
             self.counters.apply(result)
+            timesteps = result.get("timesteps_total")
+            if isinstance(timesteps, int):
+                self._reported_timesteps = timesteps
             if self.num_restarts:
                 info = result.setdefault("info", {})
                 info["num_restarts"] = self.num_restarts
                 info["restored_iteration"] = self.restored_iteration
+                info["timesteps_lost"] = self.timesteps_lost
+                if isinstance(timesteps, int):
+                    info["timesteps_sampled_all"] = timesteps + self.timesteps_lost
             return result
 
     async def _restart(self, failure: BaseException) -> None:
@@ -144,6 +155,9 @@ class RecoveringTrainer:
                 continue
             self.num_restarts += 1
             self.restored_iteration = trainer.iteration
+            restored = int(state.get("timesteps_total", 0)) if state is not None else 0
+            self.timesteps_lost += max(self._reported_timesteps - restored, 0)
+            self._reported_timesteps = restored
             self._iteration = trainer.iteration
             where = (f"iteration {trainer.iteration}" if state is not None
                      else "scratch (no checkpoint yet)")

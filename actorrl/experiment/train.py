@@ -493,16 +493,27 @@ class RunSummary:
     started_at: float = field(default_factory=time.time)
     training_started_at: float | None = None
     wall_time_s: float = 0.0
+    records: list[tuple[int, float]] = field(default_factory=list, repr=False)
+    """(iteration, reward) of each new best, in order: a rollback to an earlier checkpoint
+    drops those of the iterations it undid, so the best is that of the current curve."""
 
     def observe(self, result: dict[str, Any]) -> None:
-        """Track counters and the best mean reward from one result."""
+        """Track counters and the best mean reward from one result (a result that repeats
+        an iteration, after a restart from a checkpoint, supersedes the later ones)."""
         self.timesteps_total = int(result.get("timesteps_total", 0))
         self.training_iteration = int(result.get("training_iteration", 0))
+        while (self.training_iteration > 0 and self.records
+               and self.records[-1][0] >= self.training_iteration):
+            self.records.pop()
         reward = result.get("episode_reward_mean")
         if isinstance(reward, (int, float)) and not math.isnan(reward):
             self.last_reward = float(reward)
-            if self.best_reward is None or reward > self.best_reward:
-                self.best_reward, self.best_iteration = float(reward), self.training_iteration
+            if not self.records or reward > self.records[-1][1]:
+                self.records.append((self.training_iteration, float(reward)))
+        if self.records:
+            self.best_iteration, self.best_reward = self.records[-1]
+        else:
+            self.best_iteration, self.best_reward = None, None
 
     def as_status(self) -> dict[str, Any]:
         """Fields for ``run.json``."""
