@@ -467,3 +467,23 @@ def test_the_summary_best_is_that_of_the_current_curve() -> None:
                          "timesteps_total": 100 * iteration})
     assert (summary.best_reward, summary.best_iteration) == (50.0, 2)
     assert summary.last_reward == 45.0 and summary.training_iteration == 5
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--max-failures", "-3"], "--max-failures: must be >= 0"),
+    (["--failure-window", "0"], "--failure-window: must be > 0 seconds"),
+    (["--keep-checkpoints", "x"], "--keep-checkpoints: expected an integer"),
+    (["--address", "tcp://127.0.0.1:9", "--max-failures", "3", "--keep-checkpoints", "2"],
+     "--max-failures, --keep-checkpoints apply to local training"),
+], ids=["negative-limit", "zero-window", "bad-keep", "with-address"])
+def test_bad_restart_and_retention_flags_are_one_message_and_exit_2(
+        tmp_path: Path, args: list[str], message: str) -> None:
+    """Bad values of the new flags, and the flags with --address (a job has its own
+    options), are refused before anything starts."""
+    from tests.helpers.cluster import run_cli
+
+    proc = run_cli(["train", "ppo", *args, "--output", str(tmp_path / "results")],
+                   cwd=tmp_path, timeout_s=120)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr, proc.stderr
+    assert not (tmp_path / "results").exists()
