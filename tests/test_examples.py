@@ -36,7 +36,8 @@ REQUIRED = {"pong-impala": "impala", "pong-apex": "apex", "breakout-impala": "im
 CLI_TIMEOUT_S = 240.0
 EXTRAS = (("NoFrameskip", "ale_py", "atari"), ("ALE/", "ale_py", "atari"),
           ("MinAtar/", "minatar", "minatar"), ("HalfCheetah-", "mujoco", "mujoco"),
-          ("Hopper-", "mujoco", "mujoco"), ("Walker2d-", "mujoco", "mujoco"))
+          ("Hopper-", "mujoco", "mujoco"), ("Walker2d-", "mujoco", "mujoco"),
+          ("pettingzoo.", "pettingzoo.classic.connect_four_v3", "pettingzoo"))
 """(text in an example's env, the module its env needs, the extra that installs it)."""
 
 
