@@ -265,3 +265,17 @@ def test_the_plain_progress_line_shows_each_policys_return():
                        "policy_reward_mean": {"random": -0.5, "learner": 0.5}}, {}, 1.0, None)
     assert "reward_mean=0.00" in line
     assert line.index("policy/learner=0.50") < line.index("policy/random=-0.50")
+
+
+def test_the_live_panel_shows_each_policys_return():
+    from rich.console import Console
+
+    from actorrl.experiment.progress import RichProgress
+
+    panel = RichProgress()
+    panel.update({"training_iteration": 2, "episode_reward_mean": 0.0, "timesteps_total": 8,
+                  "policy_reward_mean": {"learner": 0.75, "random": -0.75}}, {}, 0.0)
+    console = Console(record=True, width=100)
+    console.print(panel)
+    text = console.export_text()
+    assert "policy learner" in text and "0.75" in text and "-0.75" in text

@@ -177,6 +177,8 @@ class RichProgress:
                     "[bold]evaluation[/]",
                     f"{_fmt_number(evaluation.get('episode_reward_mean'), 1)} "
                     f"({evaluation.get('episodes_this_iter', 0)} episodes)", "", "")
+            for pid, value in sorted((result.get("policy_reward_mean") or {}).items()):
+                table.add_row(f"[bold]policy {pid}[/]", _fmt_number(value), "", "")
             for name, value in custom_means(result).items():
                 table.add_row(f"[bold]{name}[/]", _fmt_number(value), "", "")
         fraction = self.criteria.fraction(result, elapsed)
