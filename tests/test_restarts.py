@@ -418,7 +418,7 @@ def test_a_job_survives_spread_out_learner_losses_and_keeps_its_counters(
     it restarts both times (before, the second learner loss since the job began failed a
     job with max_failures 1), ``num_worker_restarts`` still counts the worker replaced
     before the restarts (before, a restart reset it to 0), and the worker's death is one
-    line in the job log."""
+    line in the job log (the learner's too: no traceback)."""
     from actorrl.cluster.client import Client
     from tests.test_cluster import APEX_TINY, actor_named, next_result
 
@@ -452,6 +452,9 @@ def test_a_job_survives_spread_out_learner_losses_and_keeps_its_counters(
     assert len(about_worker) == 1, about_worker
     assert "replaced" in about_worker[0] and "Traceback" not in about_worker[0]
     assert "restarting from checkpoint" in log and "within 0.001 s" in log
+    # The learner's deaths are faults, not bugs: one line each, no traceback either.
+    assert log.count("iteration failed: ") >= 2, log
+    assert "Traceback" not in log, log
     assert pids_alive(pids, 30) == []
 
 
@@ -487,3 +490,25 @@ def test_bad_restart_and_retention_flags_are_one_message_and_exit_2(
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr, proc.stderr
     assert not (tmp_path / "results").exists()
+
+
+def test_failure_lines_name_what_died_without_socket_paths() -> None:
+    """The one-line form of the errors a fault raises (the job log, the terminal)."""
+    from actorrl.runtime.errors import ActorDiedError, ObjectLostError
+    from actorrl.util.failures import failure_line
+    from transport.errors import RemoteError
+
+    assert failure_line(ActorDiedError(
+        "ActorHandle(learner #a614c5e8 @ ipc:///t/x.sock) at ipc:///t/x.sock died: "
+        "connection to ipc:///t/x.sock was lost")) == \
+        "learner died: connection to ipc:///t/x.sock was lost"
+    assert failure_line(ActorDiedError(
+        "ActorHandle(worker-1 #8b64aa55 @ ipc:///t/a.sock) died while parked (gone)")) == \
+        "worker-1 died while parked (gone)"
+    assert failure_line(ObjectLostError(
+        "owner of ObjectRef(000000000000 @ ipc:///t/a.sock) at ipc:///t/a.sock died: "
+        "actor process 5491 killed by SIGKILL")) == \
+        "an object's owner died: actor process 5491 killed by SIGKILL"
+    assert failure_line(RemoteError("ValueError", "bad value", "Traceback ...\n  x\n")) == \
+        "ValueError: bad value"
+    assert failure_line(KeyError("k")) == "KeyError: 'k'"

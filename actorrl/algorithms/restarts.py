@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from actorrl.util.failures import failure_line as describe_failure
+
 DEFAULT_MAX_FAILURES = 20
 """Failures tolerated within :data:`DEFAULT_FAILURE_WINDOW_S` (a 21st within the window
 ends the run)."""
@@ -36,6 +38,8 @@ FAILURE_COUNTERS = ("num_worker_restarts", "num_worker_failures", "num_shard_fai
                     "num_gradients_lost", "num_batches_lost", "num_samples_dropped")
 """Keys of a result's ``info`` that count failures and losses; they continue across
 restarts (:class:`CarriedCounters`)."""
+__all__ = ["CarriedCounters", "FailureWindow", "RestartDecision", "RestartPolicy",
+           "describe_failure"]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -60,6 +60,7 @@ from actorrl.algorithms.restarts import (
     CarriedCounters,
     FailureWindow,
     RestartPolicy,
+    describe_failure,
 )
 from actorrl.algorithms.run_loop import CheckpointPolicy, run_trainer
 from actorrl.algorithms.stop import StopCriteria
@@ -77,7 +78,7 @@ from actorrl.runtime.cluster.callers import (
 from actorrl.runtime.cluster.coordinator import Coordinator, peer_name
 from actorrl.runtime.cluster.driver import ClusterDriver
 from actorrl.runtime.cluster.records import ActorRecord
-from actorrl.runtime.errors import GetTimeoutError
+from actorrl.runtime.errors import ActorDiedError, GetTimeoutError
 from actorrl.util.files import atomic_write_json, jsonable
 from transport.timeouts import wait_for
 
@@ -487,8 +488,12 @@ class JobManager:
                     job.num_failures += 1
                     job.carried.restarted()
                     decision = job.failures.record()
-                    job.log(f"iteration failed: {exc!r}\n{traceback.format_exc()}",
-                            logging.ERROR)
+                    if isinstance(exc, ActorDiedError):  # a fault, not a bug: one line
+                        log.debug("[%s] %s", job.id, traceback.format_exc())
+                        job.log(f"iteration failed: {describe_failure(exc)}", logging.ERROR)
+                    else:
+                        job.log(f"iteration failed: {exc!r}\n{traceback.format_exc()}",
+                                logging.ERROR)
                     if not decision.restart:
                         job.set_state("failed", f"{type(exc).__name__}: {exc}")
                         job.log(f"failed: {decision.describe()} (job.max_failures per "

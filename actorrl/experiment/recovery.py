@@ -25,12 +25,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from actorrl.algorithms import Trainer
-from actorrl.algorithms.restarts import CarriedCounters, FailureWindow, RestartPolicy
+from actorrl.algorithms.restarts import (
+    CarriedCounters,
+    FailureWindow,
+    RestartPolicy,
+    describe_failure,
+)
 from actorrl.experiment.errors import error_summary
 from actorrl.runtime.errors import ActorDiedError
 from transport.timeouts import wait_for
@@ -44,18 +48,6 @@ Rebuild = Callable[[], Awaitable[Trainer]]
 """Builds a fresh trainer (new actors) for the same config."""
 StateSource = Callable[[], Awaitable[dict[str, Any] | None]]
 """The state a fresh trainer restores: the last checkpoint's, or None (from scratch)."""
-
-
-_HANDLE_DIED = re.compile(r"ActorHandle\((?P<name>\S+) #\w+ @ [^)]*\)(?: at \S+)? died: "
-                          r"(?P<reason>.*)")
-
-
-def describe_failure(exc: BaseException) -> str:
-    """One short line for a failure: ``learner died: <reason>`` for an actor's death
-    (without its handle's endpoints), :func:`error_summary` otherwise."""
-    text = error_summary(exc)
-    match = _HANDLE_DIED.search(text)
-    return f"{match['name']} died: {match['reason']}" if match else text
 
 
 class RestartLimitError(RuntimeError):

@@ -39,7 +39,7 @@ from typing import Any
 
 from actorrl.algorithms import AlgorithmSpec, Trainer, algorithm_names, get_algorithm
 from actorrl.algorithms.checkpoints import CheckpointError, read_checkpoint, write_checkpoint
-from actorrl.algorithms.restarts import RestartPolicy
+from actorrl.algorithms.restarts import RestartPolicy, describe_failure
 from actorrl.algorithms.run_loop import (
     FINISHED,
     INTERRUPTED,
@@ -65,7 +65,7 @@ from actorrl.config.sections import ConfigError
 from actorrl.envs import make_env
 from actorrl.experiment.errors import UsageError, error_summary
 from actorrl.experiment.progress import ProgressDisplay
-from actorrl.experiment.recovery import RecoveringTrainer, describe_failure, is_recoverable
+from actorrl.experiment.recovery import RecoveringTrainer, is_recoverable
 from actorrl.experiment.results import (
     STATUS_FAILED,
     STATUS_FINISHED,

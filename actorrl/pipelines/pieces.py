@@ -14,6 +14,7 @@ from typing import Any
 
 from actorrl.messages import SampleReply
 from actorrl.runtime import ActorDiedError, ActorHandle, ObjectRef, Runtime
+from actorrl.util.failures import failure_line
 from actorrl.util.forward import PartAttribute
 from actorrl.util.stats import TimerStat
 from transport.timeouts import wait_for
@@ -298,17 +299,6 @@ class TrainingIntensity:
         return trained + rows_in_flight < self.intensity * sampled + slack_rows
 
 
-def first_line(exc: BaseException) -> str:
-    """The first line of an error (a remote error's type and message, never its remote
-    traceback), for one-line log messages."""
-    message = getattr(exc, "message", None)
-    type_name = getattr(exc, "type_name", None)
-    text = f"{type_name}: {message}" if isinstance(type_name, str) and isinstance(
-        message, str) else (str(exc) or type(exc).__name__)
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[0] if lines else type(exc).__name__
-
-
 def require_at_least_one(name: str, value: int) -> None:
     """Refuse a count setting below 1, naming it."""
     if value < 1:
@@ -362,7 +352,7 @@ class Fleet:
         outcome = ("replaced" if new is not None
                    else f"not replaced, {len(self.actors)} left")
         log.warning("%s %s failed (%s); %s", self.role, actor.name or repr(actor),
-                    first_line(exc), outcome)
+                    failure_line(exc), outcome)
         return new
 
     def replace_in_background(self, failures: Iterable[tuple[ActorHandle, BaseException]],
