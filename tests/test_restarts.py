@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -266,22 +267,18 @@ def _results_with(results: list[dict[str, Any]], key: str) -> list[dict[str, Any
     return [r for r in results if key in r.get("info", {})]
 
 
-@pytest.mark.timeout(600)
-def test_a_local_run_restarts_its_killed_learner_from_the_last_checkpoint(
-        tmp_path: Path) -> None:
-    """SIGKILL of the learner of ``actorrl train`` after its third iteration: the run
-    restarts the learner from the last checkpoint and trains on to its stop criterion
-    (exit 0), where it used to end with "training failed: ... died" (exit 1). Results
-    after the restart continue at the checkpoint's next iteration and say so
-    (``info.num_restarts``, ``info.restored_iteration``); the run keeps at most the 5
-    newest checkpoints and the best; nothing is left running."""
+def _train_and_kill_the_learner(tmp_path: Path, extra: list[str]
+                                ) -> tuple[subprocess.Popen, str, str, Path, str]:
+    """``actorrl train`` (Ape-X, 1 worker, a checkpoint every iteration, stop at iteration
+    9) whose learner is SIGKILLed after the third result; waits for the exit. Returns the
+    process, its stdout and stderr, the output folder and the run's process tag."""
     config = tmp_path / "apex.yaml"
     config.write_text("algorithm: apex\ntrain_batch_size: 64\nlearning_starts: 400\n"
                       "min_iter_time_s: 0.5\nstop: {training_iteration: 9}\n")
     output = tmp_path / "results"
     tag = f"restart-{tmp_path.name}"
     proc = start_cli(["train", "--config", str(config), "--num-workers", "1",
-                      "--checkpoint-every", "1", "--output", str(output)],
+                      "--checkpoint-every", "1", "--output", str(output), *extra],
                      tmp_path, tmp_path / "stderr.txt", tag)
     reader = LineReader(proc)
     try:
@@ -294,7 +291,35 @@ def test_a_local_run_restarts_its_killed_learner_from_the_last_checkpoint(
             proc.kill()
             proc.wait(timeout=30)
     stdout = "\n".join(reader.lines) + "\n" + rest
-    stderr = (tmp_path / "stderr.txt").read_text()
+    return proc, stdout, (tmp_path / "stderr.txt").read_text(), output, tag
+
+
+@pytest.mark.timeout(600)
+def test_a_local_run_over_its_failure_limit_ends_naming_the_limit(tmp_path: Path) -> None:
+    """With --max-failures 0 the learner's death ends the run as before (exit 1, status
+    failed), with one error line naming what died and the limit."""
+    proc, stdout, stderr, output, tag = _train_and_kill_the_learner(
+        tmp_path, ["--max-failures", "0"])
+    assert proc.returncode == 1, f"stdout:\n{stdout}\nstderr:\n{stderr}"
+    assert_no_process_left(tag)
+    [error] = [line for line in stderr.splitlines() if "error:" in line]
+    assert "training failed: learner died" in error, stderr
+    assert "over the limit (at most 0 failures per 3600 s)" in error, error
+    assert "--max-failures" in error and "Traceback" not in stderr
+    [run] = run_dirs(output)
+    assert json.loads((run / "run.json").read_text())["status"] == "failed"
+
+
+@pytest.mark.timeout(600)
+def test_a_local_run_restarts_its_killed_learner_from_the_last_checkpoint(
+        tmp_path: Path) -> None:
+    """SIGKILL of the learner of ``actorrl train`` after its third iteration: the run
+    restarts the learner from the last checkpoint and trains on to its stop criterion
+    (exit 0), where it used to end with "training failed: ... died" (exit 1). Results
+    after the restart continue at the checkpoint's next iteration and say so
+    (``info.num_restarts``, ``info.restored_iteration``); the run keeps at most the 5
+    newest checkpoints and the best; nothing is left running."""
+    proc, stdout, stderr, output, tag = _train_and_kill_the_learner(tmp_path, [])
     assert proc.returncode == 0, f"stdout:\n{stdout}\nstderr:\n{stderr}"
     assert "restarted from iteration" in stdout, stdout
     assert_no_process_left(tag)
