@@ -10,7 +10,7 @@ under ``logger_config`` with the setting names of Tune's ``WandbLoggerCallback``
 
 A tracker is a result sink beside ``result.jsonl``, ``progress.csv`` and TensorBoard
 (:class:`TrackerSet`, fed by the run loop): each result's numbers, flattened with ``/``
-(``info/learner/default_policy/policy_loss``), are logged at step ``training_iteration``;
+(``info/learner/policy_loss``), are logged at step ``training_iteration``;
 the resolved config is the run's config (W&B) or its parameters (MLflow, flattened); each
 checkpoint folder is uploaded as an artifact (W&B ``model`` artifact, MLflow
 ``checkpoints/checkpoint_<n>/``) unless ``upload_checkpoints`` / ``save_artifact`` is false;
