@@ -3,12 +3,14 @@
 RLlib's ``ApexDDPG`` is DDPG's policy trained by Ape-X DQN's loop; so is actorrl's: the
 Ape-X pipeline (:mod:`actorrl.pipelines.apex`: prioritized replay shards next to the
 learner, samples sent straight from the workers to the shards, weights synced after
-``max_weight_sync_delay`` env steps per worker, priorities from the learner's TD errors)
-with :class:`actorrl.policy.ddpg.ApexDDPGPolicy`. Each rollout worker explores with a fixed
-noise scale, Ape-X DQN's per-worker epsilon ``0.4 ** (1 + 7 (i - 1) / (N - 1))``
-(``PerWorkerOrnsteinUhlenbeckNoise``, RLlib's default, or ``PerWorkerGaussianNoise``), and
-with ``worker_side_prioritization`` (the default) computes its rows' initial priorities
-from its own TD errors. ``target_network_update_freq`` counts rows trained (Ape-X's rule).
+``max_weight_sync_delay`` env steps per worker, priorities from the learner's TD errors;
+the learner paced at ``training_intensity`` rows per env step sampled, as RLlib's Ape-X
+loop requests replay) with :class:`actorrl.policy.ddpg.ApexDDPGPolicy`. Each rollout
+worker explores with a fixed noise scale, Ape-X DQN's per-worker epsilon ``0.4 ** (1 + 7
+(i - 1) / (N - 1))`` (``PerWorkerOrnsteinUhlenbeckNoise``, RLlib's default, or
+``PerWorkerGaussianNoise``), and with ``worker_side_prioritization`` (the default)
+computes its rows' initial priorities from its own TD errors.
+``target_network_update_freq`` counts rows trained (Ape-X's rule).
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from dataclasses import dataclass, field
 
 from actorrl.algorithms.apex import ApexConfig
 from actorrl.algorithms.apex import build_pipeline as build_apex_pipeline
-from actorrl.algorithms.trainer import AlgorithmSpec
+from actorrl.algorithms.trainer import AlgorithmSpec, Trainer
 from actorrl.config.rollout import RolloutConfig
+from actorrl.pipelines.apex import AsyncReplayOptimizer
 from actorrl.policy.ddpg_config import ApexDDPGPolicyConfig
 from actorrl.replay.config import ReplayConfig
 
@@ -77,7 +80,14 @@ class ApexDDPGConfig(ApexConfig):
         return problems
 
 
+async def build_pipeline(trainer: Trainer, config: ApexDDPGConfig) -> AsyncReplayOptimizer:
+    """The Ape-X pipeline with its learner paced as well: RLlib's Ape-X loop requests
+    ``training_intensity`` batches of replay per ``train_batch_size`` env steps sampled,
+    so the learner never runs ahead of the ratio."""
+    return await build_apex_pipeline(trainer, config, pace_learner=True)
+
+
 APEX_DDPG = AlgorithmSpec("apex_ddpg", ApexDDPGConfig, "actorrl.policy.ddpg:ApexDDPGPolicy",
-                          build_apex_pipeline)
+                          build_pipeline)
 
 __all__ = ["APEX_DDPG", "ApexDDPGConfig"]

@@ -89,6 +89,7 @@ class AsyncReplayOptimizer(FleetPipelineMixin):
         self.pace_learner_rows = pace_learner_rows
         """Rows per replayed batch when the learner is paced too (None: it is not)."""
         self._largest_sample = 1
+        self._next_shard = 0
         # The learner's in-queue plus the batch it is training on.
         self.credits = CreditWindow(learner_queue_size + 1)
         # Replays are tagged with an id their shard keeps for life (a replacement gets a new
@@ -129,16 +130,29 @@ class AsyncReplayOptimizer(FleetPipelineMixin):
                 self.sample_tasks.add(worker, worker.sample_ref.remote())
 
     def _request_replays(self) -> None:
-        """Spend the free credits on replays, least busy shard first (none before
-        ``learning_starts`` steps were sampled: the shards could not replay yet)."""
+        """Spend the free credits on replays, least busy shard first, ties taken in turn
+        (none before ``learning_starts`` steps were sampled: the shards could not replay
+        yet)."""
         if self.num_steps_sampled < self.intensity.learning_starts:
             return
         while self.credits.available and self._learner_has_room():
-            shard = min(self.replay_actors, key=self.replay_tasks.count_for)
+            shard = self._least_busy_shard()
             if self.replay_tasks.count_for(shard) >= REPLAY_QUEUE_DEPTH:
                 return
             self.credits.take()
             self.replay_tasks.add(shard, shard.replay.remote())
+
+    def _least_busy_shard(self) -> ActorHandle:
+        """The shard with the fewest replays pending; among equals, the next after the last
+        one asked. (Always the first of equals, a paced learner asking one replay at a time
+        asked only shard 0, which may be below its share of ``learning_starts`` while
+        sampling waits for the learner: a deadlock.)"""
+        shards = self.replay_actors
+        start = self._next_shard % len(shards)
+        order = shards[start:] + shards[:start]
+        shard = min(order, key=self.replay_tasks.count_for)
+        self._next_shard = shards.index(shard) + 1
+        return shard
 
     def _learner_has_room(self) -> bool:
         """Without ``pace_learner_rows``: always. With it: whether one more batch keeps the
