@@ -537,3 +537,37 @@ def test_failure_lines_name_what_died_without_socket_paths() -> None:
     assert failure_line(RemoteError("ValueError", "bad value", "Traceback ...\n  x\n")) == \
         "ValueError: bad value"
     assert failure_line(KeyError("k")) == "KeyError: 'k'"
+
+
+@pytest.mark.timeout(600)
+def test_an_appo_jobs_recovered_worker_deaths_are_one_line_each(tmp_path: Path) -> None:
+    """APPO (IMPALA's pipeline) loses each of its two workers in turn: each death is one
+    line in the job log. Before, a train batch the learner was fetching from the dead
+    worker added a warning with the learner's remote traceback (when one was in flight,
+    as it usually is)."""
+    from actorrl.cluster.client import Client
+    from tests.test_cluster import actor_named, next_result
+
+    with Client.local(num_cpus=4, state_dir=str(tmp_path / "state")) as client:
+        job = client.submit({"algorithm": "appo", "num_workers": 2, "num_envs_per_worker": 2,
+                             "rollout_fragment_length": 20, "train_batch_size": 80,
+                             "min_iter_time_s": 0.5, "job": {"checkpoint_interval_s": 0}})
+        pids: list[int] = []
+        try:
+            _, after = next_result(job, 0, lambda r: True, 150)
+            for count, name in enumerate(("worker-1", "worker-2"), 1):
+                worker = actor_named(job, name)
+                pids.append(worker["pid"])
+                os.kill(worker["pid"], signal.SIGKILL)
+                _, after = next_result(
+                    job, after, lambda r, n=count: r["info"]["num_worker_restarts"] >= n, 150)
+            pids += [a["pid"] for a in job.actors()]
+            log = job.logs()
+        finally:
+            job.stop()
+    for name in ("worker-1", "worker-2"):
+        lines = [line for line in log.splitlines() if name in line and any(
+            word in line for word in ("died", "failed", "replaced", "lost"))]
+        assert len(lines) == 1 and "replaced" in lines[0], lines
+    assert "Traceback" not in log and "lost with a dead worker" not in log, log
+    assert pids_alive(pids, 30) == []

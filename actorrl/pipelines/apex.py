@@ -57,6 +57,7 @@ from actorrl.pipelines.pieces import (
     Wakeup,
 )
 from actorrl.runtime import ActorDiedError, ActorHandle, ObjectLostError, ObjectRef, Runtime
+from actorrl.util.failures import failure_line
 from actorrl.util.stats import TimerStat
 
 log = logging.getLogger(__name__)
@@ -202,7 +203,8 @@ class AsyncReplayOptimizer(FleetPipelineMixin):
                     died.append((worker, exc))
                     continue
                 except Exception as exc:  # noqa: BLE001 - raised after the healthy ones
-                    log.warning("rollout worker %r: sample failed: %s", worker, exc)
+                    log.warning("rollout worker %s: sample failed: %s",
+                                worker.name or repr(worker), failure_line(exc))
                     error = error or exc
                     continue
                 sample_steps += reply.count

@@ -29,6 +29,7 @@ from actorrl.pipelines.pieces import (
     require_at_least_one,
 )
 from actorrl.runtime import ActorDiedError, ActorHandle, ObjectLostError, ObjectRef, Runtime
+from actorrl.util.failures import failure_line
 from actorrl.util.stats import TimerStat
 
 log = logging.getLogger(__name__)
@@ -129,7 +130,8 @@ class AsyncSamplesOptimizer(FleetPipelineMixin):
                 self.learner.owners_died.remote(endpoints, "its rollout worker died"),
                 timeout_s=10)
         except (ActorDiedError, TimeoutError) as exc:  # the step surfaces a dead learner
-            log.warning("could not tell the learner about dead workers: %s", exc)
+            log.warning("could not tell the learner about dead workers: %s",
+                        failure_line(exc))
 
     async def _on_sample(self, worker: ActorHandle, ref: ObjectRef
                          ) -> ActorDiedError | None:
@@ -153,8 +155,8 @@ class AsyncSamplesOptimizer(FleetPipelineMixin):
         except ObjectLostError as exc:
             # A worker died holding part of this train batch: the batch is lost.
             self.enqueue_credits.give_back()
-            self.num_batches_lost += 1
-            log.warning("a train batch was lost with a dead worker: %s", exc)
+            self.num_batches_lost += 1  # in the stats; the worker's failure is logged
+            log.debug("a train batch was lost with a dead worker: %s", exc)
             return
         if isinstance(reply, TrainedNotice):
             self._on_trained(reply)
