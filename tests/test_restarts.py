@@ -161,7 +161,9 @@ async def test_a_job_restarts_as_long_as_its_window_allows(tmp_path: Path) -> No
         assert job.results[-1]["info"]["num_worker_restarts"] == 4  # one per attempt
         record = json.loads((Path(job.dir) / "job.json").read_text())
         assert record["carried_counters"]["num_worker_restarts"] == 4
-        assert ManagedJob.load(job.dir).failures.times == job.failures.times
+        reloaded = ManagedJob.load(job.dir)  # what a restarted coordinator reads
+        assert reloaded.failures.times == job.failures.times
+        assert reloaded.carried.totals()["num_worker_restarts"] == 4
 
         job = ManagedJob("job-b", submission, str(tmp_path / "jobs" / "job-b"))
         job.failures.clock = clock
