@@ -279,3 +279,33 @@ def test_the_live_panel_shows_each_policys_return():
     console.print(panel)
     text = console.export_text()
     assert "policy learner" in text and "0.75" in text and "-0.75" in text
+
+
+@pytest.mark.parametrize("algorithm", ["ppo", "apex"])
+async def test_connect_four_trains_through_the_pipeline(algorithm, tmp_path):
+    """Workers and learner as processes (PPO's and Ape-X's pipelines): the learner trains
+    and both players' returns are reported, summing to zero."""
+    from actorrl.algorithms import Trainer, get_algorithm
+    from actorrl.config.algorithm import load_config
+    from actorrl.runtime import Driver
+
+    spec = get_algorithm(algorithm)
+    overrides = ({"learning_starts": 200, "timesteps_per_iteration": 200}
+                 if algorithm == "apex" else {"train_batch_size": 400,
+                                              "sgd_minibatch_size": 100, "num_sgd_iter": 2})
+    config = load_config(spec.config_cls, {
+        "env": CONNECT_FOUR, "multiagent": LEARNER_VS_RANDOM, "num_workers": 1, "seed": 0,
+        "num_envs_per_worker": 4, "min_iter_time_s": 0.3, **overrides})
+    async with Driver.start(str(tmp_path / "session")) as driver:
+        trainer = await Trainer.create(spec, config, driver)
+        try:
+            for _ in range(30):
+                result = await trainer.train()
+                if result["num_steps_trained"] > 0 and len(result["policy_reward_mean"]) == 2:
+                    break
+        finally:
+            await trainer.stop()
+    assert result["num_steps_trained"] > 0
+    rewards = result["policy_reward_mean"]
+    assert set(rewards) == {"learner", "random"}
+    assert rewards["learner"] == pytest.approx(-rewards["random"])  # zero-sum
