@@ -307,12 +307,26 @@ def probe_rate(config: Path, data: dict[str, Any], work: Path, probe_s: float,
     if key not in rates:
         start = time.monotonic()
         run_train(train_argv(config, data, work / "probe", probe_s), probe_s + 300)
-        rows = read_results(work / "probe")
-        last = rows[-1] if rows else {}
-        rates[key] = None if not last.get(TIME_KEY) else {
-            "env_steps_per_s": round(last[TIMESTEPS_KEY] / last[TIME_KEY]),
-            "measured_by": str(config), "wall_s": round(time.monotonic() - start, 1)}
+        rates[key] = None
+        pace = probe_pace(read_results(work / "probe"))
+        if pace:
+            rates[key] = {"env_steps_per_s": round(pace), "measured_by": str(config),
+                          "wall_s": round(time.monotonic() - start, 1)}
     return rates[key]
+
+
+def probe_pace(rows: list[dict[str, Any]]) -> float | None:
+    """Env steps/s of a probe's last iteration (a replay algorithm's first iterations
+    sample without learning, far faster than it trains later); the whole run's when it
+    finished only one; None when it finished none."""
+    if len(rows) >= 2:
+        steps = rows[-1][TIMESTEPS_KEY] - rows[-2][TIMESTEPS_KEY]
+        seconds = float(rows[-1][TIME_KEY]) - float(rows[-2][TIME_KEY])
+        if steps > 0 and seconds > 0:
+            return steps / seconds
+    if rows and rows[-1].get(TIME_KEY):
+        return rows[-1][TIMESTEPS_KEY] / rows[-1][TIME_KEY]
+    return None
 
 
 def run_experiment(data: dict[str, Any], bar: dict[str, Any], *, work: Path, cap_s: float,
@@ -424,11 +438,15 @@ FAMILIES = (("multi-agent CartPole", r"MultiAgentCartPole"), ("RepeatAfterMe", r
             ("StatelessCartPole", r"StatelessCartPole"), ("CartPole", r"CartPole"),
             ("Pendulum", r"Pendulum"), ("FrozenLake", r"FrozenLake"),
             ("Acrobot / MountainCar", r"Acrobot|MountainCar"), ("Atari", ATARI.pattern),
-            ("MuJoCo", r"HalfCheetah|Hopper|Walker2d|Humanoid|Ant-|Swimmer|Reacher"))
+            ("PyBullet", r"BulletEnv"),
+            ("MuJoCo", r"HalfCheetah|Hopper|Walker2d|Humanoid|Ant-|Swimmer|Reacher"),
+            ("RandomEnv (memory-leak tests)", r"RandomEnv|RandomLargeObsSpaceEnv"))
 
 
 def family(env: Any) -> str:
-    """The env family a result is counted under in the table."""
+    """The env family a result is counted under in the table (a grid of envs: its first)."""
+    if isinstance(env, dict) and isinstance(env.get("grid_search"), list) and env["grid_search"]:
+        env = env["grid_search"][0]
     for name, pattern in FAMILIES:
         if re.search(pattern, str(env)):
             return name

@@ -158,6 +158,10 @@ def test_the_docs_table_counts_outcomes_by_env_family(bench) -> None:
                {"env": "ale_py:ALE/Breakout-v5", "outcome": "not run"}]
     assert [bench.family(r["env"]) for r in records] == [
         "CartPole", "multi-agent CartPole", "Pendulum", "Atari"]
+    assert bench.family({"grid_search": ["BreakoutNoFrameskip-v4", "QbertNoFrameskip-v4"]}
+                        ) == "Atari"
+    assert bench.family("HalfCheetahBulletEnv-v0") == "PyBullet"
+    assert bench.family("HalfCheetah-v2") == "MuJoCo"
     table = bench.markdown_table({"results": records, "experiments": 4, "passed": 1,
                                   "failed": 1, "not run": 2}).splitlines()
     assert table[2:] == ["| multi-agent CartPole | 1 | 0 | 1 | 0 |",
@@ -178,3 +182,12 @@ def test_versions_differing_only_in_what_actorrl_ignores_run_once(bench) -> None
     assert bench.canonical(old) != bench.canonical(
         {**old, "config": {**old["config"], "lr": 1e-3}})
     assert bench.canonical(old) != bench.canonical({**old, "env": "CartPole-v0"})
+
+
+def test_a_probes_pace_is_its_last_iterations(bench) -> None:
+    """Replay algorithms sample fast before learning starts: the pace is the last
+    iteration's, the whole run's only when one iteration finished."""
+    rows = [result(10000, None, time_s=20.0), result(11000, None, time_s=40.0)]
+    assert bench.probe_pace(rows) == 50.0
+    assert bench.probe_pace(rows[:1]) == 500.0
+    assert bench.probe_pace([]) is None
