@@ -531,6 +531,23 @@ def test_tune_experiment_keys_are_accepted_with_a_warning(tmp_path):
         "checkpoint_at_end", "checkpoint_freq", "local_dir"]
 
 
+def test_release_learning_test_keys_are_accepted_with_a_warning(tmp_path):
+    """RLlib's release learning tests put pass_criteria and frameworks beside run/config
+    (a3c-pongdeterministic-v5.yaml was refused for frameworks)."""
+    path = tmp_path / "release.yaml"
+    path.write_text("a3c-pong:\n  env: CartPole-v1\n  run: A3C\n"
+                    "  pass_criteria: {episode_reward_mean: 18.0, timesteps_total: 5000000}\n"
+                    "  stop: {time_total_s: 3600}\n  frameworks: [tf]\n"
+                    "  config: {num_workers: 1}\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        file = read_config_file_sections(str(path))
+    assert file.values == {"env": "CartPole-v1", "num_workers": 1}
+    assert file.stop == {"time_total_s": 3600}
+    assert sorted(str(w.message).split(":")[0] for w in caught
+                  if w.category is RLlibKeyWarning) == ["frameworks", "pass_criteria"]
+
+
 def test_horizon_cuts_single_agent_episodes():
     from actorrl.rollout import RolloutWorker
 

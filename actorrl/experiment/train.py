@@ -167,9 +167,14 @@ IGNORED_EXPERIMENT_KEYS: dict[str, str] = {
     "local_dir": "results go to --output (default results/)",
     "storage_path": "results go to --output (default results/)",
     "verbose": "actorrl prints one progress line per iteration",
+    # RLlib's release learning tests (release/rllib_tests/learning_tests/yaml_files).
+    "frameworks": "RLlib's release-test runner's list of frameworks; actorrl runs torch",
+    "pass_criteria": "RLlib's release-test runner's bar; actorrl train stops by 'stop' "
+                     "(benchmarks/rllib_learning.py trains to it)",
 }
-"""Tune's experiment settings beside ``run``/``config`` in RLlib's files: accepted with one
-warning line each, naming what actorrl does instead."""
+"""Tune's experiment settings beside ``run``/``config`` in RLlib's files (and the keys of its
+release learning tests): accepted with one warning line each, naming what actorrl does
+instead."""
 
 
 def read_config_file_sections(path: str) -> ConfigFile:
