@@ -351,7 +351,8 @@ class Fleet:
         # what was done about it.
         outcome = ("replaced" if new is not None
                    else f"not replaced, {len(self.actors)} left")
-        log.warning("%s %s failed (%s); %s", self.role, actor.name or repr(actor),
+        name = getattr(actor, "name", None) or repr(actor)  # test doubles are plain values
+        log.warning("%s %s failed (%s); %s", self.role, name,
                     failure_line(exc), outcome)
         return new
 
