@@ -237,8 +237,7 @@ RANDOM_LEGAL_RETURN = 5.0
 LEARNED_RETURN = 6.5
 STEP_BUDGET = 1_000_000
 """Env steps each algorithm gets to learn it (here Ape-X took 9k, PPO 18k, IMPALA 366k;
-bounded by steps: a slow machine's shorter
-iterations must not cut the run short)."""
+bounded by steps: a slow machine's shorter iterations must not cut the run short)."""
 
 
 @pytest.mark.learning
