@@ -117,7 +117,10 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict:
     config.write_text("train_batch_size: 64\nlearning_starts: 400\nlr: 0.002\n")
     output = base / "results"
     tag = f"trained-{base.name}"
+    # Iterations of at least 300 env steps and no minimum time: ~5 results whatever the
+    # machine's speed (with min_iter_time_s alone a fast machine took all 1500 in one).
     proc = run_cli(["train", "apex", *TINY, "--config", str(config), "--set", "lr=0.001",
+                    "--set", "min_iter_time_s=0", "--set", "timesteps_per_iteration=300",
                     "--seed", "3", "--stop-timesteps", "1500", "--checkpoint-every", "1",
                     "--keep-checkpoints", "0", "--output", str(output)], cwd=base,
                    timeout_s=RUN_TIMEOUT_S, tag=tag)
