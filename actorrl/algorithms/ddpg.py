@@ -27,14 +27,11 @@ What differs from RLlib:
 
 from __future__ import annotations
 
-import dataclasses
-import warnings
 from dataclasses import dataclass, field
 
 from actorrl.algorithms.dqn import DQNConfig, DQNRolloutConfig
-from actorrl.algorithms.ppo import AUTO, PPORolloutConfig
-from actorrl.algorithms.sac import SamplerWarning
 from actorrl.algorithms.sac import build_pipeline as build_paced_pipeline
+from actorrl.algorithms.sac import settle_sampling
 from actorrl.algorithms.trainer import AlgorithmSpec, Trainer
 from actorrl.pipelines.apex import AsyncReplayOptimizer
 from actorrl.policy.ddpg_config import DDPGPolicyConfig, TD3PolicyConfig
@@ -85,15 +82,7 @@ class DDPGConfig(DQNConfig):
     """The replay shard (``buffer_size``, ``prioritized_replay``, ``learning_starts``...)."""
 
     def __post_init__(self) -> None:
-        rollout = self.rollout
-        if isinstance(rollout, PPORolloutConfig) and rollout.rollout_fragment_length == AUTO:
-            object.__setattr__(self, "rollout", dataclasses.replace(
-                rollout, rollout_fragment_length=self.policy.n_step))
-        if self.num_workers == 0:
-            warnings.warn("num_workers: 0 runs one rollout worker process (num_workers: 1): "
-                          "RLlib samples on its local worker, actorrl samples in a worker "
-                          "process, which does the same", SamplerWarning, stacklevel=2)
-            object.__setattr__(self, "num_workers", 1)
+        settle_sampling(self, self.policy.n_step)
         super().__post_init__()
 
     def validate(self) -> list[str]:

@@ -58,6 +58,21 @@ def _sac_replay() -> ReplayConfig:
     return ReplayConfig(buffer_size=1_000_000, learning_starts=1500, prioritized_replay=True)
 
 
+def settle_sampling(config: DQNConfig, n_step: int) -> None:
+    """What SAC's and DDPG's configs resolve before DQN's checks: ``rollout_fragment_length:
+    auto`` is ``n_step`` (RLlib 2.x), and ``num_workers: 0`` runs one rollout worker process
+    (RLlib's local worker's job), with one warning."""
+    rollout = config.rollout
+    if isinstance(rollout, PPORolloutConfig) and rollout.rollout_fragment_length == AUTO:
+        object.__setattr__(config, "rollout", dataclasses.replace(
+            rollout, rollout_fragment_length=n_step))
+    if config.num_workers == 0:
+        warnings.warn("num_workers: 0 runs one rollout worker process (num_workers: 1): "
+                      "RLlib samples on its local worker, actorrl samples in a worker "
+                      "process, which does the same", SamplerWarning, stacklevel=4)
+        object.__setattr__(config, "num_workers", 1)
+
+
 @dataclass(frozen=True, kw_only=True)
 class SACConfig(DQNConfig):
     """SAC settings with RLlib's SAC defaults: 256-row batches of a 1M-row prioritized
@@ -82,15 +97,7 @@ class SACConfig(DQNConfig):
     """The replay shard (``buffer_size``, ``prioritized_replay``, ``learning_starts``...)."""
 
     def __post_init__(self) -> None:
-        rollout = self.rollout
-        if isinstance(rollout, PPORolloutConfig) and rollout.rollout_fragment_length == AUTO:
-            object.__setattr__(self, "rollout", dataclasses.replace(
-                rollout, rollout_fragment_length=self.policy.n_step))
-        if self.num_workers == 0:
-            warnings.warn("num_workers: 0 runs one rollout worker process (num_workers: 1): "
-                          "RLlib samples on its local worker, actorrl samples in a worker "
-                          "process, which does the same", SamplerWarning, stacklevel=2)
-            object.__setattr__(self, "num_workers", 1)
+        settle_sampling(self, self.policy.n_step)
         super().__post_init__()
 
     def validate(self) -> list[str]:
