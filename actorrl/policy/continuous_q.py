@@ -20,9 +20,9 @@ import torch
 from torch import nn
 
 from actorrl.data.batch import SampleBatch
-from actorrl.policy.base import TorchPolicy
 from actorrl.policy.encoders import activation_class, build_encoder
 from actorrl.policy.model_config import resolve_model_config
+from actorrl.policy.target_networks import TargetNetworkPolicy
 
 ADAM_EPSILON = 1e-7
 """The Adam epsilon of RLlib's SAC and DDPG torch policies (tf.keras's default)."""
@@ -114,7 +114,7 @@ def soft_update(target: list[torch.Tensor], online: list[torch.Tensor], tau: flo
 
 
 
-class SoftTargetPolicy(TorchPolicy):
+class SoftTargetPolicy(TargetNetworkPolicy):
     """A policy with target networks that follow the online ones softly: ``target <- tau *
     online + (1 - tau) * target`` (:meth:`update_target`) once ``target_network_update_freq``
     rows were trained since the last update (0 or 1: after every update), and a full copy
@@ -174,26 +174,6 @@ class SoftTargetPolicy(TorchPolicy):
         soft_update(target, online, tau)
         self.last_target_update_steps = self.num_steps_trained
         self.num_target_updates += 1
-
-    def get_state(self) -> dict[str, Any]:
-        """The base state plus the target networks and the target-update counters."""
-        state = super().get_state()
-        state["target_weights"] = {k: v.detach().cpu().numpy().copy()
-                                   for k, v in self.target_model.state_dict().items()}
-        state["num_steps_trained"] = self.num_steps_trained
-        state["last_target_update_steps"] = self.last_target_update_steps
-        state["num_target_updates"] = self.num_target_updates
-        return state
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`get_state` returned."""
-        super().set_state(state)
-        if "target_weights" in state:
-            self.target_model.load_state_dict(
-                {k: torch.as_tensor(np.asarray(v)) for k, v in state["target_weights"].items()})
-        self.num_steps_trained = int(state.get("num_steps_trained", 0))
-        self.last_target_update_steps = int(state.get("last_target_update_steps", 0))
-        self.num_target_updates = int(state.get("num_target_updates", 0))
 
 
 __all__ = ["ADAM_EPSILON", "QNetwork", "SoftTargetPolicy", "build_xavier_mlp",

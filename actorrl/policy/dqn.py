@@ -48,11 +48,12 @@ from torch import nn
 
 from actorrl.data.batch import SampleBatch, chop_into_sequences
 from actorrl.policy.action_masking import legal_values, mask_layout, masked_model
-from actorrl.policy.base import LossOutput, TorchPolicy
+from actorrl.policy.base import LossOutput
 from actorrl.policy.config import DQNPolicyConfig, ExplorationConfig
 from actorrl.policy.encoders import build_encoder, build_mlp
 from actorrl.policy.models import make_model, resolve_model_config
 from actorrl.policy.recurrent_q import RecurrentQNetwork, unroll_q
+from actorrl.policy.target_networks import TargetNetworkPolicy
 
 N_STEPS = "n_steps"
 """Column written by n-step postprocessing: the number of env steps ``k`` between ``obs``
@@ -191,7 +192,7 @@ def huber_loss(x: torch.Tensor, delta: float = 1.0) -> torch.Tensor:
 
 
 # ---- the policy --------------------------------------------------------------------------
-class DQNPolicy(TorchPolicy):
+class DQNPolicy(TargetNetworkPolicy):
     """DQN / Ape-X DQN policy for discrete action spaces. See the module docstring for the
     target network and :class:`DQNPolicyConfig` for the settings."""
 
@@ -440,23 +441,3 @@ class DQNPolicy(TorchPolicy):
         super().set_weights(weights)
         if self.config.worker_index >= 1:
             self.target_model.load_state_dict(self.model.state_dict())
-
-    def get_state(self) -> dict[str, Any]:
-        """The base state plus target weights and the target-sync counters."""
-        state = super().get_state()
-        state["target_weights"] = {k: v.detach().cpu().numpy().copy()
-                                   for k, v in self.target_model.state_dict().items()}
-        state["num_steps_trained"] = self.num_steps_trained
-        state["last_target_update_steps"] = self.last_target_update_steps
-        state["num_target_updates"] = self.num_target_updates
-        return state
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`get_state` returned."""
-        super().set_state(state)
-        if "target_weights" in state:
-            self.target_model.load_state_dict(
-                {k: torch.as_tensor(np.asarray(v)) for k, v in state["target_weights"].items()})
-        self.num_steps_trained = int(state.get("num_steps_trained", 0))
-        self.last_target_update_steps = int(state.get("last_target_update_steps", 0))
-        self.num_target_updates = int(state.get("num_target_updates", 0))
