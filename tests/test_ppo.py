@@ -483,9 +483,13 @@ async def test_rllib_cartpole_ppo_file_loads_and_trains(tmp_path: Path) -> None:
     assert plan.spec.name == "ppo"
     assert dict(plan.stop.thresholds) == {"episode_reward_mean": 150,
                                           "timesteps_total": 100000}
-    config = plan.config.replace(min_iter_time_s=0, train_batch_size=1000, seed=0)
-    # Keys the file leaves out take PPO's defaults (8 envs a worker, minibatches of 256).
-    assert config.num_sgd_iter == 6 and config.rollout_fragment_length == 125
+    # Keys the file leaves out take RLlib's PPO defaults (4000-row batches from one env a
+    # worker, minibatches of 128), not actorrl's CartPole-tuned ones.
+    assert (plan.config.train_batch_size, plan.config.rollout.num_envs_per_worker,
+            plan.config.learner.sgd_minibatch_size) == (4000, 1, 128)
+    config = plan.config.replace(min_iter_time_s=0, train_batch_size=1000, seed=0,
+                                 sgd_minibatch_size=256)
+    assert config.num_sgd_iter == 6 and config.rollout_fragment_length == 1000
     results = await _train(config, 2, tmp_path)
     last = results[-1]
     assert last["training_iteration"] == 2

@@ -8,11 +8,15 @@ solves CartPole-v1 (mean return >= 450) on a 2-core machine, as the product prom
 algorithm's config dataclass takes its defaults from here (:func:`preset`), so a value is
 stated once. They are written as a config file's nested sections (RLlib's key names).
 
-RLlib's own tuned examples, with RLlib's stop criteria, are ``examples/*.yaml``.
+RLlib's own tuned examples, with RLlib's stop criteria, are ``examples/*.yaml``. A file in
+RLlib's layout (one that names its algorithm with RLlib's ``run:``) is written against
+RLlib's defaults, so it starts from :data:`RLLIB_DEFAULTS` instead: RLlib's value of every
+key tuned here, and Ape-X's own defaults over DQN's (:func:`rllib_baseline`).
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -73,6 +77,74 @@ CARTPOLE_TUNED: dict[str, dict[str, Any]] = {
     },
 }
 """Algorithm name -> its settings over the components' defaults (nested sections)."""
+
+
+_RLLIB_MODEL = {"fcnet_hiddens": [256, 256], "fcnet_activation": "tanh"}
+"""RLlib's default fully connected net (its ``MODEL_DEFAULTS``)."""
+
+RLLIB_DEFAULTS: dict[str, dict[str, Any]] = {
+    # RLlib's APEX: DQN's defaults with Ape-X's own over them (n-step 3, 512-row batches of
+    # 50-step fragments, a 2M-row buffer sharded 4 ways, learning from 50k steps, a target
+    # update every 500k, per-worker epsilons, 25k-step iterations of at least 30 s, worker-
+    # side priorities). training_intensity: none, as the seeds' (RLlib 1.x) Ape-X.
+    "apex": {
+        "train_batch_size": 512,
+        "training_intensity": None,
+        "timesteps_per_iteration": 25000,
+        "min_iter_time_s": 30,
+        "rollout": {"num_envs_per_worker": 1, "rollout_fragment_length": 50},
+        "policy": {"lr": 5e-4, "n_step": 3, "hiddens": [256],
+                   "target_network_update_freq": 500000,
+                   "exploration_config": {"type": "PerWorkerEpsilonGreedy"},
+                   "model": _RLLIB_MODEL},
+        "replay": {"buffer_size": 2000000, "learning_starts": 50000,
+                   "num_replay_buffer_shards": 4, "worker_side_prioritization": True},
+    },
+    "dqn": {"policy": {"model": _RLLIB_MODEL}},
+    # RLlib's IMPALA (and APPO, which extends it): 500-row batches of 50-step fragments,
+    # one env per worker.
+    "impala": {
+        "train_batch_size": 500,
+        "rollout": {"num_envs_per_worker": 1, "rollout_fragment_length": 50},
+        "policy": {"model": _RLLIB_MODEL},
+    },
+    "appo": {
+        "train_batch_size": 500,
+        "rollout": {"num_envs_per_worker": 1, "rollout_fragment_length": 50},
+        "policy": {"model": _RLLIB_MODEL},
+    },
+    # RLlib's A3C: 10-step fragments, lr 1e-4, grad_clip 40, GAE(1.0).
+    "a3c": {
+        "rollout": {"num_envs_per_worker": 1, "rollout_fragment_length": 10},
+        "policy": {"lr": 1e-4, "grad_clip": 40.0, "lambda": 1.0, "model": _RLLIB_MODEL},
+    },
+    # RLlib's A2C: A3C's values with 20-step fragments, the common 200-row train batch and
+    # no microbatches.
+    "a2c": {
+        "train_batch_size": 200,
+        "microbatch_size": None,
+        "rollout": {"num_envs_per_worker": 1, "rollout_fragment_length": 20},
+        "policy": {"lr": 1e-4, "grad_clip": 40.0, "lambda": 1.0, "model": _RLLIB_MODEL},
+    },
+    # RLlib's PPO: 4000-row batches, 30 epochs of 128-row minibatches, lr 5e-5, GAE(1.0),
+    # value loss clipped at 10.
+    "ppo": {
+        "train_batch_size": 4000,
+        "rollout": {"num_envs_per_worker": 1},
+        "policy": {"lr": 5e-5, "lambda": 1.0, "vf_clip_param": 10.0, "model": _RLLIB_MODEL},
+        "learner": {"num_sgd_iter": 30, "sgd_minibatch_size": 128},
+    },
+}
+"""Algorithm name -> RLlib's values of the keys :data:`CARTPOLE_TUNED` sets (and, for
+Ape-X, of the keys where RLlib's Ape-X defaults differ from its DQN's), as nested sections:
+where a file in RLlib's layout starts (see :func:`rllib_baseline`)."""
+
+
+def rllib_baseline(algorithm: str) -> dict[str, Any]:
+    """Where a config file in RLlib's layout starts for ``algorithm``: RLlib's defaults
+    for what actorrl tunes (a deep copy of :data:`RLLIB_DEFAULTS`; empty for algorithms
+    whose defaults are all RLlib's already)."""
+    return copy.deepcopy(RLLIB_DEFAULTS.get(algorithm, {}))
 
 
 def preset(algorithm: str, section: str, cls: type[S]) -> Callable[[], S]:

@@ -58,6 +58,7 @@ from actorrl.algorithms.stop import (
     StopCriteria,
     default_stop_reward,
 )
+from actorrl.algorithms.tuned import rllib_baseline
 from actorrl.config.algorithm import AlgorithmConfig, config_fields, load_config
 from actorrl.config.aliases import RLlibKeyWarning, resolve_rllib_keys
 from actorrl.config.files import parse_override, read_config_file
@@ -150,6 +151,10 @@ class ConfigFile:
     run_settings: dict[str, Any] = field(default_factory=dict)
     """Tune's experiment settings that ``actorrl train`` honours
     (:data:`RUN_SETTING_KEYS`: checkpoint retention, the failure limit), as written."""
+    rllib_defaults: bool = False
+    """Whether the keys the file leaves out take RLlib's defaults rather than actorrl's
+    CartPole-tuned ones (:data:`~actorrl.algorithms.tuned.RLLIB_DEFAULTS`): true for a file
+    that names its algorithm with RLlib's ``run:``, which is written against RLlib's."""
 
 
 FILE_RUN_KEYS = ("algorithm", "run")
@@ -244,7 +249,8 @@ def config_file_sections(path: str, data: dict[str, Any]) -> ConfigFile:
         data = {**nested, **data}
     logger_config = data.pop("logger_config", None)
     return ConfigFile(path=path, values=data, algorithm=algorithm, stop=stop,
-                      logger_config=logger_config, run_settings=run_settings)
+                      logger_config=logger_config, run_settings=run_settings,
+                      rllib_defaults=any(key == "run" for key, _ in named))
 
 
 def config_keys_of_any_algorithm() -> set[str]:
@@ -309,7 +315,9 @@ def resolve_config(spec: AlgorithmSpec, *, base: dict[str, Any] | None = None,
     """The algorithm's config from (lowest precedence first) its defaults, ``base`` (a
     checkpoint's config), ``config_file`` (a path or a read :class:`ConfigFile`),
     ``overrides`` (``key=value``) and ``explicit`` (command-line flags that were given);
-    :class:`UsageError` listing every problem otherwise."""
+    :class:`UsageError` listing every problem otherwise. A file in RLlib's layout without
+    a checkpoint starts from RLlib's defaults (:func:`~actorrl.algorithms.tuned.
+    rllib_baseline`), as RLlib would run it."""
     values: dict[str, Any] = dict(base or {})
     if isinstance(config_file, str):
         config_file = read_config_file_sections(config_file)
@@ -317,8 +325,11 @@ def resolve_config(spec: AlgorithmSpec, *, base: dict[str, Any] | None = None,
         choose_algorithm(spec.name, config_file)  # refuses a file for another algorithm
     try:
         if config_file is not None:
-            merge_sections(values, rllib_layer(spec, config_file.values),
-                           spec.config_cls.SECTIONS)
+            layer = rllib_layer(spec, config_file.values)
+            if config_file.rllib_defaults and base is None:
+                values = rllib_baseline(spec.name)
+                keep_exploration_defaults(layer, values)
+            merge_sections(values, layer, spec.config_cls.SECTIONS)
         for text in overrides:
             key, value = parse_override(text)
             values.update(rllib_layer(spec, {key: value}))
@@ -327,6 +338,17 @@ def resolve_config(spec: AlgorithmSpec, *, base: dict[str, Any] | None = None,
     except ConfigError as exc:
         where = f" (config file {config_file.path!r})" if config_file is not None else ""
         raise UsageError(f"{exc}{where}") from None
+
+
+def keep_exploration_defaults(layer: dict[str, Any], baseline: Mapping[str, Any]) -> None:
+    """RLlib's merge of a file's ``exploration_config`` into the default one: the file's
+    keys over the baseline's, unless the file names another ``type`` (then the file's
+    alone), as RLlib's config merge treats that key. ``layer`` is changed in place."""
+    default = (baseline.get("policy") or {}).get("exploration_config")
+    given = layer.get("exploration_config")
+    if isinstance(default, Mapping) and isinstance(given, Mapping) and \
+            given.get("type", default.get("type")) == default.get("type"):
+        layer["exploration_config"] = {**default, **given}
 
 
 def rllib_layer(spec: AlgorithmSpec, values: Mapping[str, Any]) -> dict[str, Any]:
@@ -711,14 +733,15 @@ class LocalRun(TrainingRun):
         if crowded:
             log.warning(crowded)
         try:
-            trainer = await self.stop_request.guard(Trainer.create(plan.spec, plan.config,
-                                                                   driver))
+            trainer = await self.stop_request.guard(Trainer.create(
+                plan.spec, plan.config, driver, results_dir=self.run_dir.path))
         except Interrupted:
             self._finish(STATUS_INTERRUPTED, self._signal_exit_code(),
                          "interrupted while starting")
             return
         recovering = RecoveringTrainer(
-            trainer, rebuild=lambda: Trainer.create(plan.spec, plan.config, driver),
+            trainer, rebuild=lambda: Trainer.create(plan.spec, plan.config, driver,
+                                                    results_dir=self.run_dir.path),
             state=self._restart_state, policy=plan.restart_policy,
             notify=self._note_restart)
         try:
