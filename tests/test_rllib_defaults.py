@@ -14,6 +14,7 @@ import yaml
 
 from actorrl.algorithms import get_algorithm
 from actorrl.algorithms.tuned import CARTPOLE_TUNED, RLLIB_DEFAULTS
+from actorrl.config.algorithm import load_config
 from actorrl.experiment.train import (
     choose_algorithm,
     read_config_file_sections,
@@ -114,3 +115,21 @@ def test_a_restored_checkpoints_config_is_not_reset_to_rllibs(tmp_path):
     config = resolve_config(spec, base=base, config_file=file)
     assert (config.policy.lr, config.learner.num_sgd_iter, config.policy.gamma) == \
         (0.002, 4, 0.95)
+
+
+@pytest.mark.parametrize(("count", "reported"), [(1, 1), (2, 1), (3, 1), (4, 2), (32, 11)])
+def test_per_worker_exploration_reports_the_last_third_of_the_workers(count, reported):
+    """With Ape-X's per-worker epsilons, results report the episodes of the workers that
+    explore least (the last third by index), as RLlib's Ape-X does; otherwise all."""
+    from types import SimpleNamespace
+
+    from actorrl.algorithms.trainer import Trainer
+
+    workers = [f"worker-{i}" for i in range(1, count + 1)]
+    per_worker = load_config(get_algorithm("apex").config_cls, {
+        "num_workers": count, "exploration_config": {"type": "PerWorkerEpsilonGreedy"}})
+    trainer = SimpleNamespace(config=per_worker, workers=workers)
+    assert Trainer._reporting_workers(trainer) == workers[count - reported:]
+    plain = SimpleNamespace(config=per_worker.replace(exploration_config={
+        "type": "EpsilonGreedy"}), workers=workers)
+    assert Trainer._reporting_workers(plain) == workers

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -89,9 +90,11 @@ class Trainer:
     """Runs one algorithm on a driver's actors (a :class:`~actorrl.runtime.DriverLike`: a
     local, serial or cluster driver). Create with :meth:`create`."""
 
-    def __init__(self, spec: AlgorithmSpec, config: AlgorithmConfig, driver: DriverLike
-                 ) -> None:
+    def __init__(self, spec: AlgorithmSpec, config: AlgorithmConfig, driver: DriverLike,
+                 results_dir: str | os.PathLike[str] | None = None) -> None:
         self.spec = spec
+        self.video_dir = config.video_dir(results_dir)
+        """Where evaluation episodes' videos go (``record_env``; None: not recorded)."""
         self.config = config
         self.driver = driver
         self.runtime: Runtime = driver.runtime
@@ -126,10 +129,12 @@ class Trainer:
         return self.learner
 
     @classmethod
-    async def create(cls, spec: AlgorithmSpec, config: AlgorithmConfig, driver: DriverLike
-                     ) -> Trainer:
-        """Start the workers and the learner, sync their weights, build the pipeline."""
-        trainer = cls(spec, config, driver)
+    async def create(cls, spec: AlgorithmSpec, config: AlgorithmConfig, driver: DriverLike,
+                     results_dir: str | os.PathLike[str] | None = None) -> Trainer:
+        """Start the workers and the learner, sync their weights, build the pipeline.
+        ``results_dir``: the run's results folder, under which ``record_env`` writes
+        evaluation videos (:meth:`AlgorithmConfig.video_dir`)."""
+        trainer = cls(spec, config, driver, results_dir)
         await trainer._setup()
         return trainer
 
@@ -149,7 +154,8 @@ class Trainer:
                 config.evaluation_worker_config(),
                 num_workers=config.evaluation_num_workers,
                 first_index=config.num_workers + 1, duration=config.evaluation_duration,
-                unit=config.evaluation_duration_unit, num_cpus=config.num_cpus_per_worker)
+                unit=config.evaluation_duration_unit, num_cpus=config.num_cpus_per_worker,
+                video_dir=self.video_dir)
         self.pipeline = await self.spec.build_pipeline(self)
 
     async def _start_worker(self, index: int) -> ActorHandle:
@@ -273,7 +279,7 @@ class Trainer:
         :mod:`actorrl.algorithms.evaluation`); the result's ``evaluation`` section."""
         assert self.evaluator is not None and self.learner is not None
         return await self.evaluator.evaluate(self.learner.get_weights.remote(),
-                                             self._filters_payload())
+                                             self._filters_payload(), self.iteration)
 
     # ---- observation filters ------------------------------------------------------------
     async def sync_filters(self) -> None:
@@ -357,12 +363,24 @@ class Trainer:
             return [self.learner]
         return workers
 
+    def _reporting_workers(self) -> list[ActorHandle]:
+        """The workers whose episodes a result reports: all of them, except with Ape-X's
+        per-worker exploration (epsilons or noise scales falling with the worker index),
+        where RLlib reports the last third by index, the ones that explore least."""
+        policy = getattr(self.config, "policy", None)
+        if not getattr(policy, "per_worker", False) or len(self.workers) < 2:
+            return list(self.workers)
+        return self.workers[(-len(self.workers)) // 3:]  # the last ceil(n / 3)
+
     async def _collect_metrics(self) -> EpisodeMetrics:
         workers = self._samplers()
         refs = [w.get_metrics.remote() for w in workers]
         results = await asyncio.gather(
             *(self.runtime.get_async(r, timeout_s=60) for r in refs), return_exceptions=True)
-        metrics = [r for r in results if isinstance(r, EpisodeMetrics)]
+        reporting = self._reporting_workers()
+        # Every worker's episodes are taken (none pile up); only the reporting ones count.
+        metrics = [r for w, r in zip(workers, results)
+                   if isinstance(r, EpisodeMetrics) and (w in reporting or w == self.learner)]
         for worker, result in zip(workers, results):
             if isinstance(result, ActorDiedError):
                 log.warning("could not collect metrics from %r: %s", worker, result)
@@ -453,6 +471,7 @@ class Trainer:
         actors = [*self.workers, *([self.learner] if self.learner else [])]
         actors += self.learner_side_actors
         if self.evaluator is not None:
+            await self.evaluator.close_recorders()
             actors += self.evaluator.workers
         await asyncio.gather(*(self.driver.kill_actor(a) for a in actors),
                              return_exceptions=True)
