@@ -34,7 +34,8 @@ SAMPLES: dict[str, Any] = {
     # canonical key -> a value other than every algorithm's default
     "rollout_fragment_length": 4, "num_multi_gpu_tower_stacks": 2, "num_workers": 3,
     "num_envs_per_worker": 3, "num_cpus_per_worker": 0.5, "evaluation_num_workers": 2,
-    "evaluation_duration": 7, "learning_starts": 123, "timesteps_per_iteration": 77,
+    "evaluation_duration": 7, "record_env": True, "learning_starts": 123,
+    "timesteps_per_iteration": 77,
     "min_iter_time_s": 0.25, "num_sgd_iter": 3, "train_batch_size": 96,
     "buffer_size": 4321, "prioritized_replay": False, "prioritized_replay_alpha": 0.5,
     "prioritized_replay_beta": 0.5, "prioritized_replay_eps": 1e-5,
@@ -43,6 +44,10 @@ SAMPLES: dict[str, Any] = {
     "_fake_gpus": True, "sgd_minibatch_size": 64, "grad_clip": 5.0, "num_cpus_for_driver": 2,
     "metrics_smoothing_episodes": 7, "exploration_config": {"epsilon_timesteps": 777},
     "q_model_config": {"fcnet_hiddens": [64]}, "policy_model_config": {"fcnet_hiddens": [32]},
+}
+ALIAS_CONTEXT: dict[str, dict[str, Any]] = {
+    # canonical key -> other keys it needs to load (record_env records evaluations)
+    "record_env": {"evaluation_interval": 1},
 }
 ALIAS_INPUT: dict[str, Any] = {
     # alias -> the value written under it, when it differs from the canonical's value
@@ -58,8 +63,8 @@ IGNORED_OFF: dict[str, Any] = {
     "num_gpus_per_worker": 0, "num_gpus_per_env_runner": 0.0, "num_atoms": 1,
     "noisy": False, "v_min": -10.0, "v_max": 10.0, "sigma0": 0.5, "replay_ratio": 0.0,
     "replay_proportion": 0, "replay_buffer_num_slots": 0, "vtrace_drop_last_ts": False,
-    "evaluation_parallel_to_training": False, "log_level": "WARN", "monitor": False,
-    "record_env": False, "create_env_on_driver": False, "disable_env_checking": True,
+    "evaluation_parallel_to_training": False, "log_level": "WARN",
+    "create_env_on_driver": False, "disable_env_checking": True,
     "tf_session_args": {"intra_op_parallelism_threads": 2}, "local_tf_session_args": {},
     "replay_buffer_config.no_local_replay_buffer": True,
     "replay_buffer_config.replay_buffer_shards_colocated_with_driver": True,
@@ -82,7 +87,7 @@ REFUSED: dict[str, Any] = {
     "num_gpus_per_learner_worker": 1, "num_gpus_per_learner": 1, "num_gpus_per_worker": 1,
     "num_gpus_per_env_runner": 0.5, "num_atoms": 51, "noisy": True, "replay_ratio": 0.5,
     "replay_proportion": 0.25, "replay_buffer_num_slots": 100, "vtrace_drop_last_ts": True,
-    "monitor": True, "record_env": True, "_separate_vf_optimizer": True,
+    "_separate_vf_optimizer": True,
     "num_accs_per_worker": 1, "no_done_at_end": True, "grad_clip_by": "value",
     "create_env_on_driver": True, "use_pytorch": "yes", "eager": 1, "eager_tracing": "no",
     "_enable_rl_module_api": 1, "_enable_learner_api": "x", "_enable_new_api_stack": 0,
@@ -138,10 +143,11 @@ def test_each_alias_sets_what_its_canonical_key_sets(alias):
     algorithm = _algorithm_with(alias.canonical)
     value = SAMPLES[alias.canonical]
     written = ALIAS_INPUT.get(alias.key, value)
-    via_alias = _load(algorithm, _nested(alias.key, written))
-    via_canonical = _load(algorithm, {alias.canonical: value})
+    context = ALIAS_CONTEXT.get(alias.canonical, {})
+    via_alias = _load(algorithm, {**context, **_nested(alias.key, written)})
+    via_canonical = _load(algorithm, {**context, alias.canonical: value})
     assert via_alias == via_canonical
-    assert via_alias != _load(algorithm, {})
+    assert via_alias != _load(algorithm, context)
 
 
 def test_old_dqn_exploration_keys_set_exploration_config():
@@ -168,11 +174,12 @@ def test_an_alias_and_its_key_disagreeing_is_refused_naming_both(alias):
     other = (not value if isinstance(value, bool) else
              {k: [*v, 1] if isinstance(v, list) else v + 1 for k, v in value.items()}
              if isinstance(value, dict) else value + 1)
+    context = ALIAS_CONTEXT.get(alias.canonical, {})
     with pytest.raises(ConfigError) as info:
-        _load(algorithm, {alias.key: value, alias.canonical: other})
+        _load(algorithm, {**context, alias.key: value, alias.canonical: other})
     assert repr(alias.key) in str(info.value) and repr(alias.canonical) in str(info.value)
-    assert _load(algorithm, {alias.key: value, alias.canonical: value}) == \
-        _load(algorithm, {alias.canonical: value})
+    assert _load(algorithm, {**context, alias.key: value, alias.canonical: value}) == \
+        _load(algorithm, {**context, alias.canonical: value})
 
 
 def test_two_aliases_of_one_key_disagreeing_are_refused():

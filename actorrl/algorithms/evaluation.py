@@ -12,12 +12,21 @@ starts a new one from its creation spec, which gets the evaluation's weights and
 statistics before it samples, and the evaluation goes on to its full duration with the
 episodes of the workers that answered. ``num_worker_restarts`` in the ``evaluation``
 section counts the replacements of the run.
+
+With a ``video_dir`` (``record_env`` / ``monitor``: see
+:meth:`actorrl.config.algorithm.AlgorithmConfig.video_dir`), every evaluation worker's
+envs render ``rgb_array`` frames and record each episode to an mp4
+(:mod:`actorrl.envs.video`); after each evaluation the videos of the episodes that ended
+in it are fetched from the workers (so workers on other nodes need no shared disk) and
+written to ``<video_dir>/iteration<N>-worker<W>-env<I>-episode-<K>.mp4``: training
+iteration ``N``, evaluation worker ``W``, its env ``I``, that env's ``K``-th episode.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 from typing import Any
 
 from actorrl.callbacks import summarize_custom_metrics
@@ -37,8 +46,11 @@ class Evaluator(FleetMixin):
     slot is dropped)."""
 
     def __init__(self, runtime: Runtime, workers: list[ActorHandle], *, duration: int,
-                 unit: str, driver: DriverLike | None = None) -> None:
+                 unit: str, driver: DriverLike | None = None,
+                 video_dir: Path | None = None) -> None:
         self.runtime = runtime
+        self.video_dir = video_dir
+        """Where episode videos go (None: the workers record none)."""
         self.driver = driver
         self.worker_fleet = Fleet(workers, self.replace_worker if driver is not None
                                   else None, "evaluation worker")
@@ -51,18 +63,22 @@ class Evaluator(FleetMixin):
     @classmethod
     async def create(cls, driver: DriverLike, env: str, policy: str,
                      worker_config: WorkerConfig, *, num_workers: int, first_index: int,
-                     duration: int, unit: str, num_cpus: float) -> Evaluator:
+                     duration: int, unit: str, num_cpus: float,
+                     video_dir: Path | None = None) -> Evaluator:
         """Start ``max(1, num_workers)`` evaluation workers (indices from
-        ``first_index``, after the training workers)."""
+        ``first_index``, after the training workers); with ``video_dir`` they record
+        their episodes (see the module docstring)."""
         count = max(1, num_workers)
+        record = {"record_video": True} if video_dir is not None else {}
         workers = await asyncio.gather(*(
             driver.create_actor(
                 WORKER_CLASS, args=(env, policy, worker_config),
                 kwargs={"worker_index": first_index + i,
-                        "num_workers": first_index + count - 1},
+                        "num_workers": first_index + count - 1, **record},
                 num_cpus=num_cpus, name=f"evaluation-worker-{i + 1}")
             for i in range(count)))
-        return cls(driver.runtime, list(workers), duration=duration, unit=unit, driver=driver)
+        return cls(driver.runtime, list(workers), duration=duration, unit=unit, driver=driver,
+                   video_dir=video_dir)
 
     async def replace_worker(self, dead: ActorHandle) -> ActorHandle | None:
         """Start a fresh evaluation worker in place of ``dead`` (same creation spec), with
@@ -84,14 +100,15 @@ class Evaluator(FleetMixin):
         log.warning("replaced evaluation worker %r with %r", dead, new)
         return new
 
-    async def evaluate(self, weights: ObjectRef, filters: dict[str, Any] | None = None
-                       ) -> dict[str, Any]:
+    async def evaluate(self, weights: ObjectRef, filters: dict[str, Any] | None = None,
+                       iteration: int = 0) -> dict[str, Any]:
         """Load ``weights`` (and the driver's observation-filter statistics ``filters``,
         replacing what the evaluation workers gathered themselves) and sample until the
         duration is reached; RLlib's episode stats of the evaluation
         (``episode_reward_mean``... ``episodes_this_iter``, ``timesteps_this_iter``,
         ``custom_metrics``), and ``num_worker_restarts`` (evaluation workers replaced so
-        far). A worker found dead is replaced (see the module docstring)."""
+        far). A worker found dead is replaced (see the module docstring). With a
+        ``video_dir`` the episodes' videos are written there, named with ``iteration``."""
         each = self._on_each_worker
         self._loaded = (weights, filters)
         try:
@@ -111,18 +128,44 @@ class Evaluator(FleetMixin):
                     metrics = EpisodeMetrics.merge([metrics, part])
                 for part in await each(lambda w: w.pop_custom_metrics.remote()):
                     custom.extend(part)
+            if self.video_dir is not None:
+                await self._save_videos(iteration)
         finally:
             self._loaded = None
         return {**metrics.summary(), "timesteps_this_iter": steps,
                 "custom_metrics": summarize_custom_metrics(custom),
                 "num_worker_restarts": self.num_worker_restarts}
 
+    async def _save_videos(self, iteration: int) -> None:
+        """Fetch the workers' finished episode videos and write them to ``video_dir``."""
+        assert self.video_dir is not None
+        videos = [video for part in await self._on_each_worker(lambda w: w.pop_videos.remote())
+                  for video in part]
+        if videos:
+            await asyncio.to_thread(write_videos, self.video_dir, f"iteration{iteration}-",
+                                    videos)
+
     def _done(self, metrics: EpisodeMetrics, steps: int) -> bool:
         if self.unit == "timesteps":
             return steps >= self.duration
         return metrics.num_episodes >= self.duration
 
+    async def close_recorders(self) -> None:
+        """Recording workers close their envs and remove their temporary video folders
+        (before they are killed; nothing without a ``video_dir``)."""
+        if self.video_dir is not None:
+            await asyncio.gather(*(self.runtime.get_async(w.stop.remote(), timeout_s=30)
+                                   for w in self.workers), return_exceptions=True)
+
     async def stop(self, driver: DriverLike) -> None:
-        """Stop the evaluation workers."""
+        """Stop the evaluation workers (see :meth:`close_recorders`)."""
+        await self.close_recorders()
         await asyncio.gather(*(driver.kill_actor(w) for w in self.workers),
                              return_exceptions=True)
+
+
+def write_videos(folder: Path, prefix: str, videos: list[tuple[str, bytes]]) -> None:
+    """Write each ``(name, mp4 bytes)`` to ``folder/<prefix><name>`` (made if missing)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, data in videos:
+        (folder / f"{prefix}{Path(name).name}").write_bytes(data)

@@ -9,8 +9,8 @@
                        [--address ADDR [--keys DIR] | --serial] [--progress auto|rich|plain]
                        [--start-method fork|spawn] [--concurrent-trials N] [--debug]
                        [--wandb PROJECT] [--mlflow URI]
-    actorrl evaluate CHECKPOINT [--episodes N] [--render no|human] [--env ENV] [--seed N]
-                                [--json] [--debug]
+    actorrl evaluate CHECKPOINT [--episodes N] [--render no|human] [--video DIR] [--env ENV]
+                                [--seed N] [--json] [--debug]
     actorrl plot RESULTS_DIR_OR_CSV [...] [-o OUT.png] [--title TEXT]
     actorrl export RUN|CHECKPOINT --format onnx|torchscript|safetensors [-o FILE] [--debug]
 
@@ -247,6 +247,9 @@ def _add_evaluate(subparsers: argparse._SubParsersAction) -> None:
                    help="episodes to run (default: 10)")
     p.add_argument("--render", choices=("no", "human"), default="no",
                    help="render the env on screen (default: no)")
+    p.add_argument("--video", metavar="DIR",
+                   help="record every episode to DIR/episode-<k>.mp4 (rgb_array frames, "
+                        "gymnasium's RecordVideo; needs the video extra)")
     p.add_argument("--env", help="evaluate on this env instead of the checkpoint's")
     p.add_argument("--seed", type=int, help="seed episode k with SEED + k")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -580,7 +583,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     from actorrl.experiment.evaluate import evaluate_checkpoint
 
     result = evaluate_checkpoint(args.checkpoint, args.episodes, env=args.env,
-                                 seed=args.seed, render=args.render)
+                                 seed=args.seed, render=args.render, video=args.video)
     if args.json:
         print(json.dumps(result.as_dict()))
     else:

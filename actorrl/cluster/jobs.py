@@ -518,7 +518,7 @@ class JobManager:
                                placement=job.submission.options.placement, colocate=COLOCATE)
         trainer: Trainer | None = None
         try:
-            trainer = await Trainer.create(spec, config, driver)
+            trainer = await Trainer.create(spec, config, driver, results_dir=job.dir)
             job.trainer = trainer
             where = {a["name"]: a["node"] for a in
                      self.coordinator.describe_actors(f"job:{job.id}")}

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import typing
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from actorrl.config.loading import FLAT_KEYS, fill_derived, lookup, nest_flat_keys
@@ -25,6 +27,9 @@ from actorrl.config.sections import (
 )
 
 C = TypeVar("C", bound="AlgorithmConfig")
+
+VIDEO_FOLDER = "videos"
+"""The results folder's sub-folder of evaluation videos with ``record_env: true``."""
 
 
 # ---- algorithm configs ----------------------------------------------------------------
@@ -81,6 +86,13 @@ class AlgorithmConfig(ConfigSection):
     evaluation_config: dict[str, Any] = field(default_factory=dict)
     """Config keys overridden for the evaluation workers (rollout and policy keys, e.g.
     ``env_config``, ``explore``); ``explore`` is false unless set here."""
+    record_env: bool | str = False
+    """RLlib's ``record_env`` (``monitor`` is its older spelling): record every evaluation
+    episode (``evaluation_interval``'s workers; training episodes are not recorded) to an
+    mp4: ``true`` writes to ``<results folder>/videos/``, a relative path to that folder
+    under the results folder, an absolute path there. Needs the ``video`` extra and an env
+    that renders ``rgb_array`` (see actorrl.envs.video); also accepted in
+    ``evaluation_config``, which wins."""
     preprocessor_pref: str | None = "deepmind"
     """Atari ids always get DeepMind preprocessing (``actorrl.envs.atari``): ``deepmind``;
     ``rllib`` or null (RLlib's generic preprocessor or none) are accepted with a warning
@@ -186,20 +198,58 @@ class AlgorithmConfig(ConfigSection):
             except ConfigError as exc:
                 problems.extend(f"evaluation_config: {problem}"
                                 for problem in exc.problems or [str(exc)])
+        problems += self._record_env_problems()
         return problems
+
+    def evaluation_record_env(self) -> bool | str:
+        """The ``record_env`` the evaluation workers use: ``evaluation_config``'s, else the
+        top-level one."""
+        return self.evaluation_config.get("record_env", self.record_env)
+
+    def video_dir(self, results_dir: str | os.PathLike[str] | None) -> Path | None:
+        """Where the evaluation episodes' videos go (None: not recorded): ``record_env:
+        true`` is ``<results_dir>/videos``; a relative path is taken under ``results_dir``
+        (the current folder when None), as RLlib joins it to the trial's log dir; an
+        absolute path as given."""
+        record = self.evaluation_record_env()
+        if record is False or record is None or record == "":
+            return None
+        base = Path(results_dir) if results_dir is not None else Path.cwd()
+        if record is True:
+            return base / VIDEO_FOLDER
+        path = Path(os.path.expanduser(str(record)))
+        return path if path.is_absolute() else base / path
+
+    def _record_env_problems(self) -> list[str]:
+        record = self.evaluation_record_env()
+        if record is False or record is None:
+            return []
+        if not isinstance(record, (bool, str)) or record == "":
+            return [f"record_env must be true, false or a folder path, got {record!r}"]
+        if not self.evaluation_interval:
+            return [f"record_env: {record!r} records the evaluation episodes, and "
+                    "evaluation_interval is not set: set evaluation_interval (e.g. 1: "
+                    "evaluate and record after every iteration), or drop record_env"]
+        from actorrl.envs.video import check_video_support
+
+        try:
+            check_video_support()
+        except ValueError as exc:
+            return [f"record_env: {record!r}: {exc}"]
+        return []
 
     def evaluation_worker_config(self) -> WorkerConfig:
         """What each evaluation worker receives: the workers' config with ``explore``
         off, then ``evaluation_config`` applied."""
         overrides = {"explore": False, **self.evaluation_config}
         allowed = {k for k, dotted in FLAT_KEYS.items()
-                   if dotted.split(".")[0] in ("rollout", "policy")} | {"env_config",
-                                                                      "callbacks"}
+                   if dotted.split(".")[0] in ("rollout", "policy")} | {
+            "env_config", "callbacks", "record_env"}
         unknown = sorted(set(overrides) - allowed)
         if unknown:
             raise ConfigError("invalid evaluation_config:", problems=[
                 f"key {k!r} cannot be overridden for evaluation (rollout and policy keys, "
-                f"env_config and callbacks can){suggest(k, sorted(allowed))}"
+                f"env_config, callbacks and record_env can){suggest(k, sorted(allowed))}"
                 for k in unknown])
         base = self.to_dict()
         return type(self).load_evaluation(base, overrides)

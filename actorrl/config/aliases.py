@@ -84,6 +84,11 @@ class Alias:
 
 
 ALIASES: tuple[Alias, ...] = (
+    # RLlib 0.6-1.x's gym Monitor switch: videos (and stats) of every episode in the
+    # trial's log dir; read as record_env (its 1.x successor), which records evaluation
+    # episodes to <results>/videos/ (a path value is a folder, as record_env's).
+    Alias("monitor", "record_env", "0.6-1.x",
+          note="videos of the evaluation episodes, as record_env"),
     # The seeds' renamed keys (RLlib 0.7 names, renamed in 0.8): deprecated, as in RLlib.
     Alias("sample_batch_size", "rollout_fragment_length", "0.7-0.8", deprecated=True),
     Alias("num_data_loader_buffers", "num_multi_gpu_tower_stacks", "0.7-1.x",
@@ -335,10 +340,6 @@ IGNORED: tuple[Ignored, ...] = (
             "keeps the env running, is not implemented: set soft_horizon: false"),
     Ignored("log_level", "0.6+", _any, "any", "RLlib's logging verbosity; actorrl logs "
             "warnings to the terminal and everything to logs/ (--debug: all)"),
-    Ignored("monitor", "0.6-1.x", _is(False), "false", "no episode videos",
-            "actorrl does not record episode videos; set monitor: false"),
-    Ignored("record_env", "1.x", _is(False, None), "false, null", "no episode videos",
-            "actorrl does not record episode videos; set record_env: false"),
     Ignored("create_env_on_driver", "1.x+", _is(False), "false",
             "no env on the driver (actorrl's evaluation has its own workers)",
             "actorrl builds envs on its workers only; set create_env_on_driver: false"),

@@ -61,7 +61,7 @@ _TOP_LEVEL_KEYS = (
     "broadcast_interval", "grads_per_step", "microbatch_size", "num_cpus_per_worker",
     "num_cpus_for_driver", "callbacks", "evaluation_interval", "evaluation_duration",
     "evaluation_duration_unit", "evaluation_num_workers", "evaluation_config",
-    "preprocessor_pref")
+    "preprocessor_pref", "record_env")
 
 
 FLAT_KEYS: dict[str, str] = {

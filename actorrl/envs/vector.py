@@ -15,6 +15,7 @@ from actorrl.data.spaces import observation_preprocessor
 from actorrl.envs.atari import GAME_OVER, GAME_REWARD
 from actorrl.envs.episodes import EpisodeMetrics
 from actorrl.envs.make import ALL_AGENTS, EnvSpec, MultiAgentEnv, make_env
+from actorrl.envs.video import record_episodes, rgb_array_config
 
 SEED_STRIDE_PER_WORKER = 1000
 
@@ -241,16 +242,28 @@ class MultiAgentVectorEnv(_EnvSet):
 
 def make_vector_env(spec: EnvSpec, env_config: Mapping[str, Any] | None = None, *,
                     num_envs: int = 1, worker_index: int = 0, num_workers: int = 0,
-                    seed: int | None = None, horizon: int | None = None
-                    ) -> VectorEnv | MultiAgentVectorEnv:
+                    seed: int | None = None, horizon: int | None = None,
+                    record_video: str | None = None) -> VectorEnv | MultiAgentVectorEnv:
     """``num_envs`` envs from ``spec`` as a :class:`VectorEnv`, or a
     :class:`MultiAgentVectorEnv` when the spec makes :class:`MultiAgentEnv` instances.
     ``horizon`` (RLlib's): single-agent episodes are cut (truncated) after that many
-    steps, as gymnasium's ``TimeLimit`` cuts them."""
+    steps, as gymnasium's ``TimeLimit`` cuts them. ``record_video``: a folder where every
+    episode of env ``i`` is written as ``worker<worker_index>-env<i>-episode-<k>.mp4``
+    (the envs render ``rgb_array``; see :mod:`actorrl.envs.video`)."""
     if num_envs < 1:
         raise ValueError(f"num_envs_per_worker must be >= 1, got {num_envs}")
+    if record_video is not None:
+        env_config = rgb_array_config(env_config)
     envs = [make_env(spec, env_config, worker_index=worker_index, vector_index=i,
                      num_workers=num_workers) for i in range(num_envs)]
+    if record_video is not None:
+        try:
+            envs = [record_episodes(e, record_video, f"worker{worker_index}-env{i}", spec)
+                    for i, e in enumerate(envs)]
+        except ValueError:
+            for e in envs:
+                e.close()
+            raise
     if horizon is not None:
         if any(isinstance(e, MultiAgentEnv) for e in envs):
             raise ValueError(f"horizon={horizon} cuts single-agent episodes; env {spec!r} is "

@@ -5,13 +5,20 @@ checkpoint's algorithm and config, worker index 0), loaded with the checkpoint's
 and run with ``explore=False`` on up to :data:`MAX_PARALLEL_ENVS` envs in lockstep, one
 batched forward pass per step. Episode ``k`` is seeded with ``seed + k`` when a seed is
 given, so evaluations repeat exactly.
+
+With ``video`` (``--video DIR``) every episode is recorded by gymnasium's ``RecordVideo``
+(the envs render ``rgb_array``; :mod:`actorrl.envs.video`) and written as
+``DIR/episode-<k>.mp4``, ``k`` as above; needs the ``video`` extra.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,6 +26,7 @@ import numpy as np
 from actorrl.algorithms import get_algorithm
 from actorrl.algorithms.checkpoints import CheckpointError, read_checkpoint
 from actorrl.data.batch import DEFAULT_POLICY_ID
+from actorrl.envs.video import check_video_support, record_episodes, rgb_array_config
 from actorrl.experiment.errors import UsageError, error_summary
 from actorrl.experiment.evaluate_multiagent import (
     is_multi_agent,
@@ -48,6 +56,9 @@ class EvaluationResult:
     """Multi-agent: each policy's mean return (see :mod:`.evaluate_multiagent`)."""
     policy_rewards: dict[str, list[float]] = field(default_factory=dict)
     """Multi-agent: each policy's return in every episode it played."""
+    videos: list[str] = field(default_factory=list)
+    """With ``video``: the episodes' mp4 files, in the order of ``episode_rewards`` (the
+    order the episodes ended); ``episode-<k>.mp4`` is the episode seeded ``seed + k``."""
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -61,7 +72,9 @@ class EvaluationResult:
                 f"max {self.episode_reward_max:.1f}), episode_len_mean "
                 f"{self.episode_len_mean:.1f}"
                 + "".join(f"; policy {pid} mean {mean:.3f}"
-                          for pid, mean in self.policy_reward_mean.items()))
+                          for pid, mean in self.policy_reward_mean.items())
+                + (f"; {len(self.videos)} videos in {Path(self.videos[0]).parent}"
+                   if self.videos else ""))
 
 
 def action_options(config: dict[str, Any]) -> dict[str, bool]:
@@ -76,14 +89,19 @@ def action_options(config: dict[str, Any]) -> dict[str, bool]:
 
 def evaluate_checkpoint(path: str | os.PathLike[str], episodes: int, *,
                         env: str | None = None, seed: int | None = None,
-                        render: str = "no") -> EvaluationResult:
+                        render: str = "no", video: str | os.PathLike[str] | None = None
+                        ) -> EvaluationResult:
     """Load the checkpoint at ``path`` (a checkpoint folder or a results folder: its latest
     checkpoint) and run ``episodes`` greedy episodes; ``env`` overrides the checkpoint's.
-    A multi-agent checkpoint plays all its policies (:mod:`.evaluate_multiagent`)."""
+    A multi-agent checkpoint plays all its policies (:mod:`.evaluate_multiagent`).
+    ``video``: a folder where episode ``k`` is recorded as ``episode-<k>.mp4`` (single-agent
+    envs that render ``rgb_array``; the ``video`` extra)."""
     if episodes < 1:
         raise UsageError(f"--episodes must be >= 1, got {episodes}")
     if render not in RENDER_MODES:
         raise UsageError(f"--render must be one of {', '.join(RENDER_MODES)}, got {render!r}")
+    if video is not None:
+        _check_video_options(render)
     folder, state, spec = _read_checkpoint(path)
     config = dict(state.get("config") or {})
     env_id = env or str(config.get("env"))
@@ -91,27 +109,94 @@ def evaluate_checkpoint(path: str | os.PathLike[str], episodes: int, *,
     if render == "human":
         env_config["render_mode"] = "human"
     per_policy: dict[str, list[float]] = {}
+    videos: list[str] = []
     if is_multi_agent(config):
+        if video is not None:
+            raise UsageError(
+                f"--video records single-agent envs, and checkpoint {str(folder)!r} is "
+                "multi-agent (multiagent.policies): actorrl's MultiAgentEnv protocol has no "
+                "render(), so RecordVideo cannot draw its episodes; evaluate without --video")
         returns, lengths, per_policy = rollout_multi_agent(
             spec.policy, env_id, env_config, config, state, episodes,
             min(episodes, MAX_PARALLEL_ENVS), seed)
     else:
-        envs = _make_envs(env_id, env_config, min(episodes, MAX_PARALLEL_ENVS))
+        count = min(episodes, MAX_PARALLEL_ENVS)
+        finished: list[tuple[int, int, int]] = []
+        recording = _VideoRecording(Path(video)) if video is not None else None
+        envs = _make_envs(env_id, rgb_array_config(env_config) if recording else env_config,
+                          count)
         try:
-            policy = _load_policy(spec.policy, env_id, env_config, config, state)
+            if recording is not None:
+                envs = recording.wrap(envs, env_id)
+            policy = _load_policy(spec.policy, env_id, dict(config.get("env_config") or {})
+                                  if recording else env_config, config, state)
             observe = observation_fn(envs[0].observation_space, config, state)
             returns, lengths = _rollout(policy, envs, episodes, seed, observe,
-                                        action_options(config))
+                                        action_options(config), finished)
         finally:
             for e in envs:
                 e.close()
+            if recording is not None:
+                videos = recording.finish(finished)
     arr = np.asarray(returns, dtype=np.float64)
     return EvaluationResult(
         checkpoint=str(folder), algorithm=spec.name, env=env_id, episodes=len(returns),
         episode_reward_mean=float(arr.mean()), episode_reward_std=float(arr.std()),
         episode_reward_min=float(arr.min()), episode_reward_max=float(arr.max()),
         episode_len_mean=float(np.mean(lengths)), episode_rewards=[float(r) for r in returns],
-        policy_reward_mean=policy_means(per_policy), policy_rewards=per_policy)
+        policy_reward_mean=policy_means(per_policy), policy_rewards=per_policy,
+        videos=videos)
+
+
+def _check_video_options(render: str) -> None:
+    """``--video`` needs rgb_array frames (not ``--render human``) and moviepy."""
+    if render != "no":
+        raise UsageError(f"--video and --render {render} cannot be combined: a video needs "
+                         "the env to render rgb_array frames; drop --render")
+    try:
+        check_video_support()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+class _VideoRecording:
+    """Evaluation episodes recorded into ``folder``: env ``i`` writes its episodes to a
+    temporary sub-folder, and :meth:`finish` moves each to ``episode-<k>.mp4`` by the
+    episode number ``k`` the rollout gave it (seeded ``seed + k``)."""
+
+    def __init__(self, folder: Path) -> None:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"--video {str(folder)!r}: cannot create the folder: "
+                             f"{error_summary(exc)}") from None
+        self.folder = folder
+        self.scratch = Path(tempfile.mkdtemp(prefix=".recording-", dir=folder))
+
+    def wrap(self, envs: list[Any], env_id: str) -> list[Any]:
+        """``envs`` wrapped in RecordVideo (UsageError when one cannot be recorded)."""
+        try:
+            return [record_episodes(e, str(self.scratch / f"env{i}"), "rl-video", env_id)
+                    for i, e in enumerate(envs)]
+        except ValueError as exc:
+            raise UsageError(f"--video: {exc}") from None
+
+    def finish(self, finished: list[tuple[int, int, int]]) -> list[str]:
+        """Move the written videos into place (after the envs closed). ``finished``: per
+        finished episode, in the order they ended, ``(env index, that env's episode
+        index, episode number)`` (see :func:`_rollout`); the videos' paths in that order,
+        the order of the result's ``episode_rewards``."""
+        paths = []
+        try:
+            for i, local, k in finished:
+                written = self.scratch / f"env{i}" / f"rl-video-episode-{local}.mp4"
+                if written.is_file():
+                    target = self.folder / f"episode-{k}.mp4"
+                    os.replace(written, target)
+                    paths.append(str(target))
+        finally:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+        return paths
 
 
 def _read_checkpoint(path: str | os.PathLike[str]) -> tuple[Any, dict[str, Any], Any]:
@@ -202,11 +287,14 @@ def _single_env_action(space: Any, action: np.ndarray, options: dict[str, bool])
 
 
 def _rollout(policy: Any, envs: list[Any], episodes: int, seed: int | None,
-             observe: Callable[[list[Any]], np.ndarray], action_opts: dict[str, bool]
+             observe: Callable[[list[Any]], np.ndarray], action_opts: dict[str, bool],
+             finished: list[tuple[int, int, int]] | None = None
              ) -> tuple[list[float], list[int]]:
-    """Run ``episodes`` episodes on ``envs`` in lockstep; returns (returns, lengths). A
-    recurrent policy's state (and previous action and reward) is carried per env and
-    reset at each episode's start."""
+    """Run ``episodes`` episodes on ``envs`` in lockstep; returns (returns, lengths), in
+    the order the episodes ended. A recurrent policy's state (and previous action and
+    reward) is carried per env and reset at each episode's start. ``finished`` (when
+    given) gets, per ended episode in that order, ``(env index, that env's episode index,
+    episode number k)``: episode ``k`` is the ``k``-th started, seeded ``seed + k``."""
     n = len(envs)
     initial = policy.get_initial_state() if getattr(policy, "is_recurrent", False) else None
     state: list[list[np.ndarray]] = [[] for _ in range(n)]
@@ -216,12 +304,16 @@ def _rollout(policy: Any, envs: list[Any], episodes: int, seed: int | None,
     episode_return = [0.0] * n
     episode_len = [0] * n
     active = [False] * n
+    number = [0] * n
+    local = [-1] * n
     started = 0
     returns: list[float] = []
     lengths: list[int] = []
 
     def start(i: int) -> None:
         nonlocal started
+        number[i] = started
+        local[i] += 1
         obs[i] = envs[i].reset(seed=None if seed is None else seed + started)[0]
         episode_return[i], episode_len[i], active[i] = 0.0, 0, True
         if initial is not None:
@@ -258,6 +350,8 @@ def _rollout(policy: Any, envs: list[Any], episodes: int, seed: int | None,
             if terminated or truncated:
                 returns.append(episode_return[i])
                 lengths.append(episode_len[i])
+                if finished is not None:
+                    finished.append((i, local[i], number[i]))
                 if started < episodes:
                     start(i)
                 else:

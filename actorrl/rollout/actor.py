@@ -32,12 +32,18 @@ class RolloutWorkerActor:
     arrives typed, a :class:`WorkerConfig`; a mapping is loaded strictly)."""
 
     def __init__(self, env: str, policy: str, config: WorkerConfig | Mapping[str, Any],
-                 worker_index: int = 0, num_workers: int = 0, seed: int | None = None
-                 ) -> None:
+                 worker_index: int = 0, num_workers: int = 0, seed: int | None = None,
+                 record_video: bool = False) -> None:
         self.worker = RolloutWorker(env, policy, config, worker_index=worker_index,
-                                    num_workers=num_workers, seed=seed)
+                                    num_workers=num_workers, seed=seed,
+                                    record_video=record_video)
         self.worker_index = worker_index
         self.weights_version = -1
+
+    def pop_videos(self) -> list[tuple[str, bytes]]:
+        """The episode videos recorded since the last call (``record_video``): ``(file
+        name, mp4 bytes)`` each; see :meth:`RolloutWorker.pop_videos`."""
+        return self.worker.pop_videos()
 
     def sample(self) -> SampleBatch | MultiAgentBatch:
         """One sample batch (returned by value, or kept here when passed on as a ref)."""

@@ -40,6 +40,9 @@ is called once per agent per episode. Each policy's config gets the worker's
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
+import tempfile
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -72,7 +75,8 @@ class RolloutWorker:
 
     def __init__(self, env: EnvSpec, policy: PolicyClass | str | None,
                  config: WorkerConfig | Mapping[str, Any], *, worker_index: int = 0,
-                 num_workers: int = 0, seed: int | None = None) -> None:
+                 num_workers: int = 0, seed: int | None = None,
+                 record_video: bool = False) -> None:
         default_cls = None if policy is None else resolve_callable(policy, "policy class")
         policy_config_cls = (default_cls.config_class if isinstance(default_cls, type)
                              and issubclass(default_cls, TorchPolicy) else PolicyConfig)
@@ -85,10 +89,18 @@ class RolloutWorker:
         self.seed = seed
         if seed is not None:
             torch.manual_seed(int(seed) + worker_index)
-        self.env = make_vector_env(
-            env, rollout.env_config, num_envs=rollout.num_envs_per_worker,
-            worker_index=worker_index, num_workers=num_workers, seed=seed,
-            horizon=rollout.horizon)
+        self.video_dir: str | None = (tempfile.mkdtemp(prefix="actorrl-videos-")
+                                      if record_video else None)
+        """Where this worker's envs write episode mp4s until :meth:`pop_videos` takes
+        them (``record_video``; see :mod:`actorrl.envs.video`)."""
+        try:
+            self.env = make_vector_env(
+                env, rollout.env_config, num_envs=rollout.num_envs_per_worker,
+                worker_index=worker_index, num_workers=num_workers, seed=seed,
+                horizon=rollout.horizon, record_video=self.video_dir)
+        except BaseException:
+            self._remove_video_dir()
+            raise
         self.env, obs_filter = filter_vector_env(rollout.observation_filter, self.env)
         self.obs_filters: dict[str, MeanStdFilter] = (
             {DEFAULT_POLICY_ID: obs_filter} if isinstance(obs_filter, MeanStdFilter) else {})
@@ -313,9 +325,31 @@ class RolloutWorker:
         for pid, policy_state in state.items():
             self.get_policy(pid).set_state(dict(policy_state))
 
+    def pop_videos(self) -> list[tuple[str, bytes]]:
+        """The episode videos written since the last call, as ``(file name, mp4 bytes)``
+        sorted by name, removed from this worker (empty unless built with
+        ``record_video``). An episode's file exists once the next one has started."""
+        if self.video_dir is None:
+            return []
+        videos = []
+        for name in sorted(os.listdir(self.video_dir)):
+            path = os.path.join(self.video_dir, name)
+            if name.endswith(".mp4") and os.path.isfile(path):
+                with open(path, "rb") as f:
+                    videos.append((name, f.read()))
+                os.remove(path)
+        return videos
+
     def stop(self) -> None:
-        """Close the envs."""
-        self.env.close()
+        """Close the envs (and drop videos not taken by :meth:`pop_videos`)."""
+        try:
+            self.env.close()
+        finally:
+            self._remove_video_dir()
+
+    def _remove_video_dir(self) -> None:
+        if self.video_dir is not None:
+            shutil.rmtree(self.video_dir, ignore_errors=True)
 
 
 # ---- trajectory collection ---------------------------------------------------------------
