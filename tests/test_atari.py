@@ -150,6 +150,22 @@ needs_ale = pytest.mark.skipif(not installed("ale_py"),
 
 
 @needs_ale
+def test_gymnasiums_module_qualified_atari_id_gets_deepmind_preprocessing():
+    """gymnasium's ``ale_py:ALE/Pong-v5`` is the same game as ``ALE/Pong-v5``: recognised as
+    Atari (RLlib's model.dim and preprocessing apply) and built with the DeepMind
+    wrappers; a module-qualified non-Atari id stays plain."""
+    assert is_atari_id("ale_py:ALE/Pong-v5")
+    assert not is_atari_id("gymnasium.envs.classic_control:CartPole-v1")
+    env = make_env("ale_py:ALE/Pong-v5", {"frame_size": 42})
+    try:
+        assert env.observation_space.shape == (42, 42, 4)
+    finally:
+        env.close()
+    plain = make_env("gymnasium.envs.classic_control:CartPole-v1")
+    assert plain.observation_space.shape == (4,)
+
+
+@needs_ale
 @pytest.mark.parametrize("env_id", ["ALE/Pong-v5", "PongNoFrameskip-v4"])
 def test_real_games_get_deepmind_frames(env_id):
     env = make_env(env_id)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib
 import re
 from collections import deque
 from dataclasses import dataclass
@@ -110,9 +111,28 @@ class AtariOptions:
         return options
 
 
+def module_qualified_id(spec: str) -> str | None:
+    """The env id in gymnasium's ``module:EnvId`` form (``ale_py:ALE/Pong-v5``): ``EnvId``
+    once ``module`` is imported (which registers it, as ``gymnasium.make`` does), or None
+    when ``spec`` is not that form (no colon, a module that does not import, or a
+    ``pkg.module:factory`` path naming an attribute of the module)."""
+    module_name, colon, name = spec.partition(":")
+    if not colon or not module_name or not name:
+        return None
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        return None
+    if hasattr(module, name) or name not in gym.envs.registry:
+        return None
+    return name
+
+
 def is_atari_id(spec: Any) -> bool:
     """Whether ``spec`` names an ALE game (``ALE/Pong-v5``, ``PongNoFrameskip-v4``,
-    ``PongDeterministic-v4``...)."""
+    ``PongDeterministic-v4``, gymnasium's ``ale_py:ALE/Pong-v5``...)."""
+    if isinstance(spec, str) and ":" in spec:
+        spec = module_qualified_id(spec)
     return isinstance(spec, str) and bool(_ATARI_ID.match(spec)) and (
         spec.startswith("ALE/") or _registered_by_ale(_registered_form(spec)[0]))
 

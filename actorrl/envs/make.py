@@ -73,10 +73,10 @@ def make_env(spec: EnvSpec, env_config: Mapping[str, Any] | None = None, *,
         except ModuleNotFoundError as exc:
             raise ValueError(f"env {spec!r}: cannot import module {module_name!r} ({exc})"
                              ) from exc
-        if not hasattr(module, name) and name in gym.envs.registry:
-            return gym.make(name, **dict(env_config or {}))  # gymnasium's "module:EnvId"
-        factory = resolve_callable(spec, "env factory")
-        return _check_env(factory(context), spec)
+        if hasattr(module, name) or name not in gym.envs.registry:
+            factory = resolve_callable(spec, "env factory")
+            return _check_env(factory(context), spec)
+        spec = name  # gymnasium's "module:EnvId": built as the id (Atari preprocessing...)
     spec = current_env_id(spec)
     check_mujoco_installed(spec)
     if spec not in gym.envs.registry and spec.startswith("ALE/") and not register_ale():
