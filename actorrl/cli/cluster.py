@@ -9,7 +9,7 @@
     actorrl coordinator stop [--with-nodes]
     actorrl node join ADDRESS [--cpus N] [--gpus N] [--keys DIR] [--name NAME] [--host IP]
                               [--insecure-loopback] [--start-method fork|spawn]
-    actorrl nodes
+    actorrl nodes [--wait N [--wait-timeout S]]
     actorrl submit CONFIG [--set KEY=VALUE ...] [--follow]
     actorrl jobs
     actorrl jobs follow JOB [--all] [--reconnect-timeout S]
@@ -305,6 +305,13 @@ def _cmd_node_join(args: argparse.Namespace) -> int:
 
 def _cmd_nodes(args: argparse.Namespace) -> int:
     with _client(args) as client:
+        if args.wait:
+            joined = client.wait_for_nodes(args.wait, args.wait_timeout)
+            if joined < args.wait:
+                print(f"actorrl: error: {joined} of {args.wait} nodes joined within "
+                      f"{args.wait_timeout:g} s; see the node agents' output (or raise "
+                      "--wait-timeout)", file=sys.stderr)
+                return 1
         nodes = client.nodes()
     if args.json:
         _print_json(nodes)
@@ -555,6 +562,12 @@ def _add_node_commands(subparsers: Any) -> None:
     p = subparsers.add_parser("nodes", help="list the cluster's nodes")
     _add_target(p)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--wait", type=int, default=0, metavar="N", help="first wait until at "
+                   "least N nodes have joined (exit 1 if they have not within "
+                   "--wait-timeout)")
+    p.add_argument("--wait-timeout", type=float, default=120.0, metavar="S",
+                   help="seconds --wait waits at most (default: 120; the coordinator "
+                   "caps one wait at 300)")
     p.set_defaults(func=_guarded(_cmd_nodes))
 
 
