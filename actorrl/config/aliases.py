@@ -329,10 +329,10 @@ IGNORED: tuple[Ignored, ...] = (
             "episode ends are terminal, as actorrl's (time limits are truncations)",
             "actorrl marks an episode's end terminal unless the env truncates it (gymnasium's "
             "TimeLimit); set no_done_at_end: false (SAC honours true)"),
-    Ignored("use_state_preprocessor", "0.8-2.x (DDPG)", _is(False), "false",
-            "DDPG's networks read the observation directly, as RLlib's default",
-            "actorrl's DDPG builds no state preprocessor before its networks (each reads "
-            "the flattened observation, or model's conv stack for images); set "
+    Ignored("use_state_preprocessor", "0.8-2.x (DDPG, SAC)", _is(False), "false",
+            "the Q and policy networks read the observation directly, as RLlib's default",
+            "actorrl's SAC and DDPG/TD3 build no state preprocessor before their networks "
+            "(each reads the flattened observation, or model's conv stack for images); set "
             "use_state_preprocessor: false"),
     Ignored("soft_horizon", "0.8-1.x", _is(False), "false",
             "episodes cut at horizon reset the env, as actorrl's horizon does",
