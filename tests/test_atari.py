@@ -3,6 +3,7 @@ stack on real ale-py games (ROMs ship with ale-py: no download)."""
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 import gymnasium as gym
@@ -147,6 +148,30 @@ def test_atari_ids_are_recognised():
 needs_ale = pytest.mark.skipif(not installed("ale_py"),
                                reason="the atari extra (ale-py) is not installed")
 """For the tests that run real games; the wrapper tests above run without the extra."""
+
+
+@needs_ale
+@pytest.mark.skipif(not installed("moviepy") and not os.environ.get("ACTORRL_CI"),
+                    reason="the video extra (moviepy) is not installed")
+def test_atari_episodes_record_the_full_colour_screen(tmp_path):
+    """With render_mode rgb_array (what --video and record_env ask for) an Atari env renders
+    the ALE's 210x160 colour screen beneath the preprocessed observations, and its
+    episode is recorded frame by frame."""
+    import imageio.v3 as iio
+
+    from actorrl.envs.video import record_episodes, rgb_array_config
+
+    env = make_env("PongNoFrameskip-v4", rgb_array_config({"frame_size": 42}))
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (42, 42, 4) and env.render().shape == (210, 160, 3)
+    env = record_episodes(env, str(tmp_path), "pong")
+    env.reset(seed=0)
+    for _ in range(30):
+        env.step(env.action_space.sample())
+    env.close()
+    [video] = tmp_path.glob("*.mp4")
+    frames = iio.imread(video)
+    assert frames.shape[1:] == (210, 160, 3) and 25 <= len(frames) <= 35
 
 
 @needs_ale

@@ -79,6 +79,9 @@ class AtariOptions:
     """Sticky actions; None keeps the id's default (0.25 for v5, 0 for v4)."""
     full_action_space: bool = False
     """All 18 actions instead of the game's minimal set."""
+    render_mode: str | None = None
+    """The ALE's ``render_mode`` (``rgb_array``: ``render()`` returns the full-colour
+    210x160 screen, as episode videos record it; observations are unchanged)."""
 
     @classmethod
     def from_env_config(cls, env_config: dict[str, Any] | None) -> AtariOptions:
@@ -187,6 +190,8 @@ def make_atari(env_id: str, env_config: dict[str, Any] | None = None) -> gym.Env
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise ValueError(f"unknown Atari game {env_id!r}{hint}")
     kwargs: dict[str, Any] = {"full_action_space": options.full_action_space}
+    if options.render_mode is not None:
+        kwargs["render_mode"] = options.render_mode
     if options.repeat_action_probability is not None:
         kwargs["repeat_action_probability"] = options.repeat_action_probability
     if options.preprocessing == "none":
