@@ -384,7 +384,7 @@ async def test_a_recovering_trainer_restarts_on_actor_deaths_only() -> None:
     built = iter([second])
     notes: list[str] = []
 
-    async def rebuild() -> StubTrainer:
+    async def rebuild(_survivors: Any = None) -> StubTrainer:
         return next(built)
 
     async def state() -> dict[str, Any]:

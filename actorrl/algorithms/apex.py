@@ -14,6 +14,7 @@ from actorrl.learner.config import LearnerConfig
 from actorrl.pipelines.apex import AsyncReplayOptimizer
 from actorrl.policy.config import DQNPolicyConfig
 from actorrl.replay.config import ReplayConfig
+from actorrl.runtime import ActorHandle
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,6 +77,17 @@ class ApexConfig(AlgorithmConfig):
         return {"tower_rows_multiple": 1, "wait_for_first_batch": True}
 
 
+async def rows_kept(trainer: Trainer, shards: list[ActorHandle]) -> int:
+    """Env steps already held by the replay shards a restarted trainer kept from the
+    failed one (:meth:`Trainer.salvage`): they count towards ``learning_starts``, so
+    learning resumes at once instead of waiting for that many new steps."""
+    kept = [s for s in shards if s in trainer.reused]
+    if not kept:
+        return 0
+    stats = await trainer.runtime.get_async([s.stats.remote() for s in kept], timeout_s=60)
+    return sum(int(st.get("num_added", 0)) for st in stats)
+
+
 async def build_pipeline(trainer: Trainer, config: ApexConfig, *, pace_learner: bool = False
                          ) -> AsyncReplayOptimizer:
     """Replay shards next to the learner, then the Ape-X pipeline (``pace_learner``: the
@@ -85,11 +97,12 @@ async def build_pipeline(trainer: Trainer, config: ApexConfig, *, pace_learner: 
                    else "actorrl.replay.actor:ReplayActor")
     shards = await trainer.create_learner_side_actors(
         shard_class, (replay,), replay.num_replay_buffer_shards, "replay")
+    learning_starts = replay.learning_starts - await rows_kept(trainer, shards)
     return AsyncReplayOptimizer(
         trainer.runtime, trainer.workers, shards, trainer.learner_actor,
         learner_queue_size=config.learner.learner_queue_size,
         training_intensity=config.training_intensity,
-        learning_starts=replay.learning_starts,
+        learning_starts=max(learning_starts, 0),
         max_weight_sync_delay=config.max_weight_sync_delay, debug=config.debug,
         replace_worker=trainer.replace_worker,
         replace_shard=trainer.replace_learner_side_actor, seed=config.seed,

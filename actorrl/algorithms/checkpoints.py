@@ -21,7 +21,12 @@ versions (upgrade actorrl to read it).
 Each checkpoint is first written into a hidden temporary folder next to its final place,
 flushed to disk (:func:`actorrl.util.files.write_synced`), then renamed and the parent folder
 fsynced; a folder named ``checkpoint_*`` is therefore always complete, and a crash
-mid-write leaves only a ``.tmp`` folder that readers ignore.
+mid-write leaves only a ``.tmp`` folder that readers ignore (a checkpoint of the same
+iteration written again is first moved aside under a hidden name, never deleted in place).
+
+Training does not wait for the disk: :class:`BackgroundWriter` runs the writes in a
+thread, one at a time, while the event loop and training go on; the caller only waits for
+the state to be copied (the learner's ``get_state``).
 
 Both ``actorrl train`` (the results folder's ``checkpoints/``) and cluster jobs (the job
 folder's ``checkpoints/``) write this format, and ``actorrl evaluate`` reads either. A
@@ -32,19 +37,24 @@ as a failure of the job.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import os
 import re
 import shutil
 import struct
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from actorrl import __version__
 from actorrl.util.files import fsync_dir, jsonable, write_synced
 from transport.codec import Codec, DecodeError, encode
+
+log = logging.getLogger(__name__)
 
 STATE_FILE = "state.bin"
 METADATA_FILE = "metadata.json"
@@ -163,14 +173,101 @@ def write_checkpoint(checkpoints_dir: str | os.PathLike[str], state: dict[str, A
         meta = {**versions, "written_at": time.time(), **metadata}
         write_synced(tmp / METADATA_FILE, json.dumps(jsonable(meta), indent=2,
                                                      sort_keys=True))
-        if final.exists():  # the same iteration saved again (e.g. final == periodic)
-            shutil.rmtree(final)
+        old = None
+        if final.exists():  # the same iteration saved again (e.g. final == periodic):
+            # moved aside, not deleted in place (a crash mid-delete would leave a folder
+            # named checkpoint_* with some of its files gone)
+            old = parent / f".{final.name}.old-{os.getpid()}"
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(final, old)
         os.rename(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     fsync_dir(parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+@dataclass
+class WriteStats:
+    """What a :class:`BackgroundWriter` did: writes done, superseded (a newer state came
+    before the write started) and failed, and the last write's duration."""
+
+    written: int = 0
+    superseded: int = 0
+    failed: int = 0
+    last_write_s: float = 0.0
+
+
+class BackgroundWriter:
+    """Writes checkpoints in a thread, one at a time, so that the event loop (and the
+    training it drives) never waits for the disk.
+
+    :meth:`submit` hands over a write (a blocking function, typically
+    :func:`write_checkpoint` of a state already copied in memory) and returns at once. A
+    write submitted while another runs waits for it; a newer submission replaces one still
+    waiting (it is counted as superseded: only the newest state matters). ``on_done`` runs
+    on the event loop with the write's result once it is on disk. A failed write is logged
+    as a warning and training goes on (the previous checkpoint stays the latest);
+    :meth:`flush` waits for everything submitted and raises the last failure of what it
+    waited for, so the final checkpoint's failure is not silent.
+    """
+
+    def __init__(self, what: str = "checkpoint") -> None:
+        self.what = what
+        self.stats = WriteStats()
+        self._pending: tuple[Callable[[], Any], Callable[[Any], None] | None] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._error: BaseException | None = None
+
+    @property
+    def busy(self) -> bool:
+        """Whether a write runs or waits."""
+        return self._task is not None and not self._task.done()
+
+    def submit(self, write: Callable[[], Any],
+               on_done: Callable[[Any], None] | None = None) -> None:
+        """Run ``write()`` in a thread after the write in progress (if any); ``on_done``
+        gets its result on the event loop. Must be called on the event loop."""
+        if self._pending is not None:
+            self.stats.superseded += 1
+        self._pending = (write, on_done)
+        if not self.busy:
+            self._task = asyncio.get_running_loop().create_task(self._drain())
+
+    async def flush(self) -> None:
+        """Wait until every submitted write is done; raise the last one's error if the
+        last write failed."""
+        while self.busy:
+            assert self._task is not None
+            await asyncio.shield(self._task)
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    async def _drain(self) -> None:
+        while self._pending is not None:
+            write, on_done = self._pending
+            self._pending = None
+            started = time.perf_counter()
+            try:
+                result = await asyncio.to_thread(write)
+            except Exception as exc:  # noqa: BLE001 - a failed write must not stop training
+                self.stats.failed += 1
+                self._error = exc
+                log.warning("writing a %s failed (training goes on; the previous one stays "
+                            "the latest): %s", self.what, exc)
+                continue
+            self._error = None
+            self.stats.written += 1
+            self.stats.last_write_s = time.perf_counter() - started
+            if on_done is not None:
+                try:
+                    on_done(result)
+                except Exception:  # noqa: BLE001 - bookkeeping after the write
+                    log.warning("after writing a %s", self.what, exc_info=True)
 
 
 def list_checkpoints(checkpoints_dir: str | os.PathLike[str]) -> list[Path]:

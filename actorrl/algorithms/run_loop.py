@@ -30,6 +30,11 @@ ResultSink = Callable[[dict[str, Any]], Any]
 """Receives each result in turn (may add keys or correct counters in place for the sinks
 and stop criteria after it)."""
 
+DEFAULT_CHECKPOINT_INTERVAL_S = 10.0
+"""Seconds of training between a local run's checkpoints unless told otherwise
+(``actorrl train --checkpoint-interval``, ``job.checkpoint_interval_s``): a learner loss
+rolls back at most this much training, plus the iteration in progress."""
+
 FINISHED: Literal["finished"] = "finished"
 INTERRUPTED: Literal["interrupted"] = "interrupted"
 ENDED: Literal["ended"] = "ended"

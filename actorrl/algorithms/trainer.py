@@ -3,6 +3,11 @@
 All wiring for a job lives here: which actors exist (rollout workers, the learner, replay
 shards via the pipeline), where they run, how a failed worker is replaced, and what one
 training iteration's result dict holds.
+
+When an actor the pipeline cannot replace dies (the learner), the trainer is rebuilt
+(:mod:`actorrl.experiment.recovery`); :meth:`Trainer.salvage` hands the next trainer the
+actors of the failed one that still answer (:class:`Survivors`: rollout workers and replay
+shards, with their contents), so the restart replaces only what died.
 """
 
 from __future__ import annotations
@@ -23,11 +28,45 @@ from actorrl.envs import EpisodeMetrics, EpisodeWindow
 from actorrl.envs.filters import MEAN_STD_FILTER, FilterManager
 from actorrl.learner.config import LearnerConfig
 from actorrl.runtime import ActorDiedError, ActorHandle, DriverLike, Runtime
+from transport.timeouts import wait_for
 
 log = logging.getLogger(__name__)
 
+SALVAGE_PING_TIMEOUT_S = 10.0
+"""How long a surviving actor has to answer before a restart counts it dead."""
+SALVAGE_STOP_TIMEOUT_S = 30.0
+"""Deadline for stopping a failed trainer's pipeline before its actors are sorted."""
+
 WORKER_CLASS = "actorrl.rollout.actor:RolloutWorkerActor"
 LEARNER_CLASS = "actorrl.learner.actor:LearnerActor"
+
+
+class Survivors:
+    """Live actors of a failed trainer that the next trainer takes over, by actor name
+    (``worker-<i>``, ``replay-<i>``): :meth:`Trainer.create` takes the ones it needs in
+    place of starting new ones and stops the rest."""
+
+    def __init__(self, driver: DriverLike, actors: Mapping[str, ActorHandle]) -> None:
+        self.driver = driver
+        self.actors = dict(actors)
+        """Not yet taken, by name."""
+        self.taken: list[ActorHandle] = []
+
+    def __len__(self) -> int:
+        return len(self.actors)
+
+    def take(self, name: str) -> ActorHandle | None:
+        """The live actor named ``name`` (None: none survived), now the caller's."""
+        actor = self.actors.pop(name, None)
+        if actor is not None:
+            self.taken.append(actor)
+        return actor
+
+    async def release(self) -> None:
+        """Stop the actors nobody took."""
+        actors, self.actors = list(self.actors.values()), {}
+        await asyncio.gather(*(self.driver.kill_actor(a) for a in actors),
+                             return_exceptions=True)
 
 
 class Pipeline(Protocol):
@@ -109,6 +148,10 @@ class Trainer:
         self.worker_config = config.worker_config()
         self.num_worker_restarts = 0
         self.learner_side_actors: list[ActorHandle] = []
+        self.survivors: Survivors | None = None
+        """Live actors of a failed trainer to take over while this one starts."""
+        self.reused: list[ActorHandle] = []
+        """The actors taken over from :attr:`survivors` (kept with their state)."""
         policy = config.policy
         self._has_schedules = bool(getattr(policy, "lr_schedule", None)
                                    or getattr(policy, "entropy_coeff_schedule", None))
@@ -130,13 +173,68 @@ class Trainer:
 
     @classmethod
     async def create(cls, spec: AlgorithmSpec, config: AlgorithmConfig, driver: DriverLike,
-                     results_dir: str | os.PathLike[str] | None = None) -> Trainer:
+                     results_dir: str | os.PathLike[str] | None = None, *,
+                     survivors: Survivors | None = None) -> Trainer:
         """Start the workers and the learner, sync their weights, build the pipeline.
         ``results_dir``: the run's results folder, under which ``record_env`` writes
-        evaluation videos (:meth:`AlgorithmConfig.video_dir`)."""
+        evaluation videos (:meth:`AlgorithmConfig.video_dir`). ``survivors``: live
+        rollout workers and replay shards of a failed trainer of the same config
+        (:meth:`salvage`), used in place of new ones (the rest are stopped). If starting
+        fails, what it started or took is stopped."""
         trainer = cls(spec, config, driver, results_dir)
-        await trainer._setup()
+        trainer.survivors = survivors
+        try:
+            await trainer._setup()
+        except BaseException:
+            await trainer._kill_all()
+            raise
+        finally:
+            trainer.survivors = None
+            if survivors is not None:
+                await survivors.release()
         return trainer
+
+    async def salvage(self) -> Survivors:
+        """For a restart after an actor died: stop the pipeline, stop the learner and the
+        evaluation workers, and hand over the rollout workers and learner-side actors
+        (replay shards) that still answer, with their state (a dead or silent one is
+        stopped). This trainer holds no actor afterwards."""
+        if self.pipeline is not None:
+            try:
+                await wait_for(self.pipeline.stop(), SALVAGE_STOP_TIMEOUT_S)
+            except Exception as exc:  # noqa: BLE001 - the learner is likely dead
+                log.debug("stopping the failed pipeline: %s", exc)
+        candidates = [*self.workers, *self.learner_side_actors]
+        answers = await asyncio.gather(*(self._answers(a) for a in candidates))
+        alive = {a.name: a for a, ok in zip(candidates, answers) if ok and a.name}
+        survivors = Survivors(self.driver, alive)
+        self.workers = [w for w in self.workers if w not in alive.values()]
+        self.learner_side_actors = [a for a in self.learner_side_actors
+                                    if a not in alive.values()]
+        await self._kill_all()
+        return survivors
+
+    async def _answers(self, actor: ActorHandle) -> bool:
+        """Whether ``actor`` is alive and answers its ``ping`` in time."""
+        try:
+            await self.runtime.get_async(actor.ping.remote(), timeout_s=SALVAGE_PING_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - dead, hung or without ping: replaced
+            log.debug("%r does not answer (%s): replaced", actor, exc)
+            return False
+        return True
+
+    async def _kill_all(self) -> None:
+        """Stop every actor this trainer holds (no pipeline call); it holds none after."""
+        actors = [*self.workers, *([self.learner] if self.learner else []),
+                  *self.learner_side_actors]
+        if self.evaluator is not None:
+            actors += self.evaluator.workers
+        if self.survivors is not None:
+            actors += [a for a in self.survivors.taken if a not in actors]
+            self.survivors.taken = []
+        self.workers, self.learner, self.learner_side_actors = [], None, []
+        await asyncio.gather(*(self.driver.kill_actor(a) for a in actors),
+                             return_exceptions=True)
 
     async def _setup(self) -> None:
         config = self.config
@@ -158,7 +256,16 @@ class Trainer:
                 video_dir=self.video_dir)
         self.pipeline = await self.spec.build_pipeline(self)
 
+    def _take_survivor(self, name: str) -> ActorHandle | None:
+        actor = self.survivors.take(name) if self.survivors is not None else None
+        if actor is not None:
+            self.reused.append(actor)
+        return actor
+
     async def _start_worker(self, index: int) -> ActorHandle:
+        kept = self._take_survivor(f"worker-{index}")
+        if kept is not None:
+            return kept
         return await self.driver.create_actor(
             self.spec.worker_class,
             args=(self.config.env, self.spec.policy, self.worker_config),
@@ -197,11 +304,18 @@ class Trainer:
                                          name: str, kwargs: dict[str, Any] | None = None
                                          ) -> list[ActorHandle]:
         """Start ``count`` actors on the learner's node (replay shards), zero CPUs each as
-        in RLlib, so they never block placement."""
-        self.learner_side_actors = await asyncio.gather(*(
-            self.driver.create_actor(class_path, args=args, kwargs={**(kwargs or {}), "seed": i},
-                                     num_cpus=0, name=f"{name}-{i}")
-            for i in range(count)))
+        in RLlib, so they never block placement; a live one of a failed trainer with the
+        same name (:attr:`survivors`) is kept instead, with its contents."""
+        async def start(i: int) -> ActorHandle:
+            kept = self._take_survivor(f"{name}-{i}")
+            if kept is not None:
+                return kept
+            return await self.driver.create_actor(
+                class_path, args=args, kwargs={**(kwargs or {}), "seed": i}, num_cpus=0,
+                name=f"{name}-{i}")
+
+        self.learner_side_actors = list(await asyncio.gather(*(start(i)
+                                                               for i in range(count))))
         return list(self.learner_side_actors)
 
     async def replace_learner_side_actor(self, dead: ActorHandle) -> ActorHandle | None:

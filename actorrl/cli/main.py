@@ -3,7 +3,8 @@
 ::
 
     actorrl train [ALGO] [--env ENV] [--num-workers N] [--config FILE] [--set KEY=VALUE ...]
-                       [--seed N] [--output DIR] [--checkpoint-every N] [--restore PATH]
+                       [--seed N] [--output DIR] [--checkpoint-interval S | --checkpoint-every N]
+                       [--restore PATH]
                        [--keep-checkpoints N] [--max-failures N|none] [--failure-window S|none]
                        [--stop-reward R|none] [--stop-timesteps N] [--stop-time S|none]
                        [--address ADDR [--keys DIR] | --serial] [--progress auto|rich|plain]
@@ -52,6 +53,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import actorrl
+from actorrl.algorithms.run_loop import DEFAULT_CHECKPOINT_INTERVAL_S
 from actorrl.algorithms.stop import DEFAULT_STOP_TIME_S
 from actorrl.experiment.errors import UsageError, error_summary
 from actorrl.experiment.signals import SignalExit, SignalWatcher, exit_code_for
@@ -125,6 +127,17 @@ def _stop_reward(text: str) -> float | str | None:
                                          ) from None
 
 
+def _seconds_above_zero(text: str) -> float:
+    """A number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
+    return value
+
+
 def _stop_time(text: str) -> float | None:
     """Seconds, or ``none``/``0`` for no time limit."""
     if text.strip().lower() in ("none", "off"):
@@ -179,8 +192,16 @@ def _add_train(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, help="seed for envs and torch")
     p.add_argument("--output", default="results", metavar="DIR",
                    help="parent of the results folder (default: ./results)")
-    p.add_argument("--checkpoint-every", type=_int_at_least(0), default=10, metavar="N",
-                   help="checkpoint every N iterations, 0: only at the end (default: 10)")
+    p.add_argument("--checkpoint-interval", type=_seconds_above_zero, metavar="S",
+                   default=DEFAULT_CHECKPOINT_INTERVAL_S,
+                   help="checkpoint after the first iteration, then after each iteration "
+                        "ending S seconds or more after the last checkpoint, so that a "
+                        "learner loss rolls back at most about S seconds of training; the "
+                        "state is copied and written in the background, training pauses "
+                        f"only for the copy (default: {DEFAULT_CHECKPOINT_INTERVAL_S:g} s)")
+    p.add_argument("--checkpoint-every", type=_int_at_least(0), default=None, metavar="N",
+                   help="checkpoint every N iterations instead, 0: only at the end "
+                        "(default: by time, --checkpoint-interval)")
     p.add_argument("--keep-checkpoints", type=_int_at_least(0), default=None, metavar="N",
                    help="keep the newest N checkpoints and the best by episode_reward_mean "
                         "(a Tune file's checkpoint_score_attr); 0 keeps all (default: a "
@@ -329,6 +350,7 @@ def _plan(args: argparse.Namespace, config_file: object, seed: int | None) -> Tr
             args.algorithm, env=args.env, num_workers=args.num_workers,
             config_file=config_file, overrides=args.overrides, seed=seed,
             output_dir=args.output, checkpoint_every=args.checkpoint_every,
+            checkpoint_interval_s=args.checkpoint_interval,
             restore=args.restore,
             stop_reward=None if args.stop_reward == "auto" else args.stop_reward,
             stop_reward_given=args.stop_reward != "auto", stop_timesteps=args.stop_timesteps,

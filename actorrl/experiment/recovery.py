@@ -4,10 +4,14 @@ replace (the learner, a replay shard the pipeline does not replace, ...).
 :class:`RecoveringTrainer` is what :func:`~actorrl.algorithms.run_loop.run_trainer` drives
 for a local run: it trains the current :class:`~actorrl.algorithms.Trainer` and, when an
 iteration fails because an actor process died (:class:`ActorDiedError`), counts the failure
-in the run's :class:`~actorrl.algorithms.restarts.FailureWindow`, stops the trainer's
-actors, waits the backoff, builds a fresh trainer and restores the last checkpoint (or the
-``--restore`` checkpoint, or nothing), then trains on. Over the limit, the iteration fails
-with :class:`RestartLimitError` naming the limit and the last failure.
+in the run's :class:`~actorrl.algorithms.restarts.FailureWindow`, replaces what died and
+restores the last checkpoint (or the ``--restore`` checkpoint, or nothing), then trains on.
+Only what died is replaced: the failed trainer's rollout workers and replay shards that
+still answer are handed to the new trainer (:meth:`~actorrl.algorithms.Trainer.salvage`),
+so an Ape-X learner loss keeps the replay contents and learning resumes without waiting for
+``learning_starts`` again; the learner always starts afresh from the checkpoint. Over the
+limit, the iteration fails with :class:`RestartLimitError` naming the limit and the last
+failure.
 
 After a restart the counters are the checkpoint's: the iterations and env steps of the
 lost work are not counted again (``training_iteration`` resumes at the checkpoint's next
@@ -35,6 +39,7 @@ from actorrl.algorithms.restarts import (
     RestartPolicy,
     describe_failure,
 )
+from actorrl.algorithms.trainer import Survivors
 from actorrl.experiment.errors import error_summary
 from actorrl.runtime.errors import ActorDiedError
 from transport.timeouts import wait_for
@@ -44,8 +49,9 @@ log = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 30.0
 """Deadline for stopping a failed trainer's actors before building the next one."""
 
-Rebuild = Callable[[], Awaitable[Trainer]]
-"""Builds a fresh trainer (new actors) for the same config."""
+Rebuild = Callable[[Survivors | None], Awaitable[Trainer]]
+"""Builds a fresh trainer for the same config, taking over the live actors of the failed
+one when given (:class:`~actorrl.algorithms.trainer.Survivors`) and starting the rest."""
 StateSource = Callable[[], Awaitable[dict[str, Any] | None]]
 """The state a fresh trainer restores: the last checkpoint's, or None (from scratch)."""
 
@@ -125,11 +131,11 @@ class RecoveringTrainer:
                                         "limit)") from failure
             self._notify(f"{describe_failure(failure)}: {decision.describe()} from the "
                          "last checkpoint")
-            await self.stop()
+            survivors = await self._salvage()
             self.counters.restarted()
             await asyncio.sleep(decision.delay_s)  # the backoff, not a synchronisation
             try:
-                trainer = await self._rebuild()
+                trainer = await self._rebuild(survivors)
             except Exception as exc:
                 if not is_recoverable(exc):
                     raise
@@ -153,9 +159,33 @@ class RecoveringTrainer:
             self._iteration = trainer.iteration
             where = (f"iteration {trainer.iteration}" if state is not None
                      else "scratch (no checkpoint yet)")
-            self._notify(f"restarted from {where}; training goes on (restart "
+            reused = getattr(trainer, "reused", [])
+            kept = (f", kept {len(reused)} live actor{'s' if len(reused) != 1 else ''} "
+                    "(rollout workers, replay shards and their contents)" if reused else "")
+            self._notify(f"restarted from {where}{kept}; training goes on (restart "
                          f"{self.num_restarts})")
             return
+
+    async def _salvage(self) -> Survivors | None:
+        """Take the live actors out of the failed trainer and stop the rest (bounded);
+        None when the trainer cannot hand any over (it is then stopped whole)."""
+        trainer = self.trainer
+        salvage = getattr(trainer, "salvage", None)
+        if trainer is None or salvage is None:
+            await self.stop()
+            return None
+        self.trainer = None
+        self._iteration = trainer.iteration
+        try:
+            return await wait_for(salvage(), STOP_TIMEOUT_S)
+        except Exception as exc:
+            log.warning("keeping the failed trainer's live actors: %s; starting all afresh",
+                        error_summary(exc))
+            try:
+                await wait_for(trainer.stop(), STOP_TIMEOUT_S)
+            except Exception as stop_exc:
+                log.warning("stopping the failed trainer: %s", error_summary(stop_exc))
+            return None
 
     async def stop(self) -> None:
         """Stop the live trainer's pipeline and actors (bounded; what is left is killed

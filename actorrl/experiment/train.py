@@ -6,12 +6,16 @@ leaves no folder behind). :class:`LocalRun` then starts an embedded local cluste
 :class:`~actorrl.runtime.Driver` in this process; workers, learner and replay shards as
 child processes, or, with ``--serial``, every actor in this process and event loop),
 trains with :func:`~actorrl.algorithms.run_loop.run_trainer`, records every result,
-checkpoints (keeping the newest ``--keep-checkpoints`` and the best:
-:mod:`actorrl.experiment.retention`), restarts from the last checkpoint when an actor
-the pipeline cannot replace dies (``--max-failures`` per ``--failure-window``:
-:mod:`actorrl.experiment.recovery`), and shuts everything down. :class:`TrainingRun` is
-what a local run and an ``--address`` run (:mod:`actorrl.experiment.remote`) share: the
-results folder, the summary, signals and exit codes.
+checkpoints (by default after the first iteration and then every
+:data:`DEFAULT_CHECKPOINT_INTERVAL_S` seconds, ``--checkpoint-every N``: every N iterations;
+the learner's state is copied in memory and written to disk in the background while
+training goes on, :class:`~actorrl.algorithms.checkpoints.BackgroundWriter`; keeping the
+newest ``--keep-checkpoints`` and the best: :mod:`actorrl.experiment.retention`), restarts
+from the last checkpoint when an actor the pipeline cannot replace dies (``--max-failures``
+per ``--failure-window``: :mod:`actorrl.experiment.recovery`), and shuts everything down.
+:class:`TrainingRun` is what a local run and an ``--address`` run
+(:mod:`actorrl.experiment.remote`) share: the results folder, the summary, signals and exit
+codes.
 
 Exit codes: 0 a stop criterion was met; 1 training failed (one error line, details in the
 logs); 2 bad input; 130 interrupted by SIGINT; 143 interrupted by SIGTERM. On the first
@@ -38,9 +42,15 @@ from pathlib import Path
 from typing import Any
 
 from actorrl.algorithms import AlgorithmSpec, Trainer, algorithm_names, get_algorithm
-from actorrl.algorithms.checkpoints import CheckpointError, read_checkpoint, write_checkpoint
+from actorrl.algorithms.checkpoints import (
+    BackgroundWriter,
+    CheckpointError,
+    read_checkpoint,
+    write_checkpoint,
+)
 from actorrl.algorithms.restarts import RestartPolicy, describe_failure
 from actorrl.algorithms.run_loop import (
+    DEFAULT_CHECKPOINT_INTERVAL_S,
     FINISHED,
     INTERRUPTED,
     CheckpointPolicy,
@@ -104,8 +114,9 @@ class TrainPlan:
     config: AlgorithmConfig
     stop: StopCriteria
     output_dir: str
-    checkpoint_every: int
-    """Iterations between checkpoints (0: only the final one)."""
+    checkpoint_every: int | None
+    """Iterations between checkpoints (0: only the final one; None: by time,
+    :attr:`checkpoint_interval_s`)."""
     restore_from: Path | None = None
     restore_state: dict[str, Any] | None = field(default=None, repr=False)
     debug: bool = False
@@ -123,6 +134,18 @@ class TrainPlan:
     retention: Retention = field(default_factory=Retention)
     """Which checkpoints stay (``--keep-checkpoints``, a Tune file's
     ``keep_checkpoints_num`` and ``checkpoint_score_attr``)."""
+    checkpoint_interval_s: float = DEFAULT_CHECKPOINT_INTERVAL_S
+    """Seconds between checkpoints when :attr:`checkpoint_every` is None
+    (``--checkpoint-interval``): after the first iteration, then after each iteration that
+    ends at least this long after the last checkpoint."""
+
+
+def checkpoint_policy(plan: TrainPlan, save: Any) -> CheckpointPolicy:
+    """When ``plan``'s run checkpoints: every ``checkpoint_every`` iterations when set,
+    else every ``checkpoint_interval_s`` seconds of training (and always at the end)."""
+    if plan.checkpoint_every is not None:
+        return CheckpointPolicy(save=save, every_iterations=plan.checkpoint_every)
+    return CheckpointPolicy(save=save, every_s=plan.checkpoint_interval_s)
 
 
 @dataclass(frozen=True)
@@ -166,8 +189,8 @@ RUN_SETTING_KEYS = ("keep_checkpoints_num", "checkpoint_score_attr", "max_failur
 checkpoints kept (:mod:`actorrl.experiment.retention`) and the failures restarted
 (:mod:`actorrl.experiment.recovery`); command-line flags override them."""
 IGNORED_EXPERIMENT_KEYS: dict[str, str] = {
-    "checkpoint_freq": "actorrl checkpoints every --checkpoint-every iterations (default 10) "
-                       "and at the end",
+    "checkpoint_freq": "actorrl checkpoints every --checkpoint-interval seconds (default 10) "
+                       "or every --checkpoint-every iterations, and at the end",
     "checkpoint_at_end": "actorrl always checkpoints at the end",
     "local_dir": "results go to --output (default results/)",
     "storage_path": "results go to --output (default results/)",
@@ -444,7 +467,8 @@ def plan_training(algorithm: str | None, *, env: str | None = None,
                   num_workers: int | None = None,
                   config_file: str | ConfigFile | None = None,
                   overrides: Sequence[str] = (), seed: int | None = None,
-                  output_dir: str = "results", checkpoint_every: int = 10,
+                  output_dir: str = "results", checkpoint_every: int | None = None,
+                  checkpoint_interval_s: float = DEFAULT_CHECKPOINT_INTERVAL_S,
                   restore: str | None = None, stop_reward: float | None = None,
                   stop_reward_given: bool = False, stop_timesteps: int | None = None,
                   stop_time_s: float | None = DEFAULT_STOP_TIME_S,
@@ -463,7 +487,9 @@ def plan_training(algorithm: str | None, *, env: str | None = None,
     means the file's ``stop`` or, without one, ``stop_time_s``. ``config_file`` is a path
     or an already read :class:`ConfigFile` (one trial of a sweep). ``wandb_project`` /
     ``mlflow_uri`` (``--wandb`` / ``--mlflow``) ask for trackers beside the file's
-    ``logger_config``. ``max_failures``, ``failure_window_s`` and ``keep_checkpoints``
+    ``logger_config``. ``checkpoint_every`` (``--checkpoint-every``; None: every
+    ``checkpoint_interval_s`` seconds, ``--checkpoint-interval``): see
+    :func:`checkpoint_policy`. ``max_failures``, ``failure_window_s`` and ``keep_checkpoints``
     (``--max-failures``, ``--failure-window``, ``--keep-checkpoints``): see
     :func:`run_settings`.
     """
@@ -482,8 +508,12 @@ def plan_training(algorithm: str | None, *, env: str | None = None,
     config = resolve_config(spec, base=base, config_file=file, overrides=overrides,
                             explicit={"env": env, "num_workers": num_workers, "seed": seed})
     check_env(config)
-    if checkpoint_every < 0:
+    if checkpoint_every is not None and checkpoint_every < 0:
         raise UsageError(f"--checkpoint-every must be >= 0, got {checkpoint_every}")
+    if not (checkpoint_interval_s > 0 and math.isfinite(checkpoint_interval_s)):
+        raise UsageError(f"--checkpoint-interval must be a number of seconds > 0, got "
+                         f"{checkpoint_interval_s} (--checkpoint-every 0 checkpoints only at "
+                         "the end)")
     where = (f"config file {file.path!r}: logger_config" if file is not None
              else "logger_config")
     trackers = tracker_settings(file.logger_config if file is not None else None,
@@ -500,7 +530,8 @@ def plan_training(algorithm: str | None, *, env: str | None = None,
                      checkpoint_every=checkpoint_every, restore_from=restore_from,
                      restore_state=restore_state, debug=debug, command=tuple(command),
                      serial=serial, start_method=start_method, trackers=trackers,
-                     restart_policy=policy, retention=retention)
+                     restart_policy=policy, retention=retention,
+                     checkpoint_interval_s=checkpoint_interval_s)
 
 
 @dataclass
@@ -704,7 +735,23 @@ def without_missing_gpus(plan: TrainPlan, gpus: float | None = None) -> TrainPla
 
 
 class LocalRun(TrainingRun):
-    """A training run on an embedded local cluster in this process."""
+    """A training run on an embedded local cluster in this process.
+
+    A checkpoint pauses training only while the trainer's state is copied
+    (:meth:`Trainer.get_state`); the write to disk, the retention's pruning and ``run.json``'s
+    ``last_checkpoint`` follow in the background (:class:`BackgroundWriter`: one write at a
+    time, the newest state winning). A restart after an actor died restores the newest
+    copy, written or not yet. ``checkpoint_pauses_s`` keeps how long each checkpoint held
+    training up."""
+
+    def __init__(self, plan: TrainPlan, run_dir: RunDirectory, display: ProgressDisplay
+                 ) -> None:
+        super().__init__(plan, run_dir, display)
+        self.checkpoint_writer = BackgroundWriter()
+        self.checkpoint_pauses_s: list[float] = []
+        """Seconds training waited for each checkpoint (the state's copy)."""
+        self._latest_state: dict[str, Any] | None = None
+        """The newest checkpoint state copied (on disk, or being written)."""
 
     def status_fields(self) -> dict[str, Any]:
         """The driver's pid and the restored checkpoint."""
@@ -740,8 +787,9 @@ class LocalRun(TrainingRun):
                          "interrupted while starting")
             return
         recovering = RecoveringTrainer(
-            trainer, rebuild=lambda: Trainer.create(plan.spec, plan.config, driver,
-                                                    results_dir=self.run_dir.path),
+            trainer, rebuild=lambda survivors: Trainer.create(
+                plan.spec, plan.config, driver, results_dir=self.run_dir.path,
+                survivors=survivors),
             state=self._restart_state, policy=plan.restart_policy,
             notify=self._note_restart)
         try:
@@ -765,16 +813,25 @@ class LocalRun(TrainingRun):
                     # fails the same way and restarts from the last checkpoint written.
                     self._note_restart(f"checkpoint skipped: {describe_failure(exc)}")
 
-            policy = CheckpointPolicy(save=save, every_iterations=plan.checkpoint_every)
+            policy = checkpoint_policy(plan, save)
             await self._train(recovering, f"{plan.spec.name} on {plan.config.env}", policy,
                               ITERATION_GRACE_S)
+            await self.checkpoint_writer.flush()  # the last checkpoint on disk before exit
         finally:
             if not self._aborted:  # an abort leaves the actors to the driver's shutdown
+                try:  # a failed run still leaves its newest checkpoint written
+                    await self.checkpoint_writer.flush()
+                except Exception as exc:
+                    log.warning("the last checkpoint was not written: %s",
+                                error_summary(exc))
                 await recovering.stop()  # the driver's shutdown kills whatever is left
 
     async def _restart_state(self) -> dict[str, Any] | None:
-        """What a restarted trainer restores: the last checkpoint of this run, else the
-        ``--restore`` checkpoint, else nothing."""
+        """What a restarted trainer restores: the newest checkpoint state of this run
+        (copied in memory, whether or not its write has finished), else the last
+        checkpoint on disk, else the ``--restore`` checkpoint, else nothing."""
+        if self._latest_state is not None:
+            return self._latest_state
         path = self.summary.last_checkpoint
         if path is None:
             return self.plan.restore_state
@@ -786,6 +843,9 @@ class LocalRun(TrainingRun):
         self.display.note(text)
 
     async def _checkpoint(self, trainer: Trainer, final: bool) -> None:
+        """Copy ``trainer``'s state (training waits for this only) and write it in the
+        background."""
+        started = time.perf_counter()
         state = await wait_for(trainer.get_state(), STATE_TIMEOUT_S)
         metadata = {"algorithm": self.plan.spec.name, "env": self.plan.config.env,
                     "training_iteration": trainer.iteration,
@@ -794,13 +854,24 @@ class LocalRun(TrainingRun):
                     "episode_reward_mean": self.summary.last_reward,
                     "best_reward": self.summary.best_reward, "final": final,
                     SCORE_KEY: self.plan.retention.score_of(self.last_result)}
-        path = await asyncio.to_thread(write_checkpoint, self.run_dir.checkpoints_dir, state,
-                                       metadata)
-        self._note_checkpoint(str(path))
-        retention = self.plan.retention
-        await asyncio.to_thread(retention.prune, self.run_dir.checkpoints_dir)
-        best = await asyncio.to_thread(retention.best, self.run_dir.checkpoints_dir)
-        self.run_dir.update_status(best_checkpoint=str(best) if best else None)
+        self._latest_state = state
+        checkpoints_dir, retention = self.run_dir.checkpoints_dir, self.plan.retention
+
+        def write() -> tuple[Path, Path | None]:  # in the writer's thread
+            path = write_checkpoint(checkpoints_dir, state, metadata)
+            retention.prune(checkpoints_dir)
+            return path, retention.best(checkpoints_dir)
+
+        def written(paths: tuple[Path, Path | None]) -> None:  # back on the loop
+            path, best = paths
+            self._note_checkpoint(str(path))
+            self.run_dir.update_status(best_checkpoint=str(best) if best else None)
+
+        self.checkpoint_writer.submit(write, written)
+        pause = time.perf_counter() - started
+        self.checkpoint_pauses_s.append(pause)
+        log.debug("checkpoint of iteration %d: training paused %.3f s (state copied); "
+                  "written in the background", trainer.iteration, pause)
 
 
 def format_summary(plan_name: str, env: str, summary: RunSummary, run_dir: Path) -> str:
