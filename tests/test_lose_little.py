@@ -123,6 +123,9 @@ def test_the_default_checkpoint_interval_is_10_s_of_training(tmp_path: Path) -> 
     assert args.checkpoint_every is None and args.checkpoint_interval == 10.0
     help_text = build_parser()._subparsers._group_actions[0].choices["train"].format_help()
     assert "--checkpoint-interval" in help_text and "10 s" in " ".join(help_text.split())
+    from actorrl.cluster.jobs import JobOptions
+
+    assert JobOptions().checkpoint_interval_s == 10.0  # cluster jobs: was 30 s
 
 
 async def _no_save(final: bool) -> None:

@@ -6,7 +6,7 @@ A submission is a mapping::
     {"algorithm": "apex",            # any name get_algorithm() knows
      "env": "CartPole-v1", ...,      # the algorithm's config keys (RLlib names)
      "stop": {"training_iteration": 20, "episode_reward_mean": 450},   # any reached: done
-     "job": {"name": "...", "checkpoint_interval_s": 30, "max_failures": 20,
+     "job": {"name": "...", "checkpoint_interval_s": 10, "max_failures": 20,
              "failure_window_s": 3600, "placement": {"learner": "gpu-box"}}}  # optional
 
 Each job has a directory ``STATE_DIR/jobs/JOB_ID`` with ``job.json`` (its record),
@@ -25,10 +25,22 @@ Recovery, in the order it is tried:
   most 60 s), as long as at most ``max_failures`` failures fall within the last
   ``failure_window_s`` seconds (:mod:`actorrl.algorithms.restarts`; the window survives a
   coordinator restart). Counters (iteration, timesteps, trained steps, time) continue
-  from the last *reported* result, never going backwards, and so do the failure counters
-  of ``info`` (``num_worker_restarts``, ...); what was learned since the checkpoint and
-  the replay contents are lost, and the job log says so;
-- a restarted coordinator resumes every job that was running from its checkpoint.
+  from the *checkpoint's*: the iterations after it are done again, and the rows already
+  written for them are superseded, never rewritten (every later result carries
+  ``info.num_restarts``, ``info.restored_iteration``, ``info.timesteps_lost`` and
+  ``info.timesteps_sampled_all``: :class:`~actorrl.algorithms.restarts.Rollbacks`;
+  ``actorrl plot``, the run summary, TensorBoard and the trackers of ``actorrl train
+  --address`` leave the superseded rows out). The failure counters of ``info``
+  (``num_worker_restarts``, ...) continue across restarts; what was learned since the
+  checkpoint and the replay contents are lost, and the job log says so;
+- a restarted coordinator resumes every job that was running from its checkpoint (a
+  rollback like the others).
+
+``result.jsonl`` is the record of what was reported: a result is appended there before
+``job.json`` is rewritten, and loading a job (a restarted coordinator) takes its counters
+from ``result.jsonl``'s last row, so a kill between the two writes neither loses nor
+repeats a row; a torn last line (a kill mid-write) is moved aside to
+``result.jsonl.torn`` with a warning in the job log, never a job that fails to load.
 
 Roles: ``job.*`` takes client and admin keys (never node keys). A job belongs to the key
 that submitted it (``owner_key`` in ``job.json``, kept across coordinator restarts): a
@@ -60,9 +72,14 @@ from actorrl.algorithms.restarts import (
     CarriedCounters,
     FailureWindow,
     RestartPolicy,
+    Rollbacks,
     describe_failure,
 )
-from actorrl.algorithms.run_loop import CheckpointPolicy, run_trainer
+from actorrl.algorithms.run_loop import (
+    DEFAULT_CHECKPOINT_INTERVAL_S,
+    CheckpointPolicy,
+    run_trainer,
+)
 from actorrl.algorithms.stop import StopCriteria
 from actorrl.cluster import RUNNING_STATES, TERMINAL_STATES, JobError
 from actorrl.config.algorithm import load_config
@@ -99,9 +116,10 @@ class JobOptions:
 
     name: str = ""
     """A label for listings."""
-    checkpoint_interval_s: float = 30.0
+    checkpoint_interval_s: float = DEFAULT_CHECKPOINT_INTERVAL_S
     """Checkpoint after an iteration when this long has passed since the last one
-    (0: after every iteration)."""
+    (0: after every iteration); the default, 10 s, bounds what a learner loss rolls
+    back."""
     max_failures: int | None = DEFAULT_MAX_FAILURES
     """Failures (each restarted from the last checkpoint) tolerated within
     ``failure_window_s``; one more within the window marks the job failed. None or -1:
@@ -213,6 +231,8 @@ class ManagedJob:
         """The failures within the restart policy's window (decides each restart)."""
         self.carried = CarriedCounters()
         """The failure counters of ``info`` continued across restarts."""
+        self.rollbacks = Rollbacks()
+        """Restarts from a checkpoint so far, and what each later result says of them."""
         self.checkpoint: dict[str, Any] | None = None
         self.checkpoint_lock = asyncio.Lock()
         """One checkpoint write at a time: the job's own (each interval, the last) and a
@@ -241,6 +261,7 @@ class ManagedJob:
                 "num_results": self.num_results, "num_failures": self.num_failures,
                 "failure_times": list(self.failures.times),
                 "carried_counters": self.carried.totals(),
+                "rollbacks": self.rollbacks.to_record(),
                 "checkpoint": self.checkpoint, "stop_reason": self.stop_reason,
                 "last_counters": self.last_counters, "owner_key": self.owner_key,
                 "episode_reward_mean": jsonable(last.get("episode_reward_mean")),
@@ -252,7 +273,9 @@ class ManagedJob:
 
     @classmethod
     def load(cls, directory: str) -> ManagedJob:
-        """Rebuild a job from its directory (after a coordinator restart)."""
+        """Rebuild a job from its directory (after a coordinator restart). Its results and
+        counters are ``result.jsonl``'s (see the module docstring: a torn last line is
+        moved aside with a warning)."""
         with open(os.path.join(directory, "job.json")) as f:
             record = json.load(f)
         job = cls(record["job_id"], Submission.parse(record["submission"]), directory)
@@ -263,19 +286,63 @@ class ManagedJob:
         times = record.get("failure_times") or []
         job.failures.times = [float(t) for t in times if isinstance(t, (int, float))]
         job.carried = CarriedCounters(record.get("carried_counters") or {})
+        rollbacks = record.get("rollbacks")
+        job.rollbacks = Rollbacks(rollbacks if isinstance(rollbacks, dict) else None)
         job.checkpoint = record.get("checkpoint")
         job.last_counters = record.get("last_counters") or {}
         job.stop_reason = record.get("stop_reason", "")
         owner_key = record.get("owner_key")
         job.owner_key = owner_key if isinstance(owner_key, str) else None
-        results_path = os.path.join(directory, "result.jsonl")
-        if os.path.exists(results_path):
-            with open(results_path) as f:
-                lines = f.readlines()
-            keep = lines[-MAX_RESULTS_IN_MEMORY:]
-            job.results_offset = len(lines) - len(keep)
-            job.results = [json.loads(line) for line in keep if line.strip()]
+        rows = job._read_results()
+        keep = rows[-MAX_RESULTS_IN_MEMORY:]
+        job.results_offset = len(rows) - len(keep)
+        job.results = keep
+        if rows:  # result.jsonl is newer than job.json when a kill fell between them
+            last = rows[-1]
+            for key in COUNTERS:
+                if isinstance(last.get(key), (int, float)):
+                    job.last_counters[key] = last[key]
+            job.rollbacks.reported(last)
         return job
+
+    def _read_results(self) -> list[dict[str, Any]]:
+        """Every complete row of ``result.jsonl``. A torn last line (the coordinator was
+        killed while appending it) is moved to ``result.jsonl.torn`` and the file cut
+        back to its last complete row, so that rows appended later start on a line of
+        their own; an unreadable line elsewhere is skipped. Both with a warning."""
+        path = os.path.join(self.dir, "result.jsonl")
+        if not os.path.exists(path):
+            return []
+        with open(path, "rb") as f:
+            data = f.read()
+        rows: list[dict[str, Any]] = []
+        position = 0
+        for number, line in enumerate(data.splitlines(keepends=True), 1):
+            start, position = position, position + len(line)
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                if not isinstance(row, dict):
+                    raise ValueError(f"a row must be a JSON object, not {type(row).__name__}")
+            except ValueError as exc:
+                if position == len(data):  # the last line: a write cut short
+                    with open(path + ".torn", "ab") as torn:
+                        torn.write(line.rstrip(b"\n") + b"\n")
+                    with open(path, "r+b") as f:
+                        f.truncate(start)
+                    self.log(f"result.jsonl: its last line ({number}) was cut short ({exc}); "
+                             "moved to result.jsonl.torn and skipped (the job resumes from "
+                             "its checkpoint)", logging.WARNING)
+                else:
+                    self.log(f"result.jsonl: line {number} is not a result ({exc}); "
+                             "skipped", logging.WARNING)
+                continue
+            rows.append(row)
+        if data and not data.endswith(b"\n") and rows and position == len(data):
+            with open(path, "ab") as f:  # a complete last row without its newline
+                f.write(b"\n")
+        return rows
 
     def log(self, message: str, level: int = logging.INFO) -> None:
         """Write a line to the job log (and the coordinator log)."""
@@ -292,17 +359,18 @@ class ManagedJob:
 
     # ---- results ------------------------------------------------------------------------
     def publish(self, result: dict[str, Any]) -> dict[str, Any]:
-        """Record a result; counters are kept monotonic across restarts, and the failure
-        counters of ``info`` add the earlier attempts' counts."""
+        """Record a result, as the trainer counted it (after a rollback its counters are
+        the checkpoint's plus what was done since: :class:`Rollbacks` marks it); the
+        failure counters of ``info`` add the earlier attempts' counts. ``result["job"]``
+        names the job, its failures and the iteration of its last checkpoint (results up
+        to it can no longer be superseded)."""
         self.carried.apply(result)
+        self.rollbacks.mark(result)
         for key in COUNTERS:
-            value = result.get(key)
-            previous = self.last_counters.get(key)
-            if isinstance(value, (int, float)) and previous is not None and value < previous:
-                result[key] = previous  # a restart from an older checkpoint
             if isinstance(result.get(key), (int, float)):
                 self.last_counters[key] = result[key]
-        result["job"] = {"job_id": self.id, "num_failures": self.num_failures}
+        result["job"] = {"job_id": self.id, "num_failures": self.num_failures,
+                         "checkpoint_iteration": (self.checkpoint or {}).get("iteration")}
         plain = jsonable(result)
         self.results.append(plain)
         if len(self.results) > MAX_RESULTS_IN_MEMORY:
@@ -310,7 +378,7 @@ class ManagedJob:
             del self.results[:drop]
             self.results_offset += drop
         with open(os.path.join(self.dir, "result.jsonl"), "a") as f:
-            f.write(json.dumps(plain) + "\n")
+            f.write(json.dumps(plain) + "\n")  # first: the record of what was reported
         self.save()
         self._wake()
         return plain
@@ -525,8 +593,8 @@ class JobManager:
             job.log(f"placed: {where}")
             if job.checkpoint is not None:
                 await self._restore(job, trainer)
-            if job.last_counters:  # counters continue from the last reported result
-                trainer.continue_counters(job.last_counters)
+            if job.num_results:  # a rollback: counters continue from the checkpoint's
+                self._rolled_back(job, trainer)
             job.set_state("running")
 
             async def save(final: bool) -> None:
@@ -550,6 +618,20 @@ class JobManager:
         folder, state = await asyncio.to_thread(read_checkpoint, job.checkpoint["path"])
         await trainer.set_state(state)
         job.log(f"restored {folder.name} (iteration {job.checkpoint['iteration']})")
+
+    @staticmethod
+    def _rolled_back(job: ManagedJob, trainer: Trainer) -> None:
+        """Note that ``job`` resumes at ``trainer``'s (restored) counters although it had
+        reported results beyond them: later results say so, earlier rows are superseded."""
+        counters = trainer.counters()
+        iteration = int(counters["training_iteration"])
+        job.rollbacks.restored(iteration, int(counters["timesteps_total"]))
+        reported = job.last_counters.get("training_iteration")
+        lost = (f"; the rows of iterations {iteration + 1}-{int(reported)} are superseded "
+                "(kept in result.jsonl, left out of plots and summaries)"
+                if isinstance(reported, (int, float)) and reported > iteration else "")
+        job.log(f"rolled back to iteration {iteration} (restart "
+                f"{job.rollbacks.num_restarts}){lost}")
 
     async def _checkpoint(self, job: ManagedJob, trainer: Trainer) -> dict[str, Any]:
         """Write ``checkpoints/checkpoint_<iteration>/`` (the format ``actorrl train``
