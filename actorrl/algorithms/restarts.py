@@ -38,7 +38,7 @@ FAILURE_COUNTERS = ("num_worker_restarts", "num_worker_failures", "num_shard_fai
                     "num_gradients_lost", "num_batches_lost", "num_samples_dropped")
 """Keys of a result's ``info`` that count failures and losses; they continue across
 restarts (:class:`CarriedCounters`)."""
-__all__ = ["CarriedCounters", "FailureWindow", "RestartDecision", "RestartPolicy",
+__all__ = ["CarriedCounters", "FailureWindow", "RestartDecision", "RestartPolicy", "Rollbacks",
            "describe_failure"]
 
 
@@ -181,3 +181,66 @@ class CarriedCounters:
         """Every attempt's counts so far, per counter."""
         keys = set(self.base) | set(self.last)
         return {k: self.base.get(k, 0) + self.last.get(k, 0) for k in sorted(keys)}
+
+
+class Rollbacks:
+    """What restarts from a checkpoint undid, and how each later result says so.
+
+    A restart rolls the run back to its last checkpoint: the iterations after it are done
+    again and the rows already written for them are *superseded* (they stay in
+    ``result.jsonl``; :func:`actorrl.experiment.results.current_results` leaves them out).
+    After the first rollback, every result carries in ``info``: ``num_restarts`` (rollbacks
+    so far), ``restored_iteration`` (the iteration the latest one resumed from),
+    ``timesteps_lost`` (env steps of reported results that the rollbacks undid) and
+    ``timesteps_sampled_all`` (``timesteps_total`` plus those: every env step sampled).
+    Shared by a local run (:class:`actorrl.experiment.recovery.RecoveringTrainer`) and a
+    cluster job (:class:`actorrl.cluster.jobs.ManagedJob`, which keeps :meth:`to_record`
+    in ``job.json``)."""
+
+    def __init__(self, record: Mapping[str, Any] | None = None) -> None:
+        record = record or {}
+        self.num_restarts = int(record.get("num_restarts") or 0)
+        restored = record.get("restored_iteration")
+        self.restored_iteration: int | None = (int(restored) if isinstance(restored, int)
+                                               else None)
+        self.timesteps_lost = int(record.get("timesteps_lost") or 0)
+        self.reported_timesteps = int(record.get("reported_timesteps") or 0)
+        """``timesteps_total`` of the latest result reported."""
+
+    def reported(self, result: Mapping[str, Any]) -> None:
+        """Note a result as reported (its ``timesteps_total`` is what a later rollback
+        would lose beyond its checkpoint's)."""
+        timesteps = result.get("timesteps_total")
+        if isinstance(timesteps, (int, float)) and not isinstance(timesteps, bool):
+            self.reported_timesteps = int(timesteps)
+
+    def restored(self, iteration: int, timesteps_total: int) -> None:
+        """A restart resumed from the checkpoint of ``iteration`` (0: from scratch) at
+        ``timesteps_total`` env steps."""
+        self.num_restarts += 1
+        self.restored_iteration = int(iteration)
+        self.timesteps_lost += max(self.reported_timesteps - int(timesteps_total), 0)
+        self.reported_timesteps = int(timesteps_total)
+
+    def mark(self, result: dict[str, Any]) -> None:
+        """Note ``result`` as reported and, after a rollback, add the keys above to its
+        ``info`` (in place)."""
+        self.reported(result)
+        if not self.num_restarts:
+            return
+        info = result.get("info")
+        if not isinstance(info, dict):
+            info = result["info"] = {}
+        info["num_restarts"] = self.num_restarts
+        info["restored_iteration"] = self.restored_iteration
+        info["timesteps_lost"] = self.timesteps_lost
+        timesteps = result.get("timesteps_total")
+        if isinstance(timesteps, (int, float)) and not isinstance(timesteps, bool):
+            info["timesteps_sampled_all"] = int(timesteps) + self.timesteps_lost
+
+    def to_record(self) -> dict[str, Any]:
+        """The state to persist (:class:`Rollbacks` of it continues it)."""
+        return {"num_restarts": self.num_restarts,
+                "restored_iteration": self.restored_iteration,
+                "timesteps_lost": self.timesteps_lost,
+                "reported_timesteps": self.reported_timesteps}
