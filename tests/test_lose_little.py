@@ -209,3 +209,51 @@ async def test_a_learner_restart_keeps_the_live_replay_shards_and_workers(
         finally:
             await recovering.stop()
             await asyncio.sleep(0)
+
+
+async def test_the_background_writer_writes_one_at_a_time_the_newest_winning() -> None:
+    """Writes run in a thread one after another; a state submitted while another waits
+    replaces it (superseded); ``on_done`` runs on the loop; a failed write is counted and
+    training goes on, and :meth:`flush` raises it when it was the last."""
+    from actorrl.algorithms.checkpoints import BackgroundWriter
+
+    writer = BackgroundWriter()
+    gate, started = threading.Event(), threading.Event()
+    written: list[int] = []
+    done: list[int] = []
+    loop_thread = threading.get_ident()
+
+    def write(n: int) -> Any:
+        def run() -> int:
+            if n == 1:
+                started.set()
+                gate.wait(30)
+            assert threading.get_ident() != loop_thread
+            written.append(n)
+            return n
+        return run
+
+    def on_done(n: int) -> None:
+        assert threading.get_ident() == loop_thread
+        done.append(n)
+
+    writer.submit(write(1), on_done)
+    assert await asyncio.to_thread(started.wait, 30)  # the first write is under way
+    for n in (2, 3):
+        writer.submit(write(n), on_done)
+    assert writer.busy and written == []  # submit never waits for the disk
+    gate.set()
+    await writer.flush()
+    assert written == [1, 3] and done == [1, 3]
+    assert (writer.stats.written, writer.stats.superseded) == (2, 1)
+
+    def broken() -> None:
+        raise OSError(28, "No space left on device")
+
+    writer.submit(broken)
+    with pytest.raises(OSError, match="No space left"):
+        await writer.flush()
+    assert writer.stats.failed == 1
+    writer.submit(write(4), on_done)
+    await writer.flush()  # a later success clears the error
+    assert done == [1, 3, 4]
