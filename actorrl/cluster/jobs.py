@@ -631,7 +631,7 @@ class JobManager:
                 "(kept in result.jsonl, left out of plots and summaries)"
                 if isinstance(reported, (int, float)) and reported > iteration else "")
         job.log(f"rolled back to iteration {iteration} (restart "
-                f"{job.rollbacks.num_restarts}){lost}")
+                f"{job.rollbacks.num_restarts}){lost}", logging.WARNING)
 
     async def _checkpoint(self, job: ManagedJob, trainer: Trainer) -> dict[str, Any]:
         """Write ``checkpoints/checkpoint_<iteration>/`` (the format ``actorrl train``

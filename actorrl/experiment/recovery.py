@@ -37,6 +37,7 @@ from actorrl.algorithms.restarts import (
     CarriedCounters,
     FailureWindow,
     RestartPolicy,
+    Rollbacks,
     describe_failure,
 )
 from actorrl.algorithms.trainer import Survivors
@@ -79,11 +80,14 @@ class RecoveringTrainer:
         self.failures = FailureWindow(policy)
         self.counters = CarriedCounters()
         self._notify = notify
-        self.num_restarts = 0
-        self.restored_iteration: int | None = None
-        self.timesteps_lost = 0
-        self._reported_timesteps = 0
+        self.rollbacks = Rollbacks()
+        """The restarts so far and how later results say so (shared with cluster jobs)."""
         self._iteration = trainer.iteration
+
+    @property
+    def num_restarts(self) -> int:
+        """Restarts from a checkpoint so far."""
+        return self.rollbacks.num_restarts
 
     @property
     def iteration(self) -> int:
@@ -108,16 +112,7 @@ class RecoveringTrainer:
                 await self._restart(exc)
                 continue
             self.counters.apply(result)
-            timesteps = result.get("timesteps_total")
-            if isinstance(timesteps, int):
-                self._reported_timesteps = timesteps
-            if self.num_restarts:
-                info = result.setdefault("info", {})
-                info["num_restarts"] = self.num_restarts
-                info["restored_iteration"] = self.restored_iteration
-                info["timesteps_lost"] = self.timesteps_lost
-                if isinstance(timesteps, int):
-                    info["timesteps_sampled_all"] = timesteps + self.timesteps_lost
+            self.rollbacks.mark(result)
             return result
 
     async def _restart(self, failure: BaseException) -> None:
@@ -151,11 +146,8 @@ class RecoveringTrainer:
                     raise
                 failure = exc
                 continue
-            self.num_restarts += 1
-            self.restored_iteration = trainer.iteration
             restored = int(state.get("timesteps_total", 0)) if state is not None else 0
-            self.timesteps_lost += max(self._reported_timesteps - restored, 0)
-            self._reported_timesteps = restored
+            self.rollbacks.restored(trainer.iteration, restored)
             self._iteration = trainer.iteration
             where = (f"iteration {trainer.iteration}" if state is not None
                      else "scratch (no checkpoint yet)")

@@ -14,7 +14,15 @@ A tracker is a result sink beside ``result.jsonl``, ``progress.csv`` and TensorB
 the resolved config is the run's config (W&B) or its parameters (MLflow, flattened); each
 checkpoint folder is uploaded as an artifact (W&B ``model`` artifact, MLflow
 ``checkpoints/checkpoint_<n>/``) unless ``upload_checkpoints`` / ``save_artifact`` is false;
-the run ends with the training run's status. The trials of a sweep are one run each,
+the run ends with the training run's status.
+
+A tracker never receives a step that a rollback supersedes (a restart from the last
+checkpoint does the iterations after it again): :class:`TrackerSet` holds each result back
+until it is *committed*, that is a checkpoint at or after its iteration was written
+(:meth:`TrackerSet.checkpoint`, or :meth:`TrackerSet.commit` with a cluster job's
+``job.checkpoint_iteration``), or the run ended; a result whose iteration is not above the
+held ones drops those it supersedes. So trackers lag the results folder by up to one
+checkpoint interval. The trials of a sweep are one run each,
 grouped: W&B's ``group`` and MLflow's experiment default to the sweep folder's name.
 
 No network is needed: W&B's offline mode (``WANDB_MODE=offline`` or ``mode: offline``)
@@ -352,6 +360,8 @@ class TrackerSet:
 
     def __init__(self, trackers: list[Tracker]) -> None:
         self.trackers = trackers
+        self.held: list[Mapping[str, Any]] = []
+        """Results recorded but not yet committed (see the module docstring)."""
 
     @classmethod
     def open(cls, settings: TrackerSettings | None, info: RunInfo) -> TrackerSet:
@@ -371,12 +381,33 @@ class TrackerSet:
         return cls(trackers)
 
     def record(self, result: Mapping[str, Any]) -> None:
-        """Log ``result`` to every tracker."""
-        self._each("log a result", lambda t: t.log_result(result))
+        """Hold ``result`` for the trackers until it is committed; held results it
+        supersedes (a rollback: its iteration is not above theirs) are dropped unsent."""
+        iteration = _iteration(result)
+        if iteration is not None:
+            kept = [r for r in self.held if (_iteration(r) or 0) < iteration]
+            if len(kept) < len(self.held):
+                log.debug("trackers: %d result(s) superseded by a rollback to iteration "
+                          "%d; not logged", len(self.held) - len(kept), iteration - 1)
+            self.held = kept
+        self.held.append(result)
+
+    def commit(self, through: int | None = None) -> None:
+        """Log the held results of iterations up to ``through`` (None: all of them) to
+        every tracker: a checkpoint of that iteration exists, no rollback undoes them."""
+        ready = [r for r in self.held
+                 if through is None or (_iteration(r) or 0) <= through]
+        if not ready:
+            return
+        self.held = [r for r in self.held if not any(r is s for s in ready)]
+        for result in ready:
+            self._each("log a result", lambda t, r=result: t.log_result(r))
 
     def checkpoint(self, path: str | os.PathLike[str]) -> None:
-        """Log a checkpoint folder (skipped when it is not on this machine: an
-        ``--address`` run's checkpoints are on the coordinator's host)."""
+        """Commit every held result (the checkpoint is of the latest one) and log a
+        checkpoint folder (skipped when it is not on this machine: an ``--address``
+        run's checkpoints are on the coordinator's host)."""
+        self.commit()
         folder = Path(path)
         if not folder.is_dir():
             log.debug("checkpoint %s is not on this machine: not uploaded", folder)
@@ -384,7 +415,9 @@ class TrackerSet:
         self._each("upload a checkpoint", lambda t: t.log_checkpoint(folder))
 
     def close(self, status: str, exit_code: int) -> None:
-        """End every tracker's run."""
+        """Log what is held (the run ended: nothing will supersede it) and end every
+        tracker's run."""
+        self.commit()
         self._each("finish its run", lambda t: t.close(status, exit_code))
         self.trackers = []
 
@@ -396,3 +429,9 @@ class TrackerSet:
                 log.warning("%s tracker failed to %s (%s: %s); it is dropped, training "
                             "goes on", tracker.name, what, type(exc).__name__, exc)
                 self.trackers.remove(tracker)
+
+
+def _iteration(result: Mapping[str, Any]) -> int | None:
+    value = result.get("training_iteration")
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        else None

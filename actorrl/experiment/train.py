@@ -681,6 +681,10 @@ class TrainingRun:
         derived = self._writer.record(result)
         self.last_result = result
         self._trackers.record(result)
+        job = result.get("job")
+        committed = job.get("checkpoint_iteration") if isinstance(job, dict) else None
+        if isinstance(committed, int):  # a cluster job's checkpoint: no rollback undoes it
+            self._trackers.commit(committed)
         self.summary.observe(result)
         self.display.update(result, derived, self.summary.best_reward)
 
