@@ -454,9 +454,10 @@ def family(env: Any) -> str:
 
 
 def markdown_table(summary: dict[str, Any]) -> str:
-    """Counts by env family and outcome, as the docs' table (``--table``)."""
+    """Counts by env family and outcome, as the docs' table (``--table``; the docs' copy,
+    ``docs/results/rllib-learning.json``, lists the records as ``experiments_list``)."""
     by_family: dict[str, Counter[str]] = {}
-    for record in summary["results"]:
+    for record in summary.get("results", summary.get("experiments_list", [])):
         by_family.setdefault(family(record["env"]), Counter())[record["outcome"]] += 1
     order = [name for name, _ in FAMILIES] + ["other"]
     lines = ["| env | experiments | passed | failed | not run |", "|---|---|---|---|---|"]
