@@ -36,6 +36,8 @@ SALVAGE_PING_TIMEOUT_S = 10.0
 """How long a surviving actor has to answer before a restart counts it dead."""
 SALVAGE_STOP_TIMEOUT_S = 30.0
 """Deadline for stopping a failed trainer's pipeline before its actors are sorted."""
+NO_WORKERS_POLL_S = 5.0
+"""How often a trainer without rollout workers looks again while replacements start."""
 
 WORKER_CLASS = "actorrl.rollout.actor:RolloutWorkerActor"
 LEARNER_CLASS = "actorrl.learner.actor:LearnerActor"
@@ -333,14 +335,12 @@ class Trainer:
 
     async def replace_worker(self, dead: ActorHandle) -> ActorHandle | None:
         """Start a fresh worker in place of ``dead`` (same index), synced to the learner.
-        A worker that was already replaced is not replaced again."""
+        A worker that was already replaced is not replaced again (None). A start that
+        fails raises: the pipeline's :class:`~actorrl.pipelines.pieces.Fleet` tries again
+        after a backoff."""
         if dead not in self.workers:
             return None
-        try:
-            new = await self.driver.restart_actor(dead)
-        except Exception as exc:  # keep training with the workers left
-            log.error("could not replace rollout worker %r: %s", dead, exc)
-            return None
+        new = await self.driver.restart_actor(dead)
         self.num_worker_restarts += 1
         self.workers = [new if w == dead else w for w in self.workers]
         if self.learner is not None:
@@ -359,6 +359,7 @@ class Trainer:
         sampled_before = self.pipeline.num_steps_sampled
         while True:
             await self.pipeline.step()
+            await self._while_no_workers()
             self._send_global_timestep()
             elapsed = time.perf_counter() - start
             sampled = self.pipeline.num_steps_sampled - sampled_before
@@ -387,6 +388,23 @@ class Trainer:
             result["evaluation"] = await self.evaluate()
         self.callbacks.on_train_result(algorithm=self, trainer=self, result=result)
         return result
+
+    async def _while_no_workers(self) -> None:
+        """With every rollout worker dead, wait while their replacements are being started
+        (bounded: each gives up after its tries, logged), then fail naming the cause
+        (:class:`~actorrl.pipelines.pieces.NoWorkersError`) if none came up. Without this
+        an iteration that needs ``timesteps_per_iteration`` env steps waited forever."""
+        fleet = getattr(self.pipeline, "worker_fleet", None)
+        if fleet is None or self.config.num_workers == 0 or len(fleet):
+            return
+        logged = False
+        while not len(fleet) and fleet.replacing:
+            if not logged:
+                log.warning("no %s left; waiting for %d replacement(s) to start",
+                            fleet.role, fleet.replacing)
+                logged = True
+            await fleet.wait_changed(NO_WORKERS_POLL_S)
+        fleet.require()
 
     async def evaluate(self) -> dict[str, Any]:
         """Evaluate the learner's current weights on the evaluation workers (see

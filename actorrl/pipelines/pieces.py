@@ -305,9 +305,26 @@ def require_at_least_one(name: str, value: int) -> None:
         raise ValueError(f"{name} must be >= 1, got {value}")
 
 
+REPLACE_ATTEMPTS = 5
+"""Tries to start one replacement before its slot is given up (:meth:`Fleet.failed`)."""
+REPLACE_BACKOFF_S = 1.0
+"""The wait after a replacement's first failed start, doubling after each more."""
+REPLACE_BACKOFF_MAX_S = 30.0
+"""The longest wait between two tries of one replacement."""
+
+
+class NoWorkersError(RuntimeError):
+    """Every actor of a fleet died and none could be replaced: the pipeline cannot go on."""
+
+
 class Fleet:
     """The live actors of one role (rollout workers, replay shards). A failed actor is
-    counted, logged and replaced in its slot (or its slot removed)."""
+    counted, logged and replaced in its slot (or its slot removed). A replacement whose
+    start fails (no room on any node, a node lost meanwhile) is tried again after a
+    backoff (:data:`REPLACE_ATTEMPTS` tries, :data:`REPLACE_BACKOFF_S` doubling up to
+    :data:`REPLACE_BACKOFF_MAX_S`), each failed try one log line; several failed actors
+    are replaced concurrently (:meth:`failed_all`). :meth:`require` tells a fleet that is
+    empty for good (:class:`NoWorkersError`) from one waiting for replacements."""
 
     def __init__(self, actors: Iterable[ActorHandle], replace: ReplaceWorker | None,
                  role: str) -> None:
@@ -315,8 +332,56 @@ class Fleet:
         self.replace = replace
         self.role = role
         self.num_failures = 0
+        self.last_replace_error: BaseException | None = None
+        """Why the latest replacement that gave up could not be started."""
         self._replacing: set[ActorHandle] = set()
         self._background: set[asyncio.Future[None]] = set()
+        self._changed = asyncio.Event()
+
+    @property
+    def replacing(self) -> int:
+        """Replacements still being started."""
+        return len(self._replacing)
+
+    def require(self) -> None:
+        """Raise :class:`NoWorkersError` when the fleet is empty and nothing is being
+        started to fill it (every actor died and its replacement gave up)."""
+        if self.actors or self._replacing:
+            return
+        why = (f" (the last try: {failure_line(self.last_replace_error)})"
+               if self.last_replace_error is not None else "")
+        raise NoWorkersError(
+            f"every {self.role} died and none could be replaced after {REPLACE_ATTEMPTS} "
+            f"tries each{why}; the pipeline has nothing to sample with. Check that the "
+            "cluster still has nodes with free CPUs (actorrl nodes) or lower num_workers / "
+            "num_cpus_per_worker")
+
+    async def wait_changed(self, timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) until a replacement finished, started or not."""
+        with contextlib.suppress(TimeoutError):
+            await wait_for(self._changed.wait(), timeout_s)
+
+    async def _replace(self, actor: ActorHandle) -> ActorHandle | None:
+        """Start ``actor``'s replacement, trying again after a backoff while its start
+        fails; None when there is no ``replace`` or every try failed."""
+        if self.replace is None:
+            return None
+        name = getattr(actor, "name", None) or repr(actor)
+        for attempt in range(1, REPLACE_ATTEMPTS + 1):
+            try:
+                return await self.replace(actor)
+            except Exception as exc:  # noqa: BLE001 - no room, a node lost meanwhile, ...
+                self.last_replace_error = exc
+                if attempt == REPLACE_ATTEMPTS:
+                    log.warning("%s %s: replacement failed %d times (%s); its slot is given "
+                                "up", self.role, name, attempt, failure_line(exc))
+                    return None
+                delay = min(REPLACE_BACKOFF_S * 2.0 ** (attempt - 1), REPLACE_BACKOFF_MAX_S)
+                log.warning("%s %s: replacement failed (try %d of %d: %s); trying again in "
+                            "%g s", self.role, name, attempt, REPLACE_ATTEMPTS,
+                            failure_line(exc), delay)
+                await asyncio.sleep(delay)  # the backoff, not a synchronisation
+        return None
 
     def __iter__(self) -> Iterator[ActorHandle]:
         return iter(self.actors)
@@ -339,9 +404,11 @@ class Fleet:
         log.debug("%s %r failed: %s", self.role, actor, exc)
         forget(actor)
         try:
-            new = await self.replace(actor) if self.replace is not None else None
+            new = await self._replace(actor)
         finally:
             self._replacing.discard(actor)
+            self._changed.set()
+            self._changed = asyncio.Event()
         index = self.actors.index(actor)
         if new is None:
             self.actors.pop(index)
@@ -433,16 +500,17 @@ class FleetMixin:
               for w in workers),
             return_exceptions=True)
         answered = []
+        died: list[tuple[ActorHandle, BaseException]] = []
         for worker, result in zip(workers, results):
             if isinstance(result, ActorDiedError):
-                await self.worker_fleet.failed(worker, result, lambda _w: None)
+                died.append((worker, result))
             elif isinstance(result, BaseException):
                 raise result
             else:
                 answered.append(result)
-        if not self.workers:
-            raise RuntimeError(f"every {self.worker_fleet.role} died and none could be "
-                               "replaced; see the log for why the replacements failed")
+        if died:  # all at once: the workers of a lost node cost one start time, not N
+            await self.worker_fleet.failed_all(died, lambda _w: None)
+        self.worker_fleet.require()
         return answered
 
 
