@@ -628,9 +628,26 @@ def test_a_restarted_coordinator_resumes_the_job_and_jobs_follow_reattaches(tmp_
     coordinator restarted on the same address and state directory gets the node back and
     resumes the job from its checkpoint, counters continuing. ``actorrl jobs follow JOB``,
     attached before the kill to the job (submitted without --follow), prints its results,
-    keeps following through the loss and the restart, and exits 0 once the job finished."""
+    keeps following through the loss and the restart, and exits 0 once the job finished;
+    so does ``Job.results()`` of a Python client (``actorrl train --address``), which
+    raised at the loss before."""
     c = Cluster(str(tmp_path), keys)
     follower = None
+    streamer: Client | None = None
+    streamed: list[dict[str, Any]] = []
+    stream_errors: list[BaseException] = []
+    notes: list[str] = []
+    stream_done = threading.Event()
+
+    def stream(job: Job) -> None:
+        try:
+            for result in job.results(after=0, poll_s=2, on_connection=notes.append):
+                streamed.append(result)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            stream_errors.append(exc)
+        finally:
+            stream_done.set()
+
     try:
         c.join("127.0.0.7", "f", 4)
         # 1 s iterations to 12: the follower (a fresh interpreter, slow to start on a
@@ -649,6 +666,8 @@ def test_a_restarted_coordinator_resumes_the_job_and_jobs_follow_reattaches(tmp_
         seen: list[str] = []
         _read_until(follower.stdout, "iter ", 60, seen)
         assert f"following job {job_id} (running" in "".join(seen), "".join(seen)
+        streamer = Client(c.address, keys_dir=keys)
+        threading.Thread(target=stream, args=(streamer.job(job_id),), daemon=True).start()
         old_actor_pids = [a["pid"] for a in job.actors()]
         c.client.close()
         c.coordinator.kill()
@@ -673,7 +692,15 @@ def test_a_restarted_coordinator_resumes_the_job_and_jobs_follow_reattaches(tmp_
         assert follower.wait(30) == 0, "".join(seen)
         iterations = [int(line.split()[1]) for line in seen if line.startswith("iter ")]
         assert iterations[-1] >= 12 and iterations == sorted(iterations), "".join(seen)
+        assert stream_done.wait(60), "Job.results() did not end with the job"
+        assert stream_errors == [], stream_errors
+        assert streamed[-1]["training_iteration"] >= 12
+        assert any(r["info"].get("num_restarts") for r in streamed)  # resumed: a rollback
+        assert any("lost the coordinator" in n for n in notes) and \
+            any("reconnected" in n for n in notes), notes
     finally:
+        if streamer is not None:
+            streamer.close()
         if follower is not None and follower.poll() is None:
             follower.kill()
             follower.wait(10)

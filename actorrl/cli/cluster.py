@@ -43,7 +43,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -355,54 +354,40 @@ def _follow(args: argparse.Namespace, job_id: str, after: int, client: Any = Non
     """Print job ``job_id``'s results from index ``after`` until it ends; exit 0 when it
     finished, 1 otherwise (130 on Ctrl-C, the job keeps running).
 
-    A lost coordinator (killed, restarting) does not end it: it reconnects to the same
-    address (each try waits up to ``--timeout`` for an answer) and goes on from the next
-    result the restarted coordinator has (jobs resume from their checkpoints), giving up
-    after ``--reconnect-timeout`` seconds without one. ``client``: one already open (used
-    until it fails; closed by the caller)."""
-    from actorrl.cluster.client import Client, JobFailedError
-    from transport.errors import TransportError
+    A lost coordinator (killed, restarting) does not end it: :meth:`Job.results
+    <actorrl.cluster.client.Job.results>` tries the same address again and goes on from
+    the next result the restarted coordinator has (jobs resume from their checkpoints),
+    giving up after ``--reconnect-timeout`` seconds without an answer. ``client``: one
+    already open (closed by the caller)."""
+    from actorrl.cluster.client import Client, ClusterConnectionError, JobFailedError
 
     address, keys = _target(args)
     identity = getattr(args, "identity", None) or "client"
-    index, lost_since, own = after, None, None
+    own = None
+
+    def note(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
     try:
-        while True:
-            try:
-                if client is None:
-                    client = own = Client(address, keys_dir=keys, identity=identity,
-                                          bind_host=None, connect_timeout_s=args.timeout)
-                    if lost_since is not None:
-                        print(f"reconnected to the coordinator at {address}", file=sys.stderr,
-                              flush=True)
-                lost_since = None
-                job = client.job(job_id)
-                job_id = job.id
-                try:
-                    for result in job.results(after=index):
-                        _print_result(result)
-                        index += 1
-                except JobFailedError:
-                    pass
-                status = job.status()
-                print(f"job {job.id} {status['state']}"
-                      + (f": {status['error']}" if status.get("error") else ""), flush=True)
-                return 0 if status["state"] == "finished" else 1
-            except (ConnectionError, TransportError) as exc:
-                now = time.monotonic()
-                if lost_since is None:
-                    lost_since = now
-                    print(f"lost the coordinator at {address} ({exc}); reconnecting for up "
-                          f"to {args.reconnect_timeout:g} s", file=sys.stderr, flush=True)
-                elif now - lost_since > args.reconnect_timeout:
-                    raise CommandError(
-                        f"the coordinator at {address} did not come back within "
-                        f"{args.reconnect_timeout:g} s; the job resumes when it restarts: "
-                        f"`actorrl jobs follow {job_id}` again then (or raise "
-                        "--reconnect-timeout)") from None
-                if own is not None:
-                    own.close()
-                client = own = None
+        if client is None:
+            client = own = Client(address, keys_dir=keys, identity=identity,
+                                  bind_host=None, connect_timeout_s=args.timeout)
+        job = client.job(job_id)
+        job_id = job.id
+        try:
+            for result in job.results(after=after,
+                                      reconnect_timeout_s=args.reconnect_timeout,
+                                      on_connection=note):
+                _print_result(result)
+        except JobFailedError:
+            pass
+        except ClusterConnectionError as exc:
+            raise CommandError(f"{exc} (`actorrl jobs follow {job_id}`; or raise "
+                               "--reconnect-timeout)") from None
+        status = job.status()
+        print(f"job {job.id} {status['state']}"
+              + (f": {status['error']}" if status.get("error") else ""), flush=True)
+        return 0 if status["state"] == "finished" else 1
     except KeyboardInterrupt:
         print(f"stopped following; the job keeps running (actorrl stop {job_id})")
         return 130

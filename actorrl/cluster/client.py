@@ -30,7 +30,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -47,7 +47,7 @@ from actorrl.runtime.process.runtime import Runtime
 from actorrl.runtime.process.wire import spec_to_wire
 from actorrl.runtime.sessions import make_session_dir
 from actorrl.runtime.wire_version import WIRE_VERSION, WireVersionError, old_coordinator_message
-from transport.errors import RemoteError
+from transport.errors import RemoteError, TransportError
 from transport.sockets import is_loopback_address, new_event_loop
 
 T = TypeVar("T")
@@ -55,6 +55,13 @@ SESSION_PING_S = 3.0
 CLOSE_TIMEOUT_S = 5.0
 """How long :meth:`Client.close` waits for the coordinator to stop the session's actors
 (the coordinator also stops them itself once the session's pings stop)."""
+
+
+RECONNECT_TIMEOUT_S = 120.0
+"""How long :meth:`Job.results` keeps trying a coordinator that went away (killed,
+restarting) before it gives up."""
+RECONNECT_RETRY_S = 1.0
+"""The pause between two tries of a coordinator that refused at once."""
 
 
 class ClusterConnectionError(ConnectionError):
@@ -77,17 +84,53 @@ class Job:
         return f"Job({self.id})"
 
     def results(self, after: int = 0, timeout_s: float | None = None,
-                poll_s: float = 10.0) -> Iterator[dict[str, Any]]:
+                poll_s: float = 10.0, *,
+                reconnect_timeout_s: float | None = RECONNECT_TIMEOUT_S,
+                on_connection: Callable[[str], None] | None = None
+                ) -> Iterator[dict[str, Any]]:
         """Every result from index ``after`` on, as they are produced, until the job ends
         (raises :class:`JobFailedError` after the last result of a failed job, and
-        TimeoutError when ``timeout_s`` passes first)."""
+        TimeoutError when ``timeout_s`` passes first).
+
+        A lost coordinator (killed, restarting) does not end the stream: the same address
+        is tried again (a restarted coordinator resumes the job from its checkpoint, and
+        the stream goes on from the next result it has) until ``reconnect_timeout_s``
+        seconds pass without an answer, then :class:`ClusterConnectionError` says so
+        (None: the first lost call raises). ``on_connection`` receives one line when the
+        coordinator is lost and one when it answers again. ``actorrl jobs follow`` and
+        ``actorrl train --address`` follow jobs through this."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        lost_since: float | None = None
         while True:
             wait_s = poll_s
             if deadline is not None:
                 wait_s = min(wait_s, max(deadline - time.monotonic(), 0.0))
-            reply = self.client.call("job.results", [self.id, after, wait_s],
-                                     timeout_s=wait_s + 15)
+            try:
+                reply = self.client.call("job.results", [self.id, after, wait_s],
+                                         timeout_s=wait_s + 15)
+            except (ConnectionError, TransportError) as exc:
+                if reconnect_timeout_s is None:
+                    raise
+                now = time.monotonic()
+                address = self.client.address
+                if lost_since is None:
+                    lost_since = now
+                    if on_connection is not None:
+                        on_connection(f"lost the coordinator at {address} ({exc}); "
+                                      f"reconnecting for up to {reconnect_timeout_s:g} s")
+                elif now - lost_since > reconnect_timeout_s:
+                    raise ClusterConnectionError(
+                        f"the coordinator at {address} did not come back within "
+                        f"{reconnect_timeout_s:g} s; the job resumes when it restarts: "
+                        f"follow job {self.id} again then (or allow a longer reconnect "
+                        "timeout)") from None
+                if now - lost_since < RECONNECT_RETRY_S or not isinstance(exc, TimeoutError):
+                    time.sleep(RECONNECT_RETRY_S)  # a retry pause (a refusal is immediate)
+                continue
+            if lost_since is not None:
+                lost_since = None
+                if on_connection is not None:
+                    on_connection(f"reconnected to the coordinator at {self.client.address}")
             yield from reply["results"]
             after = reply["next"]
             if reply["state"] in TERMINAL_STATES and not reply["results"]:
