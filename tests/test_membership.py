@@ -73,3 +73,30 @@ async def test_a_probe_connection_fails_at_once_when_refused_and_a_plain_one_wai
     finally:
         prober.close()
         patient.close()
+
+
+async def test_a_node_registering_again_replaces_its_old_registration(tmp_path) -> None:
+    """A node agent back from a 3-5 s partition registers again (a new node id) before the
+    coordinator lost its old registration: the new one replaces the old (lost, its actors
+    dead, the reason saying why) under the same name; before, both stayed members, the old
+    one a ghost whose endpoint still answered pings."""
+    async with Driver.start(str(tmp_path / "coordinator")) as driver:
+        coordinator = Coordinator(driver.runtime, heartbeat_s=0.2, heartbeat_timeout_s=1.0)
+        (tmp_path / "agent").mkdir()
+        agent = Runtime.start(str(tmp_path / "agent"), "agent")
+        try:
+            lost: list[tuple[str, str]] = []
+            coordinator.on_node_lost.append(lambda node, why: lost.append((node.name, why)))
+            first = coordinator.membership.register("n1", "f", agent.address, "127.0.0.1",
+                                                    2, 0)
+            again = coordinator.membership.register("n2", "f", agent.address, "127.0.0.1",
+                                                    2, 0)
+            assert set(coordinator.nodes) == {"n2"}
+            assert again.name == "f" and not first.alive
+            assert [name for name, _ in lost] == ["f"] and "registered again" in lost[0][1]
+            # The same id registering again (a retried call) is the same member.
+            assert coordinator.membership.register("n2", "f", agent.address, "127.0.0.1",
+                                                   2, 0) is again
+            assert set(coordinator.nodes) == {"n2"} and len(lost) == 1
+        finally:
+            agent.close()

@@ -84,6 +84,17 @@ class Membership:
         endpoint the first time, and count the call as a heartbeat."""
         node = self.nodes.get(node_id)
         if node is None:
+            # The same agent (its control endpoint) under an older id: it lost the
+            # coordinator (a partition, a freeze), stopped its actors and registers again
+            # before its old registration was lost here. The new one replaces it, keeping
+            # its name; left alone, the old one would stay a member with actors that are
+            # gone (a ping to the endpoint is answered, by the new registration's agent).
+            for old in [n for n in self.nodes.values()
+                        if n.endpoint == endpoint and n.alive
+                        and not isinstance(n.conn, InProcessNode)]:
+                self.node_lost(old, "it registered again (its agent lost the coordinator "
+                                    "and stopped its actors); the new registration replaces "
+                                    "this one")
             client = self.runtime.connect(endpoint, connect_timeout_s=10)
             node = self.add_node(node_id, name, endpoint, host, num_cpus, num_gpus,
                                  RemoteNode(client))
