@@ -22,6 +22,7 @@ from actorrl.config.algorithm import load_config
 from actorrl.pipelines import pieces
 from actorrl.pipelines.pieces import Fleet, FleetMixin, NoWorkersError
 from actorrl.runtime import ActorDiedError, Driver
+from tests.helpers.procs import pids_alive
 from transport.timeouts import wait_for
 
 DEADLINE_S = 90.0
@@ -123,5 +124,49 @@ async def test_a_pipeline_without_workers_fails_naming_the_cause(
             os.kill(driver.node.process_of(worker).pid, signal.SIGKILL)
             with pytest.raises(NoWorkersError, match="no node has room for worker-1"):
                 await wait_for(trainer.train(), DEADLINE_S)
+        finally:
+            await wait_for(trainer.stop(), 60)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("algorithm", ["ppo", "a2c"])
+async def test_a_worker_dying_after_its_sample_costs_only_its_share(
+        algorithm: str, tmp_path: Any) -> None:
+    """worker-1 is SIGKILLed after its sample was taken, before the learner fetched it:
+    the iteration goes on (the lost rows sampled again, the worker replaced) and trains
+    a full batch. Before, the learner's fetch raised ObjectLostError and the whole
+    iteration was lost (a local run or a job restarted from its checkpoint)."""
+    spec = get_algorithm(algorithm)
+    extra = {"sgd_minibatch_size": 100} if algorithm == "ppo" else {}
+    config = load_config(spec.config_cls, {"num_workers": 2, "min_iter_time_s": 0,
+                                           "num_envs_per_worker": 1,
+                                           "train_batch_size": 200,
+                                           "rollout_fragment_length": 50, "seed": 0,
+                                           **extra})
+    async with Driver.start(str(tmp_path / "session")) as driver:
+        trainer = await Trainer.create(spec, config, driver)
+        try:
+            pipeline = trainer.pipeline
+            # The sampling call the step makes (before this fix: _sample_at_least).
+            name = "_sample_pairs" if hasattr(pipeline, "_sample_pairs") else "_sample_at_least"
+            original = getattr(pipeline, name)
+            killed: list[int] = []
+
+            async def sample_then_kill(rows_wanted: int) -> Any:
+                sampled = await original(rows_wanted)
+                if not killed:  # once: after the round, before the learner's fetch
+                    victim = next(w for w in pipeline.workers if w.name == "worker-1")
+                    process = driver.node.process_of(victim)
+                    killed.append(process.pid)
+                    os.kill(process.pid, signal.SIGKILL)
+                    assert await asyncio.to_thread(pids_alive, [process.pid], 30) == []
+                return sampled
+
+            setattr(pipeline, name, sample_then_kill)
+            result = await wait_for(trainer.train(), DEADLINE_S)
+            assert killed
+            assert result["info"]["num_worker_restarts"] == 1, result["info"]
+            assert result["info"]["num_samples_dropped"] >= 50, result["info"]
+            assert result["num_steps_trained"] >= 200
         finally:
             await wait_for(trainer.stop(), 60)

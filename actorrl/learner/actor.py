@@ -377,8 +377,10 @@ class LearnerActor:
     async def accumulate_gradients_refs(self, refs: list[ObjectRef]) -> dict[str, Any]:
         """Microbatch step: fetch sample batches from their owners, compute gradients per
         trainable policy on their concatenation, and add ``count * grad`` to the
-        accumulator. Returns the microbatch's row count and learner stats."""
-        batches = await Runtime.current().get_and_free_async(refs)
+        accumulator. Returns the microbatch's row count and learner stats. A batch whose
+        owner died raises ``ObjectLostError`` and frees none of them: the pipeline keeps
+        the others and samples the lost share again."""
+        batches = await _get_then_free(refs)
         return await asyncio.to_thread(self.accumulate_gradients, batches)
 
     def _trainable_batches(self, batch: MultiAgentBatch) -> list[tuple[str, SampleBatch]]:
@@ -418,9 +420,11 @@ class LearnerActor:
     async def learn_on_train_batch_refs(self, refs: list[ObjectRef]) -> dict[str, Any]:
         """PPO's synchronous learner step: fetch the sample batches straight from their
         owners (freeing them there), then :meth:`learn_on_train_batch` off the event loop.
-        Returns the rows trained, the fetch time and the learner stats per policy."""
+        Returns the rows trained, the fetch time and the learner stats per policy. A batch
+        whose owner died raises ``ObjectLostError`` and frees none of them: the pipeline
+        keeps the others and samples the lost share again."""
         started = time.perf_counter()
-        batches = await Runtime.current().get_and_free_async(refs)
+        batches = await _get_then_free(refs)
         fetch_time_s = time.perf_counter() - started
         result = await asyncio.to_thread(self.learn_on_train_batch, batches)
         return {**result, "fetch_time_s": fetch_time_s}
@@ -522,3 +526,13 @@ class LearnerActor:
             # interpreter exits aborts the process ("terminate called without an active
             # exception"; serial mode, where the learner lives in the driver's process).
             self.thread.join(timeout=STOP_JOIN_TIMEOUT_S)
+
+
+async def _get_then_free(refs: list[ObjectRef]) -> list[Any]:
+    """Fetch ``refs`` from their owners, then free them there; when one is lost (its
+    owner died) the error is raised and nothing is freed, so the caller can send the live
+    ones again with samples replacing the lost one."""
+    runtime = Runtime.current()
+    batches = await runtime.get_async(refs)
+    runtime.free(refs, soon=False)
+    return list(batches)

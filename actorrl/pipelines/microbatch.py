@@ -56,12 +56,11 @@ class MicrobatchOptimizer(SyncFleetMixin):
                 await self._broadcast_weights()
         samples_so_far = 0
         while samples_so_far < self.train_batch_size:
-            refs, rows = await self._sample_at_least(self.microbatch_size)
-            with self.grad_timer:
-                result = await self.runtime.get_async(
-                    self.learner.accumulate_gradients_refs.remote(refs),
-                    timeout_s=SYNC_CALL_TIMEOUT_S)
-                self.grad_timer.push_units_processed(result["count"])
+            # A sample lost before the learner's fetch is sampled again.
+            result, rows = await self._learn_on_samples(
+                self.learner.accumulate_gradients_refs.remote, self.microbatch_size,
+                self.grad_timer)
+            self.grad_timer.push_units_processed(result["count"])
             stats = result["learner_stats"]
             self.learner_stats = stats.get("default_policy", stats) if len(stats) == 1 else stats
             samples_so_far += rows
@@ -76,6 +75,7 @@ class MicrobatchOptimizer(SyncFleetMixin):
         return {
             **self.counters.stats(),
             "num_worker_failures": self.num_worker_failures,
+            "num_samples_dropped": self.num_samples_dropped,
             "sample_time_ms": round(1000 * self.sample_timer.mean, 3),
             "grad_time_ms": round(1000 * self.grad_timer.mean, 3),
             "update_time_ms": round(1000 * self.update_weights_timer.mean, 3),

@@ -469,6 +469,11 @@ class Fleet:
         return [new for new in news if new is not None]
 
 
+LOST_SAMPLE_TRIES = 3
+"""Learner calls one synchronous step makes while workers die after their samples were
+taken (each time their share is sampled again)."""
+PING_TIMEOUT_S = 10.0
+"""How long a ping may take to tell a live actor from a dead one."""
 SYNC_CALL_TIMEOUT_S = 600.0
 """Longest wait for one round of calls on every worker (a round of samples, a weight
 broadcast: :meth:`FleetMixin._on_each_worker`) or one learner step of a synchronous
@@ -551,6 +556,9 @@ class SyncFleetMixin(LearnerFleetMixin):
         self._attach(runtime, workers, learner, replace_worker, no_workers=no_workers,
                      sample_locally=sample_locally)
         self.sample_locally = sample_locally
+        self.num_samples_dropped = 0
+        """Env steps sampled by workers that died before the learner fetched them (sampled
+        again)."""
         self.update_weights_timer = TimerStat()
         self.sample_timer = TimerStat()
         self.learner_stats: dict[str, Any] = {}
@@ -563,7 +571,12 @@ class SyncFleetMixin(LearnerFleetMixin):
         """Sample rounds from every live worker (or the learner's local worker when there
         is none) until at least ``rows_wanted`` env steps are in hand: the samples' refs and
         their row count (timed by ``sample_timer``)."""
-        refs: list[ObjectRef] = []
+        samples = await self._sample_pairs(rows_wanted)
+        return [ref for ref, _ in samples], sum(count for _, count in samples)
+
+    async def _sample_pairs(self, rows_wanted: int) -> list[tuple[ObjectRef, int]]:
+        """:meth:`_sample_at_least` as (ref, rows) per sample."""
+        samples: list[tuple[ObjectRef, int]] = []
         rows = 0
         with self.sample_timer:
             while rows < rows_wanted:
@@ -573,10 +586,69 @@ class SyncFleetMixin(LearnerFleetMixin):
                 else:
                     replies = [await self.runtime.get_async(
                         self.learner.sample_ref.remote(), timeout_s=SYNC_CALL_TIMEOUT_S)]
-                refs += [reply.batch for reply in replies]
+                samples += [(reply.batch, reply.count) for reply in replies]
                 rows += sum(reply.count for reply in replies)
             self.sample_timer.push_units_processed(rows)
-        return refs, rows
+        return samples
+
+    async def _learn_on_samples(self, learn: Callable[[list[ObjectRef]], ObjectRef],
+                                rows_wanted: int, timer: TimerStat | None = None
+                                ) -> tuple[Any, int]:
+        """Sample at least ``rows_wanted`` env steps and give their refs to the learner
+        (``learn(refs)``, which fetches them from the workers; timed by ``timer``): its
+        reply and the rows.
+        A worker that died after its sample was taken, before the learner fetched it, costs
+        only its share: its samples are dropped (counted in ``num_samples_dropped``), the
+        worker is replaced and the missing rows are sampled again, and the learner is asked
+        again with the kept samples (it frees nothing when a fetch fails). Before, the
+        learner's ``ObjectLostError`` lost the whole iteration."""
+        samples = await self._sample_pairs(rows_wanted)
+        for attempt in range(1, LOST_SAMPLE_TRIES + 1):
+            lost = self._lost_samples(samples)
+            if not lost:
+                try:
+                    with timer if timer is not None else contextlib.nullcontext():
+                        reply = await self.runtime.get_async(
+                            learn([ref for ref, _ in samples]), timeout_s=SYNC_CALL_TIMEOUT_S)
+                    return reply, sum(count for _, count in samples)
+                except ActorDiedError as exc:
+                    if attempt == LOST_SAMPLE_TRIES or not await self._learner_answers():
+                        raise  # the learner itself died (or samples keep being lost)
+                    lost = await self._dead_sample_owners(samples)
+                    if not lost:
+                        raise
+                    log.debug("a sample was lost before the learner fetched it: %s", exc)
+            dead = {w: ActorDiedError(f"{w.name or w!r} died after its sample was taken")
+                    for w in self.workers if w.endpoint in lost}
+            kept = [(ref, n) for ref, n in samples if ref.owner not in lost]
+            missing = sum(n for ref, n in samples if ref.owner in lost)
+            self.num_samples_dropped += missing
+            if dead:
+                await self.worker_fleet.failed_all(dead.items(), lambda _w: None)
+                self.worker_fleet.require()
+            samples = kept + await self._sample_pairs(missing)
+        raise AssertionError("unreachable")  # the last try returns or raises
+
+    def _lost_samples(self, samples: list[tuple[ObjectRef, int]]) -> set[str]:
+        """Owners (endpoints) of ``samples`` this process already knows are dead."""
+        return {ref.owner for ref, _ in samples if self.runtime.connection_lost(ref.owner)}
+
+    async def _dead_sample_owners(self, samples: list[tuple[ObjectRef, int]]) -> set[str]:
+        """Owners of ``samples`` among the workers that no longer answer a ping."""
+        owners = {ref.owner for ref, _ in samples}
+        workers = [w for w in self.workers if w.endpoint in owners]
+        answers = await asyncio.gather(
+            *(self.runtime.get_async(w.ping.remote(), timeout_s=PING_TIMEOUT_S)
+              for w in workers), return_exceptions=True)
+        return {w.endpoint for w, answer in zip(workers, answers)
+                if isinstance(answer, BaseException)}
+
+    async def _learner_answers(self) -> bool:
+        try:
+            await self.runtime.get_async(self.learner.ping.remote(), timeout_s=PING_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - dead or silent
+            return False
+        return True
 
     async def _broadcast_weights(self) -> None:
         """Give every live worker the learner's current weights (one ref, many

@@ -14,7 +14,10 @@ broadcasting.
 
 A rollout worker that dies is counted and replaced in its slot (the trainer's
 ``replace_worker`` starts a new one with the learner's weights); the samples the others
-returned in that round are kept, and the replacement samples from the next round on.
+returned in that round are kept, and the replacement samples from the next round on. A
+worker that dies after its sample was taken, before the learner fetched it, costs only its
+share: the others' samples are kept and the missing rows sampled again
+(:meth:`~actorrl.pipelines.pieces.SyncFleetMixin._learn_on_samples`).
 """
 
 from __future__ import annotations
@@ -56,11 +59,10 @@ class SyncSamplesOptimizer(SyncFleetMixin):
         with self.update_weights_timer:
             if self.workers:
                 await self._broadcast_weights()
-        refs, rows = await self._sample_at_least(self.train_batch_size)
-        with self.learn_timer:
-            result = await self.runtime.get_async(
-                self.learner.learn_on_train_batch_refs.remote(refs), timeout_s=CALL_TIMEOUT_S)
-            self.learn_timer.push_units_processed(result["count"])
+        result, rows = await self._learn_on_samples(
+            self.learner.learn_on_train_batch_refs.remote, self.train_batch_size,
+            self.learn_timer)
+        self.learn_timer.push_units_processed(result["count"])
         self.fetch_time_s = float(result.get("fetch_time_s", 0.0))
         stats = result["learner_stats"]
         self.learner_stats = (stats.get("default_policy", stats) if len(stats) == 1
@@ -74,6 +76,7 @@ class SyncSamplesOptimizer(SyncFleetMixin):
         return {
             **self.counters.stats(),
             "num_worker_failures": self.num_worker_failures,
+            "num_samples_dropped": self.num_samples_dropped,
             "sample_time_ms": round(1000 * self.sample_timer.mean, 3),
             "learn_time_ms": round(1000 * self.learn_timer.mean, 3),
             "update_time_ms": round(1000 * self.update_weights_timer.mean, 3),
