@@ -48,8 +48,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+# The repository first, also when PYTHONPATH names it: benchmarks/transport.py (this
+# script's folder comes first otherwise) would shadow the transport package.
+sys.path[:] = [str(REPO), *(p for p in sys.path if p != str(REPO))]
 
 from actorrl.cluster.client import Client  # noqa: E402
 
