@@ -3,6 +3,7 @@ prints ONE JSON object measured in one run.
 
     python benchmarks/chaos.py [--jobs apex,appo] [--fault-every 15] [--seed 0]
                                [--long-minutes 30] [--out FILE.json]
+    python benchmarks/chaos.py --jobs "" --long-minutes 30    # the long run alone
 
 A coordinator and three node agents run on loopback, each a separate process tree (the
 coordinator bound to a fixed port so that it can be restarted on the same address with the
@@ -392,7 +393,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="change a job's config (e.g. apex.stop.episode_reward_mean=150)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    jobs = {name: json.loads(json.dumps(JOBS[name])) for name in args.jobs.split(",")}
+    jobs = {name: json.loads(json.dumps(JOBS[name])) for name in args.jobs.split(",") if name}
     for text in args.set:
         dotted, _, value = text.partition("=")
         name, *path = dotted.split(".")
