@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import select
@@ -330,7 +331,7 @@ def run_job(cluster: ChaosCluster, name: str, config: dict[str, Any], *,
         job_id = client.submit(config).id
     job_dir = cluster.root / "state" / "jobs" / job_id
     injector = Injector(cluster, job_id, rng)
-    target = config["stop"]["episode_reward_mean"]
+    target = config["stop"].get("episode_reward_mean", math.inf)  # none: a time stop
     started = time.monotonic()
     next_fault = started + (fault_every_s or 0) * rng.uniform(0.7, 1.3)
     reached: dict[str, Any] | None = None
