@@ -81,6 +81,7 @@ from actorrl.algorithms.run_loop import (
     run_trainer,
 )
 from actorrl.algorithms.stop import StopCriteria
+from actorrl.algorithms.trainer import Survivors
 from actorrl.cluster import RUNNING_STATES, TERMINAL_STATES, JobError
 from actorrl.config.algorithm import load_config
 from actorrl.config.sections import ConfigError
@@ -423,6 +424,20 @@ class _JobLogRouter(logging.Handler):
             self.handleError(record)
 
 
+class AttemptFailed(Exception):
+    """An attempt of a job failed with ``cause``; ``survivors``: its actors that still
+    answer (rollout workers, replay shards), for the next attempt to take over."""
+
+    def __init__(self, cause: Exception, survivors: Survivors | None) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.survivors = survivors
+
+
+SALVAGE_TIMEOUT_S = 60.0
+"""Bound on taking a failed attempt's live actors over (pings, pipeline stop)."""
+
+
 class JobManager:
     """Runs jobs on a :class:`Coordinator` and serves the ``job.*`` protocol."""
 
@@ -543,16 +558,24 @@ class JobManager:
 
     async def _run(self, job: ManagedJob) -> None:
         _current_job.set(job)
+        # One driver for every attempt: a restart replaces what died and keeps the live
+        # rollout workers and replay shards (with their contents) of the failed attempt.
+        driver = ClusterDriver(self.coordinator, f"job:{job.id}",
+                               placement=job.submission.options.placement, colocate=COLOCATE)
+        survivors: Survivors | None = None
         try:
             while True:
                 try:
-                    await self._attempt(job)
+                    await self._attempt(job, driver, survivors)
                     job.log(f"finished: {job.stop_reason}")
                     job.set_state("finished")
                     return
                 except asyncio.CancelledError:
                     raise
-                except Exception as exc:
+                except Exception as caught:
+                    failed = caught if isinstance(caught, AttemptFailed) else None
+                    survivors = failed.survivors if failed is not None else None
+                    exc = failed.cause if failed is not None else caught
                     job.num_failures += 1
                     job.carried.restarted()
                     decision = job.failures.record()
@@ -569,24 +592,35 @@ class JobManager:
                         return
                     where = (f"checkpoint of iteration {job.checkpoint['iteration']}"
                              if job.checkpoint else "scratch (no checkpoint yet)")
+                    kept = (f"; keeping {len(survivors)} live actors (rollout workers, "
+                            "replay shards and their contents)" if survivors else
+                            "; all replay contents are lost")
                     job.log(f"restarting from {where} ({decision.describe()}; "
                             f"{job.num_failures} since the job began); progress since that "
-                            "checkpoint and all replay contents are lost", logging.WARNING)
+                            f"checkpoint is lost{kept}", logging.WARNING)
                     job.set_state("restarting")
                     await asyncio.sleep(decision.delay_s)  # the backoff
         except asyncio.CancelledError:
             if job.state not in TERMINAL_STATES and job.state != "interrupted":
                 job.set_state("stopped")
             raise
+        finally:
+            if survivors is not None:
+                with contextlib.suppress(Exception):
+                    await wait_for(survivors.release(), 30)
+            await driver.shutdown()
 
-    async def _attempt(self, job: ManagedJob) -> None:
+    async def _attempt(self, job: ManagedJob, driver: ClusterDriver,
+                       survivors: Survivors | None) -> None:
+        """One attempt of the job on ``driver``, starting from ``survivors`` (live actors of
+        the failed attempt before, or None). A failure raises :class:`AttemptFailed`
+        carrying the actors of this attempt that still answer (the rest are stopped)."""
         spec = get_algorithm(job.submission.algorithm)
         config = load_config(spec.config_cls, job.submission.config)
-        driver = ClusterDriver(self.coordinator, f"job:{job.id}",
-                               placement=job.submission.options.placement, colocate=COLOCATE)
         trainer: Trainer | None = None
         try:
-            trainer = await Trainer.create(spec, config, driver, results_dir=job.dir)
+            trainer = await Trainer.create(spec, config, driver, results_dir=job.dir,
+                                           survivors=survivors)
             job.trainer = trainer
             where = {a["name"]: a["node"] for a in
                      self.coordinator.describe_actors(f"job:{job.id}")}
@@ -606,12 +640,24 @@ class JobManager:
             outcome = await run_trainer(trainer, StopCriteria.from_mapping(job.submission.stop),
                                         [job.publish], policy)
             job.stop_reason = outcome.reason  # actors stop before the job is marked finished
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            kept = None
+            if trainer is not None:
+                job.trainer, failed, trainer = None, trainer, None
+                try:
+                    kept = await wait_for(failed.salvage(), SALVAGE_TIMEOUT_S)
+                except Exception as salvage_exc:  # noqa: BLE001 - start all afresh
+                    log.debug("[%s] salvage failed: %r", job.id, salvage_exc)
+                    with contextlib.suppress(Exception):
+                        await wait_for(failed.stop(), 30)
+            raise AttemptFailed(exc, kept) from exc
         finally:
             job.trainer = None
             if trainer is not None:
                 with contextlib.suppress(Exception):
                     await wait_for(trainer.stop(), 30)
-            await driver.shutdown()
 
     async def _restore(self, job: ManagedJob, trainer: Trainer) -> None:
         assert job.checkpoint is not None
