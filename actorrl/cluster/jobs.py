@@ -63,7 +63,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from actorrl.algorithms import Trainer, get_algorithm
-from actorrl.algorithms.checkpoints import list_checkpoints, read_checkpoint, write_checkpoint
+from actorrl.algorithms.checkpoints import (
+    BackgroundWriter,
+    list_checkpoints,
+    read_checkpoint,
+    write_checkpoint,
+)
 from actorrl.algorithms.restarts import (
     BACKOFF_INITIAL_S,
     BACKOFF_MAX_S,
@@ -238,6 +243,8 @@ class ManagedJob:
         self.checkpoint_lock = asyncio.Lock()
         """One checkpoint write at a time: the job's own (each interval, the last) and a
         client's ``job.checkpoint`` can meet at the same iteration."""
+        self.writer = BackgroundWriter(f"checkpoint of job {self.id}")
+        """Writes the job's interval checkpoints in a thread while training goes on."""
         self.last_counters: dict[str, float] = {}
         self.trainer: Trainer | None = None
         self.task: asyncio.Task | None = None
@@ -625,6 +632,7 @@ class JobManager:
             where = {a["name"]: a["node"] for a in
                      self.coordinator.describe_actors(f"job:{job.id}")}
             job.log(f"placed: {where}")
+            await self._flush_writes(job)  # the failed attempt's last write, if any
             if job.checkpoint is not None:
                 await self._restore(job, trainer)
             if job.num_results:  # a rollback: counters continue from the checkpoint's
@@ -632,7 +640,10 @@ class JobManager:
             job.set_state("running")
 
             async def save(final: bool) -> None:
-                await self._checkpoint(job, trainer)
+                if final:
+                    await self._checkpoint(job, trainer)
+                else:  # training waits only for the state's copy, not for the disk
+                    await self._checkpoint_in_background(job, trainer)
 
             # The first iteration is always checkpointed, then every interval, and the last.
             policy = CheckpointPolicy(save=save,
@@ -681,31 +692,61 @@ class JobManager:
 
     async def _checkpoint(self, job: ManagedJob, trainer: Trainer) -> dict[str, Any]:
         """Write ``checkpoints/checkpoint_<iteration>/`` (the format ``actorrl train``
-        writes and ``actorrl evaluate`` reads); keep the newest ``keep_checkpoints``."""
+        writes and ``actorrl evaluate`` reads) and wait for it; keep the newest
+        ``keep_checkpoints``. Background writes submitted before finish first."""
         async with job.checkpoint_lock:
-            return await self._write_checkpoint(job, trainer)
+            await self._flush_writes(job)
+            state = await trainer.get_state()
+            written = job.checkpoint
+            if written is not None and written["iteration"] == int(state["iteration"]) \
+                    and os.path.isdir(written["path"]):
+                return written  # this iteration is on disk already
+            record = await asyncio.to_thread(self._store_checkpoint, job, state)
+            self._written(job, record)
+            return record
 
-    async def _write_checkpoint(self, job: ManagedJob, trainer: Trainer) -> dict[str, Any]:
-        state = await trainer.get_state()
-        written = job.checkpoint
-        if written is not None and written["iteration"] == int(state["iteration"]) \
-                and os.path.isdir(written["path"]):
-            return written  # this iteration is on disk already
+    async def _checkpoint_in_background(self, job: ManagedJob, trainer: Trainer) -> None:
+        """Copy the trainer's state and hand its write to the job's background writer (one
+        write at a time; a newer state replaces one still waiting). ``job.checkpoint``, and
+        so what a restart restores, moves to it once it is on disk."""
+        async with job.checkpoint_lock:
+            state = await trainer.get_state()
+            written = job.checkpoint
+            if written is not None and written["iteration"] == int(state["iteration"]):
+                return
+            job.writer.submit(lambda: self._store_checkpoint(job, state),
+                              lambda record: self._written(job, record))
+
+    @staticmethod
+    async def _flush_writes(job: ManagedJob) -> None:
+        """Wait for the job's background checkpoint writes (a failed one was logged)."""
+        with contextlib.suppress(Exception):
+            await job.writer.flush()
+
+    @staticmethod
+    def _store_checkpoint(job: ManagedJob, state: dict[str, Any]) -> dict[str, Any]:
+        """Write ``state`` as a checkpoint and prune to ``keep_checkpoints`` (blocking: run
+        in a thread); the record ``job.checkpoint`` takes once it is on disk."""
         last = job.results[-1] if job.results else {}
         metadata = {"algorithm": job.submission.algorithm, "env": state["config"].get("env"),
                     "training_iteration": int(state["iteration"]),
                     "timesteps_total": int(state["timesteps_total"]),
                     "episode_reward_mean": last.get("episode_reward_mean"), "job_id": job.id}
         checkpoints = os.path.join(job.dir, "checkpoints")
-        folder = await asyncio.to_thread(write_checkpoint, checkpoints, state, metadata)
-        job.checkpoint = {"path": str(folder), "iteration": int(state["iteration"]),
-                          "timesteps_total": int(state["timesteps_total"]),
-                          "created_at": time.time()}
-        job.save()
+        folder = write_checkpoint(checkpoints, state, metadata)
         keep = job.submission.options.keep_checkpoints
-        for old in (await asyncio.to_thread(list_checkpoints, checkpoints))[:-keep]:
-            await asyncio.to_thread(shutil.rmtree, old, True)
-        return job.checkpoint
+        for old in list_checkpoints(checkpoints)[:-keep]:
+            shutil.rmtree(old, True)
+        return {"path": str(folder), "iteration": int(state["iteration"]),
+                "timesteps_total": int(state["timesteps_total"]), "created_at": time.time()}
+
+    @staticmethod
+    def _written(job: ManagedJob, record: dict[str, Any]) -> None:
+        """A checkpoint is on disk: the job's latest (what a restart restores)."""
+        if job.checkpoint is None or record["iteration"] >= job.checkpoint["iteration"] or \
+                not os.path.isdir(job.checkpoint["path"]):
+            job.checkpoint = record
+            job.save()
 
     # ---- requests -----------------------------------------------------------------------
     async def _rpc_results(self, job_id: str, after: int = 0, wait_s: float = 10.0
