@@ -404,6 +404,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         target[path[-1]] = json.loads(value)
     root = Path(tempfile.mkdtemp(prefix="arl-chaos-"))
     cluster = ChaosCluster(root)
+    # A SIGTERM (a stopped benchmark) still stops the cluster: SystemExit runs `finally`.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     out: dict[str, Any] = {"measured": time.strftime("%Y-%m-%d %H:%M"), "seed": args.seed,
                            "fault_every_s": args.fault_every, "nodes": cluster.nodes,
                            "jobs": []}
