@@ -405,7 +405,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="arl-chaos-"))
     cluster = ChaosCluster(root)
     # A SIGTERM (a stopped benchmark) still stops the cluster: SystemExit runs `finally`.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     out: dict[str, Any] = {"measured": time.strftime("%Y-%m-%d %H:%M"), "seed": args.seed,
                            "fault_every_s": args.fault_every, "nodes": cluster.nodes,
                            "jobs": []}
@@ -432,6 +432,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             out["long_run"] = run_job(cluster, "apex-long", config, fault_every_s=60.0,
                                       rng=random.Random(args.seed + 1))
     finally:
+        signal.signal(signal.SIGTERM, previous)
         out["processes_left"] = cluster.close()
         out["session_folders_left"] = [s for s in cluster.sessions if os.path.exists(s)]
         shutil.rmtree(root, ignore_errors=True)
