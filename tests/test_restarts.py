@@ -127,6 +127,13 @@ def test_failure_counters_continue_across_restarts() -> None:
     assert third["info"]["num_worker_restarts"] == 3
 
 
+class StubDriver:
+    """Stands for a job's ClusterDriver where the attempts are stubs (nothing to place)."""
+
+    async def shutdown(self) -> None:
+        """Nothing was started."""
+
+
 async def test_a_job_restarts_as_long_as_its_window_allows(tmp_path: Path) -> None:
     """The job loop (its attempts replaced by failing stubs): with at most 1 failure per
     100 s, failures 200 s apart restart the job every time (before, the second failure
@@ -143,7 +150,7 @@ async def test_a_job_restarts_as_long_as_its_window_allows(tmp_path: Path) -> No
         gaps = iter([200.0, 200.0, 200.0])
         attempts = 0
 
-        async def attempt(_job: ManagedJob) -> None:
+        async def attempt(_job: ManagedJob, _driver: Any, _survivors: Any) -> None:
             nonlocal attempts
             attempts += 1
             _job.publish({"training_iteration": attempts,
@@ -156,6 +163,7 @@ async def test_a_job_restarts_as_long_as_its_window_allows(tmp_path: Path) -> No
             raise RuntimeError("learner died")
 
         manager._attempt = attempt  # type: ignore[method-assign]
+        manager._new_driver = lambda _job: StubDriver()  # type: ignore[method-assign]
         await manager._run(job)
         assert job.state == "finished" and attempts == 4 and job.num_failures == 3
         assert job.results[-1]["info"]["num_worker_restarts"] == 4  # one per attempt

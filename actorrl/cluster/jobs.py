@@ -567,8 +567,7 @@ class JobManager:
         _current_job.set(job)
         # One driver for every attempt: a restart replaces what died and keeps the live
         # rollout workers and replay shards (with their contents) of the failed attempt.
-        driver = ClusterDriver(self.coordinator, f"job:{job.id}",
-                               placement=job.submission.options.placement, colocate=COLOCATE)
+        driver = self._new_driver(job)
         survivors: Survivors | None = None
         try:
             while True:
@@ -616,6 +615,12 @@ class JobManager:
                 with contextlib.suppress(Exception):
                     await wait_for(survivors.release(), 30)
             await driver.shutdown()
+
+    def _new_driver(self, job: ManagedJob) -> ClusterDriver:
+        """The driver that places ``job``'s actors (owner ``job:<id>``), for all its
+        attempts."""
+        return ClusterDriver(self.coordinator, f"job:{job.id}",
+                             placement=job.submission.options.placement, colocate=COLOCATE)
 
     async def _attempt(self, job: ManagedJob, driver: ClusterDriver,
                        survivors: Survivors | None) -> None:
