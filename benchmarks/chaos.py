@@ -21,9 +21,10 @@ faults injected, the rollbacks the results record (``info.num_restarts``,
 ``info.restored_iteration``, ``info.timesteps_lost``), and the invariants: the job
 finished; ``training_iteration`` goes up by one except where a result records a new
 rollback, which resumes at its ``restored_iteration`` + 1; ``timesteps_total`` never counts
-lost work (it restarts from the restored iteration's); no process of the cluster and no
-session folder is left afterwards. ``--long-minutes`` adds one long Ape-X run (a fault
-every 60 s) whose stop is that many minutes of training.
+lost work (it restarts from the restored iteration's); no process of the cluster, no
+session folder and no shared-memory segment of a dead process is left afterwards.
+``--long-minutes`` adds one long Ape-X run (a fault every 60 s) whose stop is that many
+minutes of training.
 
 Jobs: Ape-X on CartPole-v1 (target 450) and APPO on MinAtar Space Invaders (target 60,
 the minatar extra). Faults need the job's actors alive to aim at: when the drawn kind has
@@ -199,6 +200,26 @@ def marked_processes(marker: str, deadline_s: float) -> list[int]:
         if not found or time.monotonic() >= end:
             return found
         time.sleep(0.5)
+
+
+SHM_DIR = Path("/dev/shm")
+SHM_PREFIX = "actorrl-shm."
+"""actorrl's shared-memory segments: ``actorrl-shm.<uid>.<pid>.<start>.<n>``."""
+
+
+def orphan_segments(before: set[str]) -> list[str]:
+    """actorrl's shared-memory segments that appeared since ``before`` and whose creating
+    process is gone (what a dead process left behind)."""
+    if not SHM_DIR.is_dir():
+        return []
+    left = []
+    for name in sorted(os.listdir(SHM_DIR)):
+        if not name.startswith(SHM_PREFIX) or name in before:
+            continue
+        parts = name[len(SHM_PREFIX):].split(".")
+        if len(parts) >= 2 and parts[1].isdigit() and not Path(f"/proc/{parts[1]}").exists():
+            left.append(name)
+    return left
 
 
 class Injector:
@@ -404,6 +425,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         target[path[-1]] = json.loads(value)
     root = Path(tempfile.mkdtemp(prefix="arl-chaos-"))
     cluster = ChaosCluster(root)
+    segments_before = set(os.listdir(SHM_DIR)) if SHM_DIR.is_dir() else set()
     # A SIGTERM (a stopped benchmark) still stops the cluster: SystemExit runs `finally`.
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     out: dict[str, Any] = {"measured": time.strftime("%Y-%m-%d %H:%M"), "seed": args.seed,
@@ -435,6 +457,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         signal.signal(signal.SIGTERM, previous)
         out["processes_left"] = cluster.close()
         out["session_folders_left"] = [s for s in cluster.sessions if os.path.exists(s)]
+        out["shm_segments_left"] = orphan_segments(segments_before)
         shutil.rmtree(root, ignore_errors=True)
     text = json.dumps(out, indent=1)
     print(text)

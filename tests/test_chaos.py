@@ -59,3 +59,4 @@ def test_a_job_survives_a_worker_a_learner_and_the_coordinator_dying(capsys):
     assert run["rollbacks"], run  # ... and its results say where it rolled back to
     assert run["invariant_problems"] == [], run
     assert out["processes_left"] == [] and out["session_folders_left"] == [], out
+    assert out["shm_segments_left"] == [], out
