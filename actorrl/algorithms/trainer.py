@@ -572,19 +572,6 @@ class Trainer:
                 "num_steps_trained": self.pipeline.num_steps_trained + self.trained_offset,
                 "time_total_s": self.time_total_s}
 
-    def continue_counters(self, reported: Mapping[str, Any]) -> None:
-        """Counters continue from ``reported`` (result keys, as :meth:`counters`), never
-        going backwards: each becomes the larger of its current and its reported value.
-        For a run restarted after a failure, with or without restoring a checkpoint
-        first, so that no counter repeats what was already reported."""
-        current = self.counters()
-        merged = {key: max(current[key], reported.get(key, current[key]))
-                  for key in current}
-        self._set_counters(iteration=int(merged["training_iteration"]),
-                           time_total_s=float(merged["time_total_s"]),
-                           timesteps_total=int(merged["timesteps_total"]),
-                           num_steps_trained=int(merged["num_steps_trained"]))
-
     def _set_counters(self, *, iteration: int, time_total_s: float, timesteps_total: int,
                       num_steps_trained: int) -> None:
         assert self.pipeline is not None
