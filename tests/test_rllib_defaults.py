@@ -20,6 +20,7 @@ from actorrl.experiment.train import (
     read_config_file_sections,
     resolve_config,
 )
+from actorrl.policy.model_config import MODEL_DEFAULTS
 
 pytestmark = pytest.mark.unit
 
@@ -65,8 +66,9 @@ def test_an_rllib_file_that_sets_nothing_runs_with_rllibs_values(tmp_path, algor
     config = _resolve(tmp_path, {"exp": {"run": name, "env": "CartPole-v1", "config": {}}})
     for dotted, value in _leaves(RLLIB_DEFAULTS[algorithm]).items():
         if dotted.startswith("policy.model."):
-            assert _value(config, "policy.model").get(dotted.rsplit(".", 1)[1],
-                                                        value) == value, dotted
+            # The model a policy builds: the config's keys over the model defaults.
+            model = {**MODEL_DEFAULTS, **_value(config, "policy.model")}
+            assert model[dotted.rsplit(".", 1)[1]] == value, f"{algorithm} {dotted}"
         else:
             assert _value(config, dotted) == value, f"{algorithm} {dotted}"
 
