@@ -200,6 +200,27 @@ def _policy(cls: type[DDPGPolicy] = TD3Policy, **config: Any) -> DDPGPolicy:
     return policy
 
 
+def test_weight_syncs_carry_the_actor_unless_workers_prioritize():
+    """Rollout workers receive DDPG's actor alone; with worker_side_prioritization they
+    compute TD errors with the Q networks too, and receive everything."""
+    plain = _policy(DDPGPolicy)
+    for seed in range(3):  # actor weights apart from a fresh policy's
+        plain.learn_on_batch(_batch(16, seed))
+    acting = plain.get_weights(acting_only=True)
+    assert acting and all(name.startswith("policy.") for name in acting)
+    assert any(name.startswith("q.") for name in plain.get_weights())
+    prioritizing = _policy(DDPGPolicy, worker_side_prioritization=True)
+    assert prioritizing.get_weights(acting_only=True).keys() == \
+        prioritizing.get_weights().keys()
+    worker = _policy(DDPGPolicy, worker_index=1)
+    obs = np.random.default_rng(0).normal(size=(8, 3)).astype(np.float32)
+    assert not np.array_equal(worker.compute_actions(obs, explore=False)[0],
+                              plain.compute_actions(obs, explore=False)[0])
+    worker.set_weights(acting)
+    np.testing.assert_array_equal(worker.compute_actions(obs, explore=False)[0],
+                                  plain.compute_actions(obs, explore=False)[0])
+
+
 # ---- the losses ------------------------------------------------------------------------------
 @pytest.mark.parametrize("twin_q,smooth,use_huber", [(True, True, False), (False, False, True),
                                                      (True, False, True)])

@@ -445,6 +445,37 @@ def test_checkpoint_state_carries_alpha_targets_and_optimizer():
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+def test_weight_syncs_carry_the_actor_alone():
+    """What the learner sends rollout workers is the actor (the ``policy`` module's
+    weights), not the Q networks or alpha; a worker loading it acts exactly as the learner
+    does, keeps its own critics, and weights of another shape are refused by name."""
+    learner = _policy(BOX)
+    for seed in range(2):
+        learner.learn_on_batch(_batch(16, BOX, seed))
+    full, acting = learner.get_weights(), learner.get_weights(acting_only=True)
+    assert acting and all(name.startswith("policy.") for name in acting)
+    assert set(full) - set(acting) >= {"log_alpha", *(k for k in full if k.startswith("q."))}
+    assert sum(v.nbytes for v in acting.values()) < sum(v.nbytes for v in full.values()) / 2
+    torch.manual_seed(3)
+    worker = SACPolicy(OBS, BOX, {**SMALL, "seed": 0, "worker_index": 1})
+    q_before = {k: v.copy() for k, v in worker.get_weights().items() if k.startswith("q.")}
+    worker.set_weights(acting)
+    obs = np.random.default_rng(1).normal(size=(32, 3)).astype(np.float32)
+    np.testing.assert_array_equal(worker.compute_actions(obs, explore=False)[0],
+                                  learner.compute_actions(obs, explore=False)[0])
+    for name, value in worker.get_weights().items():
+        if name.startswith("q."):
+            np.testing.assert_array_equal(value, q_before[name])
+    worker.set_weights(full)  # a checkpoint's full weights still load
+    np.testing.assert_array_equal(worker.get_weights()["log_alpha"], full["log_alpha"])
+    partial = {k: v for k, v in acting.items() if not k.endswith("bias")}
+    with pytest.raises(ValueError, match="do not fit this policy's model: missing"):
+        worker.set_weights(partial)
+    synced = RolloutWorker("Pendulum-v1", SAC_POLICY, SMALL).get_weights(
+        acting_only=True)["default_policy"]
+    assert synced and all(name.startswith("policy.") for name in synced)
+
+
 def test_acting_in_minus_one_one_explore_and_deterministic():
     """Box actions in [-1, 1] (the sampler maps them onto the env's bounds), sampled when
     exploring and tanh(mean) when not; Discrete actions are ints; exploring counts the

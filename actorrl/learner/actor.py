@@ -336,9 +336,11 @@ class LearnerActor:
     # ---- weights ----------------------------------------------------------------------
     def get_weights(self) -> dict[str, Any]:
         """``{"version": v, "weights": {policy_id: {name: array}}}`` read consistently
-        between two updates."""
+        between two updates: the weights rollout workers act with (each policy's
+        ``acting_weight_names``; SAC's and DDPG's actor without their Q networks)."""
         with self.thread.update_lock:
-            return {"version": self.current_version(), "weights": self.worker.get_weights()}
+            return {"version": self.current_version(),
+                    "weights": self.worker.get_weights(acting_only=True)}
 
     def set_weights(self, weights: Mapping[str, Any]) -> int:
         """Load weights (``{policy_id: {name: array}}``); returns the new version."""

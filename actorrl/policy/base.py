@@ -244,14 +244,34 @@ class TorchPolicy:
         self.num_updates = getattr(self, "num_updates", 0) + 1
         self.after_update(self.num_updates)
 
-    def get_weights(self) -> dict[str, np.ndarray]:
-        """Model parameters and buffers as numpy arrays (copies, safe to send)."""
-        return {k: v.detach().cpu().numpy().copy() for k, v in self.model.state_dict().items()}
+    def get_weights(self, acting_only: bool = False) -> dict[str, np.ndarray]:
+        """Model parameters and buffers as numpy arrays (copies, safe to send); with
+        ``acting_only`` just those :meth:`acting_weight_names` names (what a rollout
+        worker needs)."""
+        names = self.acting_weight_names() if acting_only else None
+        return {k: v.detach().cpu().numpy().copy() for k, v in self.model.state_dict().items()
+                if names is None or k in names}
+
+    def acting_weight_names(self) -> frozenset[str] | None:
+        """The model weights that acting and a rollout worker's postprocessing read, when
+        they are fewer than all (an off-policy actor without its critics); None: all."""
+        return None
 
     def set_weights(self, weights: dict[str, np.ndarray]) -> None:
-        """Load weights produced by :meth:`get_weights`."""
+        """Load weights produced by :meth:`get_weights`: all of the model's, or exactly its
+        :meth:`acting_weight_names` (the rest is left as it is)."""
         state = {k: torch.as_tensor(np.asarray(v)) for k, v in weights.items()}
-        self.model.load_state_dict(state)
+        if state.keys() == self.model.state_dict().keys():
+            self.model.load_state_dict(state)
+            return
+        acting = self.acting_weight_names()
+        if acting is None or set(state) != acting:
+            missing = sorted(set(self.model.state_dict()) - set(state))
+            unknown = sorted(set(state) - set(self.model.state_dict()))
+            raise ValueError(f"weights do not fit this policy's model: missing {missing[:5]}, "
+                             f"unknown {unknown[:5]}; were they saved by a policy with "
+                             "another model config?")
+        self.model.load_state_dict(state, strict=False)
 
     def get_state(self) -> dict[str, Any]:
         """Weights, optimizer state and counters, for checkpoints."""

@@ -141,6 +141,16 @@ class SoftTargetPolicy(TargetNetworkPolicy):
         """``(online, target)``: the parameters the targets follow, in matching order."""
         raise NotImplementedError
 
+    def acting_weight_names(self) -> frozenset[str] | None:
+        """The actor's weights (the model's ``policy`` module): a rollout worker acts with
+        them alone, so weight syncs leave the Q networks (most of the model) at the
+        learner."""
+        names = getattr(self, "_acting_weight_names", None)
+        if names is None:
+            names = frozenset(k for k in self.model.state_dict() if k.startswith("policy."))
+            self._acting_weight_names = names
+        return names
+
     def compute_gradients(self, batch: SampleBatch) -> tuple[list[np.ndarray], dict[str, Any]]:
         """Gradients as in the base; the rows count toward the target update when these
         gradients are applied to this policy."""

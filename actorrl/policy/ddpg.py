@@ -266,6 +266,13 @@ class DDPGPolicy(SoftTargetPolicy):
         """Every parameter (actor and Q networks), online and target."""
         return list(self.model.parameters()), list(self.target_model.parameters())
 
+    def acting_weight_names(self) -> frozenset[str] | None:
+        """The actor's weights; all of them with ``worker_side_prioritization`` (a worker
+        then computes its rows' TD errors with the Q networks too)."""
+        if self.config.worker_side_prioritization:
+            return None
+        return super().acting_weight_names()
+
     def set_weights(self, weights: dict[str, np.ndarray]) -> None:
         """Load online weights; on a rollout worker (``worker_index >= 1``) the targets
         follow them (its worker-side TD errors then use the current networks)."""

@@ -297,10 +297,13 @@ class RolloutWorker:
         """``[fn(policy, policy_id)]`` over ``policies_to_train``."""
         return [fn(self.policy_map[pid], pid) for pid in self.policies_to_train]
 
-    def get_weights(self, policies: list[str] | None = None) -> dict[str, dict[str, np.ndarray]]:
-        """``{policy_id: {param_name: array}}`` for ``policies`` (default: all)."""
+    def get_weights(self, policies: list[str] | None = None, acting_only: bool = False
+                    ) -> dict[str, dict[str, np.ndarray]]:
+        """``{policy_id: {param_name: array}}`` for ``policies`` (default: all); with
+        ``acting_only`` each policy's :meth:`~actorrl.policy.base.TorchPolicy.
+        acting_weight_names` only (what rollout workers load)."""
         ids = list(self.policy_map) if policies is None else policies
-        return {pid: self.get_policy(pid).get_weights() for pid in ids}
+        return {pid: self.get_policy(pid).get_weights(acting_only) for pid in ids}
 
     def set_weights(self, weights: Mapping[str, Mapping[str, np.ndarray]],
                     global_timestep: int | None = None) -> None:
