@@ -2,19 +2,36 @@
 prints ONE JSON object measured in one run.
 
     python benchmarks/chaos.py [--jobs apex,appo] [--fault-every 15] [--seed 0]
-                               [--long-minutes 30] [--out FILE.json]
+                               [--long-minutes 30] [--network auto|netns|loopback]
+                               [--out FILE.json]
     python benchmarks/chaos.py --jobs "" --long-minutes 30    # the long run alone
 
-A coordinator and three node agents run on loopback, each a separate process tree (the
+A coordinator and three node agents (``--nodes``), each a separate process tree (the
 coordinator bound to a fixed port so that it can be restarted on the same address with the
-same state dir). Each job runs twice with the same seed: undisturbed, then under faults
-drawn from ``--seed``, one every ``--fault-every`` seconds (jittered by +-30%) until the job
-ends:
+same state dir). Where they run (``--network``):
+
+- ``netns`` (the default ``auto`` when run as root with iproute2's ``ip``): each node agent
+  in a network namespace of its own, made by the benchmark, with its own IP address on a
+  veth pair whose other end is a port of a bridge in the benchmark's namespace, where the
+  coordinator listens on the bridge's address. The actors a node agent starts live in its
+  namespace and advertise its address (``node join --host``); everything between hosts is
+  tcp with CURVE keys made for the run. A partition is a real link cut: the node's veth is
+  set down for 3-30 s, then up again;
+- ``loopback`` (``--loopback``; ``auto`` when not root, without ``ip``, or when making a
+  namespace fails): everything on 127.0.0.1 without keys, and a partition is a SIGSTOP of
+  the node agent and its actors for 3-30 s, then SIGCONT.
+
+The namespaces, veths and the bridge are removed at the end, also after an error, Ctrl-C
+or SIGTERM, and the report says whether any is left.
+
+Each job runs twice with the same seed: undisturbed, then under faults drawn from
+``--seed``, one every ``--fault-every`` seconds (jittered by +-30%) until the job ends:
 
 - ``worker`` / ``replay`` / ``learner``: SIGKILL of one of the job's actors of that kind;
 - ``node``: SIGKILL of a node agent and every actor on it; the node rejoins 1-3 s later;
 - ``coordinator``: SIGKILL of the coordinator, restarted at once with the same state dir;
-- ``partition``: SIGSTOP of a node agent and its actors for 3-30 s, then SIGCONT.
+- ``partition``: a node cut off for 3-30 s (``--partition-s``): its link down (netns), or
+  it and its actors stopped (loopback).
 
 Per job it reports time and env steps to the target for both runs and their ratio, the
 faults injected, the rollbacks the results record (``info.num_restarts``,
@@ -22,7 +39,8 @@ faults injected, the rollbacks the results record (``info.num_restarts``,
 finished; ``training_iteration`` goes up by one except where a result records a new
 rollback, which resumes at its ``restored_iteration`` + 1; ``timesteps_total`` never counts
 lost work (it restarts from the restored iteration's); no process of the cluster, no
-session folder and no shared-memory segment of a dead process is left afterwards.
+session folder, no shared-memory segment of a dead process, and (netns) no namespace, veth
+or bridge is left afterwards.
 ``--long-minutes`` adds one long Ape-X run (a fault every 60 s) whose stop is that many
 minutes of training.
 
@@ -87,78 +105,264 @@ limit (the benchmark measures what faults cost, not when a job gives up)."""
 FAULT_KINDS = ("worker", "replay", "learner", "node", "coordinator", "partition")
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
+
+
+NETNS_PREFIX = "arlchaos-"
+"""The benchmark's network namespaces: ``arlchaos-<run tag>-<node>``."""
+LINK_PREFIX = "arlc"
+"""Its links (at most 15 characters): ``arlc<tag>br``, the bridge; ``arlc<tag><node>h``,
+a node's veth on the bridge (``...c``, its peer in the node's namespace)."""
+
+
+def ip_command(*args: str) -> str:
+    """Run iproute2's ``ip ARGS``; its output. RuntimeError with ip's message on failure."""
+    done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30,
+                          stdin=subprocess.DEVNULL)
+    if done.returncode != 0:
+        raise RuntimeError(f"`ip {' '.join(args)}` failed: "
+                           f"{done.stderr.strip() or f'exit {done.returncode}'}")
+    return done.stdout
+
+
+def netns_problem() -> str | None:
+    """Why this process cannot make network namespaces at all (None: it may try)."""
+    if os.geteuid() != 0:
+        return "not root (making network namespaces and links needs root)"
+    if shutil.which("ip") is None:
+        return "iproute2's `ip` is not installed (apt-get install iproute2)"
+    return None
+
+
+@dataclass
+class Namespaces:
+    """The benchmark's network: a bridge in this namespace (the coordinator's, at
+    ``SUBNET.1``) and per node a network namespace joined to it by a veth pair (node
+    ``i``'s address ``SUBNET.(10+i)``). :meth:`remove` undoes whatever was made."""
+
+    tag: str = field(default_factory=lambda: os.urandom(2).hex())
+    subnet: str = ""
+    """The /24 in use, e.g. ``10.213.7`` (chosen by :meth:`create` among unused ones)."""
+    hosts: dict[str, str] = field(default_factory=dict)
+    """Node name -> its address."""
+    made_namespaces: list[str] = field(default_factory=list)
+    made_links: list[str] = field(default_factory=list)
+
+    @property
+    def bridge(self) -> str:
+        """The bridge's name."""
+        return f"{LINK_PREFIX}{self.tag}br"
+
+    @property
+    def gateway(self) -> str:
+        """The bridge's address: where the coordinator listens."""
+        return f"{self.subnet}.1"
+
+    def namespace(self, node: str) -> str:
+        """The namespace of node ``node``."""
+        return f"{NETNS_PREFIX}{self.tag}-{node}"
+
+    def veth(self, node: str) -> str:
+        """Node ``node``'s veth on the bridge (cut to partition it)."""
+        return f"{LINK_PREFIX}{self.tag}{node}h"
+
+    def create(self, nodes: list[str]) -> None:
+        """Make the bridge and one namespace per node in ``nodes``; RuntimeError naming the
+        ``ip`` command that failed (what was made is recorded for :meth:`remove`)."""
+        used = ip_command("-4", "-o", "addr", "show") + ip_command("-4", "route", "show")
+        rng = random.Random()
+        free = [f"10.213.{n}" for n in range(256) if f"10.213.{n}." not in used]
+        if not free:
+            raise RuntimeError("no free 10.213.N.0/24 subnet on this host")
+        self.subnet = rng.choice(free)
+        self.made_links.append(self.bridge)
+        ip_command("link", "add", self.bridge, "type", "bridge")
+        ip_command("addr", "add", f"{self.gateway}/24", "dev", self.bridge)
+        ip_command("link", "set", self.bridge, "up")
+        for index, node in enumerate(nodes, start=1):
+            self._add_node(node, f"{self.subnet}.{10 + index}")
+
+    def _add_node(self, node: str, host: str) -> None:
+        ns, outside, inside = self.namespace(node), self.veth(node), self.veth(node)[:-1] + "c"
+        self.made_namespaces.append(ns)
+        ip_command("netns", "add", ns)
+        self.made_links.append(outside)
+        ip_command("link", "add", outside, "type", "veth", "peer", "name", inside)
+        ip_command("link", "set", inside, "netns", ns)
+        ip_command("link", "set", outside, "master", self.bridge)
+        ip_command("link", "set", outside, "up")
+        ip_command("-n", ns, "addr", "add", f"{host}/24", "dev", inside)
+        ip_command("-n", ns, "link", "set", inside, "up")
+        ip_command("-n", ns, "link", "set", "lo", "up")
+        self.hosts[node] = host
+
+    def exec_prefix(self, node: str) -> list[str]:
+        """The command prefix that runs a program in node ``node``'s namespace."""
+        return ["ip", "netns", "exec", self.namespace(node)]
+
+    def cut(self, node: str) -> None:
+        """Partition node ``node``: its veth on the bridge goes down (packets to and from
+        its namespace are dropped; nothing in it is told)."""
+        ip_command("link", "set", self.veth(node), "down")
+
+    def restore(self, node: str) -> None:
+        """End :meth:`cut`."""
+        ip_command("link", "set", self.veth(node), "up")
+
+    def remove(self) -> None:
+        """SIGKILL whatever still runs in the namespaces, delete them, the veths and the
+        bridge (each step tried whatever the others did)."""
+        for ns in self.made_namespaces:
+            try:
+                pids = ip_command("netns", "pids", ns).split()
+            except RuntimeError:
+                pids = []
+            for pid in pids:
+                _kill(int(pid))
+            try:
+                ip_command("netns", "del", ns)
+            except RuntimeError:
+                pass
+        for link in reversed(self.made_links):  # a namespace's deletion took its veth
+            if link in self.links_left():
+                try:
+                    ip_command("link", "del", link)
+                except RuntimeError:
+                    pass
+
+    def namespaces_left(self) -> list[str]:
+        """This run's namespaces that still exist."""
+        try:
+            listed = ip_command("netns", "list")
+        except RuntimeError:
+            return []
+        names = [line.split()[0] for line in listed.splitlines() if line.strip()]
+        return [n for n in names if n.startswith(f"{NETNS_PREFIX}{self.tag}-")]
+
+    def links_left(self) -> list[str]:
+        """This run's links (bridge, veths) that still exist here."""
+        try:
+            listed = ip_command("-o", "link", "show")
+        except RuntimeError:
+            return []
+        names = [line.split(":")[1].strip().split("@")[0] for line in listed.splitlines()
+                 if line.count(":") >= 2]
+        return [n for n in names if n.startswith(f"{LINK_PREFIX}{self.tag}")]
 
 
 @dataclass
 class ChaosCluster:
-    """A coordinator and ``nodes`` node agents on loopback, each its own process tree."""
+    """A coordinator and ``nodes`` node agents, each its own process tree: on loopback, or
+    (``network``) each node agent in a network namespace of its own."""
 
     root: Path
     nodes: int = 3
     cpus_per_node: int = 2
-    port: int = field(default_factory=free_port)
+    network: Namespaces | None = None
+    """The namespaces the node agents run in (None: loopback)."""
+    partition_s: tuple[float, float] = (3.0, 30.0)
+    """A partition's length is drawn uniformly from this range."""
+    port: int = 0
+    """The coordinator's port (0: a free one, chosen by :meth:`start`)."""
     coordinator: subprocess.Popen | None = None
     agents: dict[str, subprocess.Popen] = field(default_factory=dict)
     sessions: list[str] = field(default_factory=list)
 
     @property
+    def host(self) -> str:
+        """Where the coordinator listens: the bridge's address, or 127.0.0.1."""
+        return self.network.gateway if self.network is not None else "127.0.0.1"
+
+    @property
     def address(self) -> str:
         """The coordinator's address (the same across restarts)."""
-        return f"tcp://127.0.0.1:{self.port}"
+        return f"tcp://{self.host}:{self.port}"
+
+    @property
+    def keys(self) -> Path | None:
+        """The run's CURVE keys (netns: tcp off loopback needs them); None on loopback."""
+        return self.root / "keys" if self.network is not None else None
+
+    def node_names(self) -> list[str]:
+        """``n1`` ... ``nN``."""
+        return [f"n{i}" for i in range(1, self.nodes + 1)]
 
     def env(self) -> dict[str, str]:
         """The environment of every process started (marked for leftover checks)."""
         return {**os.environ, MARKER: str(self.root), "PYTHONPATH": str(REPO)}
 
     def start(self) -> None:
-        """Start the coordinator and every node agent; wait until all have joined."""
+        """Start the coordinator and every node agent; wait until all have joined. With
+        :attr:`network`, its namespaces must exist (:meth:`Namespaces.create`)."""
+        if self.keys is not None and not self.keys.exists():
+            from transport.auth import generate_keys
+
+            generate_keys(str(self.keys), ["coordinator", "node", "admin"])
+        if not self.port:
+            self.port = free_port(self.host)
         self.start_coordinator()
-        for i in range(1, self.nodes + 1):
-            self.join(f"n{i}")
+        for name in self.node_names():
+            self.join(name)
         with self.client() as client:
             if client.wait_for_nodes(self.nodes, 120) < self.nodes:
-                raise RuntimeError("the node agents did not all join within 120 s")
+                raise RuntimeError(f"the node agents did not all join within 120 s; see "
+                                   f"their logs in {self.root}")
+
+    def _security(self) -> list[str]:
+        return ["--keys", str(self.keys)] if self.keys is not None else \
+            ["--insecure-loopback"]
 
     def start_coordinator(self) -> None:
         """Start (or restart) the coordinator on :attr:`address` with the same state dir."""
         read_fd, write_fd = os.pipe()
         args = ["coordinator", "start", "--bind", self.address, "--state-dir",
-                str(self.root / "state"), "--insecure-loopback", "--ready-fd", str(write_fd)]
-        self.coordinator = self._spawn(args, "coordinator.log", (write_fd,))
+                str(self.root / "state"), *self._security(), "--ready-fd", str(write_fd)]
+        self.coordinator = self._spawn([*CLI, *args], "coordinator.log", (write_fd,))
         os.close(write_fd)
         ready, _, _ = select.select([read_fd], [], [], 120)
         line = os.read(read_fd, 4096).decode() if ready else ""
         os.close(read_fd)
         if not line.startswith("READY "):
-            raise RuntimeError(f"the coordinator did not start: {line!r}")
+            raise RuntimeError(f"the coordinator did not start: {line!r}; see "
+                               f"{self.root / 'coordinator.log'}")
 
     def join(self, name: str) -> None:
-        """Start the node agent ``name`` (again, after a node fault)."""
+        """Start the node agent ``name`` (again, after a node fault): in its namespace,
+        advertising the namespace's address, when :attr:`network` is set."""
         session = tempfile.mkdtemp(prefix=f"arl-chaos-{name}-")
         self.sessions.append(session)
-        self.agents[name] = self._spawn(
-            ["node", "join", self.address, "--name", name, "--cpus", str(self.cpus_per_node),
-             "--gpus", "0", "--session-dir", session, "--insecure-loopback"],
-            f"node-{name}.log")
+        args = ["node", "join", self.address, "--name", name, "--cpus",
+                str(self.cpus_per_node), "--gpus", "0", "--session-dir", session,
+                *self._security()]
+        prefix: list[str] = []
+        if self.network is not None:
+            # `ip netns exec` execs the node agent itself (the Popen's pid is the agent's).
+            prefix = self.network.exec_prefix(name)
+            args += ["--host", self.network.hosts[name]]
+        self.agents[name] = self._spawn([*prefix, *CLI, *args], f"node-{name}.log")
 
     def client(self) -> Client:
-        """A new client of the coordinator."""
+        """A new client of the coordinator (the admin key with :attr:`network`: it may
+        shut the coordinator down)."""
+        if self.keys is not None:
+            return Client(self.address, keys_dir=str(self.keys), identity="admin",
+                          connect_timeout_s=30)
         return Client(self.address, insecure_loopback=True, connect_timeout_s=30)
 
-    def _spawn(self, args: list[str], log: str, fds: tuple[int, ...] = ()
+    def _spawn(self, argv: list[str], log: str, fds: tuple[int, ...] = ()
                ) -> subprocess.Popen:
         with open(self.root / log, "ab") as f:
-            return subprocess.Popen([*CLI, *args], cwd=REPO, stdin=subprocess.DEVNULL,
+            return subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL,
                                     stdout=f, stderr=subprocess.STDOUT, pass_fds=fds,
                                     env=self.env())
 
     def close(self) -> list[int]:
-        """Stop everything; the pids of marked processes still alive 30 s later."""
+        """Stop everything and remove the namespaces; the pids of marked processes still
+        alive 30 s later."""
         try:
             with self.client() as client:
                 client.call("coord.shutdown", [True], timeout_s=30)
@@ -173,10 +377,9 @@ class ChaosCluster:
                 proc.kill()
         left = marked_processes(str(self.root), deadline_s=30)
         for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            _kill(pid)
+        if self.network is not None:
+            self.network.remove()
         for session in self.sessions:
             shutil.rmtree(session, ignore_errors=True)
         return left
@@ -286,13 +489,25 @@ class Injector:
             time.sleep(self.rng.uniform(1, 3))  # the node is down for a moment
             self.cluster.join(name)
             return {"kind": kind, "node": name, "actors": len(pids)}
-        pause = self.rng.uniform(3, 30)
+        pause = self.rng.uniform(*self.cluster.partition_s)
+        network = self.cluster.network
+        if network is not None:  # a real link cut: the node and its actors keep running
+            network.cut(name)
+            try:
+                time.sleep(pause)  # the partition's length
+            finally:
+                network.restore(name)
+            return {"kind": kind, "node": name, "seconds": round(pause, 1),
+                    "how": "link down", "actors": len(pids)}
         for pid in [agent.pid, *pids]:
             _signal(pid, signal.SIGSTOP)
-        time.sleep(pause)  # the partition's length
-        for pid in [agent.pid, *pids]:
-            _signal(pid, signal.SIGCONT)
-        return {"kind": kind, "node": name, "seconds": round(pause, 1)}
+        try:
+            time.sleep(pause)  # the partition's length
+        finally:
+            for pid in [agent.pid, *pids]:
+                _signal(pid, signal.SIGCONT)
+        return {"kind": kind, "node": name, "seconds": round(pause, 1), "how": "SIGSTOP",
+                "actors": len(pids)}
 
 
 def _kill(pid: int) -> None:
@@ -304,6 +519,12 @@ def _signal(pid: int, sig: int) -> None:
         os.kill(pid, sig)
     except ProcessLookupError:
         pass
+
+
+def _tcp_host(endpoint: str) -> str:
+    """The host of an endpoint's tcp address (``tcp://HOST:PORT|...``); "" for none."""
+    address = endpoint.split("|", 1)[0]
+    return address[len("tcp://"):].rsplit(":", 1)[0] if address.startswith("tcp://") else ""
 
 
 def read_results(path: Path) -> list[dict[str, Any]]:
@@ -356,8 +577,12 @@ def run_job(cluster: ChaosCluster, name: str, config: dict[str, Any], *,
     started = time.monotonic()
     next_fault = started + (fault_every_s or 0) * rng.uniform(0.7, 1.3)
     reached: dict[str, Any] | None = None
+    actor_hosts: dict[str, str] = {}
     state = "pending"
     while state not in ("finished", "stopped", "failed"):
+        if not actor_hosts and state == "running":  # where the actors are reached
+            actor_hosts = {f"{a['name']}@{a['node']}": _tcp_host(str(a.get("endpoint")))
+                           for a in injector.job_actors()}
         if fault_every_s and time.monotonic() >= next_fault:
             injector.inject(started)
             next_fault = time.monotonic() + fault_every_s * rng.uniform(0.7, 1.3)
@@ -395,8 +620,21 @@ def run_job(cluster: ChaosCluster, name: str, config: dict[str, Any], *,
                       if (r.get("info") or {}).get("num_restarts", 0)
                       > (before.get("info") or {}).get("num_restarts", 0)],
         "faults_not_injected": [f"{k}:{kind}" for k, kind in pending],
+        "actor_hosts": actor_hosts,
         "invariant_problems": check_invariants(rows),
     }
+
+
+def parse_range(text: str) -> tuple[float, float]:
+    """``MIN,MAX`` (or one number for both) as two floats, MIN <= MAX."""
+    low, _, high = text.partition(",")
+    try:
+        pair = (float(low), float(high or low))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not MIN,MAX in seconds") from None
+    if not 0 < pair[0] <= pair[1]:
+        raise argparse.ArgumentTypeError(f"{text!r}: need 0 < MIN <= MAX")
+    return pair
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -413,8 +651,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="skip the undisturbed reference run")
     parser.add_argument("--set", action="append", default=[], metavar="JOB.KEY=VALUE",
                         help="change a job's config (e.g. apex.stop.episode_reward_mean=150)")
+    parser.add_argument("--network", choices=("auto", "netns", "loopback"), default="auto",
+                        help="netns: each node agent in a network namespace of its own "
+                             "(root and iproute2 needed), a partition cuts its link; "
+                             "loopback: all on 127.0.0.1, a partition is a SIGSTOP; auto "
+                             "(default): netns when possible, else loopback")
+    parser.add_argument("--loopback", dest="network", action="store_const", const="loopback",
+                        help="the same as --network loopback")
+    parser.add_argument("--nodes", type=int, default=3, help="node agents (default 3)")
+    parser.add_argument("--partition-s", type=parse_range, default=(3.0, 30.0),
+                        metavar="MIN,MAX", help="a partition's length range (default 3,30)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
+    problem = netns_problem() if args.network != "loopback" else None
+    if problem is not None and args.network == "netns":
+        parser.error(f"--network netns: {problem}; run as root with iproute2, or pass "
+                     "--loopback")
     jobs = {name: json.loads(json.dumps(JOBS[name])) for name in args.jobs.split(",") if name}
     for text in args.set:
         dotted, _, value = text.partition("=")
@@ -424,15 +676,36 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             target = target.setdefault(part, {})
         target[path[-1]] = json.loads(value)
     root = Path(tempfile.mkdtemp(prefix="arl-chaos-"))
-    cluster = ChaosCluster(root)
+    network = Namespaces() if args.network != "loopback" and problem is None else None
+    cluster = ChaosCluster(root, nodes=args.nodes, network=network,
+                           partition_s=args.partition_s)
     segments_before = set(os.listdir(SHM_DIR)) if SHM_DIR.is_dir() else set()
     # A SIGTERM (a stopped benchmark) still stops the cluster: SystemExit runs `finally`.
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     out: dict[str, Any] = {"measured": time.strftime("%Y-%m-%d %H:%M"), "seed": args.seed,
                            "fault_every_s": args.fault_every, "nodes": cluster.nodes,
-                           "jobs": []}
+                           "network": "loopback", "jobs": []}
+    if problem is not None and args.network == "auto":
+        out["network_note"] = f"no network namespaces: {problem}"
     try:
+        if network is not None:
+            try:
+                network.create(cluster.node_names())
+            except RuntimeError as exc:
+                network.remove()
+                if args.network == "netns":
+                    raise RuntimeError(f"--network netns: making the namespaces failed "
+                                       f"({exc}); pass --loopback to run without them"
+                                       ) from None
+                out["network_note"] = f"no network namespaces: {exc}"
+                print(f"chaos.py: {out['network_note']}; running on loopback",
+                      file=sys.stderr, flush=True)
+                cluster.network = None
+            else:
+                out["network"] = "netns"
         cluster.start()
+        with cluster.client() as client:
+            out["node_hosts"] = {n["name"]: n["host"] for n in client.nodes()}
         faults_at = [(int(n), kind) for n, _, kind in
                      (item.partition(":") for item in args.faults_at.split(",") if item)]
         for name, config in jobs.items():
@@ -454,10 +727,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             out["long_run"] = run_job(cluster, "apex-long", config, fault_every_s=60.0,
                                       rng=random.Random(args.seed + 1))
     finally:
-        signal.signal(signal.SIGTERM, previous)
-        out["processes_left"] = cluster.close()
+        # The cleanup runs to its end: a second Ctrl-C or SIGTERM must not leave the
+        # cluster or its namespaces behind (it is bounded: about two minutes at most).
+        previous_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            out["processes_left"] = cluster.close()
+        finally:
+            signal.signal(signal.SIGINT, previous_int)
+            signal.signal(signal.SIGTERM, previous)
         out["session_folders_left"] = [s for s in cluster.sessions if os.path.exists(s)]
         out["shm_segments_left"] = orphan_segments(segments_before)
+        if network is not None:
+            out["namespaces_left"] = network.namespaces_left()
+            out["links_left"] = network.links_left()
         shutil.rmtree(root, ignore_errors=True)
     text = json.dumps(out, indent=1)
     print(text)

@@ -1,8 +1,9 @@
 """The bounded version of ``benchmarks/chaos.py``: an Ape-X CartPole job on a coordinator
-and three node agents (separate processes on loopback) loses a rollout worker, then its
-learner, then the coordinator itself (restarted on its state dir), each at a fixed result
-count; it must finish, its result stream must say where it rolled back (and never count
-lost work), and nothing of the cluster may be left running.
+and three node agents (separate processes on loopback: ``--loopback`` also when run as
+root; ``tests/test_chaos_netns.py`` runs them in network namespaces) loses a rollout
+worker, then its learner, then the coordinator itself (restarted on its state dir), each
+at a fixed result count; it must finish, its result stream must say where it rolled back
+(and never count lost work), and nothing of the cluster may be left running.
 """
 
 from __future__ import annotations
@@ -45,11 +46,12 @@ def test_invariants_catch_iterations_that_skip_or_repeat_without_a_rollback():
 
 def test_a_job_survives_a_worker_a_learner_and_the_coordinator_dying(capsys):
     chaos = _chaos()
-    out = chaos.main(["--jobs", "apex", "--no-undisturbed",
+    out = chaos.main(["--loopback", "--jobs", "apex", "--no-undisturbed",
                       "--faults-at", "2:worker,4:learner,7:coordinator",
                       "--set", "apex.stop.episode_reward_mean=1000",
                       "--set", "apex.stop.training_iteration=12",
                       "--set", "apex.job.checkpoint_interval_s=0"])
+    assert out["network"] == "loopback", out
     [job] = out["jobs"]
     run = job["faults"]
     assert run["state"] == "finished", run
