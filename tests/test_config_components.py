@@ -121,6 +121,7 @@ NON_DEFAULT["sac"] = {
     "twin_q": False, "q_model_config": {"fcnet_hiddens": [5]},
     "policy_model_config": {"fcnet_hiddens": [6], "fcnet_activation": "tanh"}, "tau": 0.3,
     "initial_alpha": 0.5, "target_entropy": -3.0, "no_done_at_end": True,
+    "exploration_config": {"type": "StochasticSampling", "random_timesteps": 7},
     "optimization": {"actor_learning_rate": 0.01, "critic_learning_rate": 0.02,
                      "entropy_learning_rate": 0.03},
     "actor_lr": 0.04, "critic_lr": 0.05, "alpha_lr": 0.06}

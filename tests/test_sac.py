@@ -501,6 +501,39 @@ def test_acting_in_minus_one_one_explore_and_deterministic():
     SACPolicy(OBS, gym.spaces.Discrete(2), {**SMALL, "normalize_actions": False})
 
 
+def test_random_timesteps_act_uniformly_then_sample_the_policy():
+    """StochasticSampling's random_timesteps: the first N exploring actions are uniform
+    over the space whatever the policy says, then the policy's samples; greedy actions
+    never random; the key is SAC's alone, checked by name."""
+    obs = np.zeros((1, 3), np.float32)
+    policy = _policy(BOX, exploration_config={"type": "StochasticSampling",
+                                              "random_timesteps": 2000})
+    last = [m for m in policy.model.policy.modules() if isinstance(m, torch.nn.Linear)][-1]
+    with torch.no_grad():  # a policy sure of one action: tanh(atanh(0.5)), log-std minimal
+        last.weight.zero_()
+        last.bias.copy_(torch.tensor([math.atanh(0.5)] * 2 + [LOG_STD_MIN] * 2))
+    np.testing.assert_allclose(policy.compute_actions(obs, explore=False)[0], [[0.5, 0.5]],
+                               rtol=1e-6)
+    random_phase = np.concatenate([policy.compute_actions(obs)[0] for _ in range(2000)])
+    assert policy.global_timestep == 2000
+    assert np.abs(random_phase.mean(axis=0)).max() < 0.06
+    np.testing.assert_allclose(random_phase.std(axis=0), np.sqrt(1 / 3), atol=0.03)
+    assert random_phase.min() < -0.98 and random_phase.max() > 0.98
+    after = np.concatenate([policy.compute_actions(obs)[0] for _ in range(100)])
+    np.testing.assert_allclose(after, 0.5, atol=0.05)  # uniform: 5% of draws this close
+    discrete = _policy(gym.spaces.Discrete(3), exploration_config={"random_timesteps": 300})
+    counts = np.bincount(np.concatenate([discrete.compute_actions(obs)[0]
+                                         for _ in range(300)]), minlength=3)
+    assert counts.min() > 70
+    with pytest.raises(ConfigError, match="random_timesteps: must be an integer >= 0"):
+        load_config(SACConfig, {"exploration_config": {"random_timesteps": -1}})
+    with pytest.raises(ConfigError, match="EpsilonGreedy.*cannot be honoured"):
+        load_config(SACConfig, {"exploration_config": {"type": "EpsilonGreedy",
+                                                        "random_timesteps": 5}})
+    assert load_config(SACConfig, {"exploration_config": {
+        "type": "StochasticSampling", "random_timesteps": 5}}).policy.random_timesteps == 5
+
+
 def test_no_done_at_end_bootstraps_every_row():
     """RLlib 1.x's ``no_done_at_end: true`` (the pendulum file): no row is terminal."""
     batch = _batch(8, BOX)

@@ -703,11 +703,15 @@ def _exploration_types(out: dict[str, Any], algorithm: str, problems: list[str])
     """``exploration_config`` of a type actorrl's policies do not explore with: on the
     policy-gradient algorithms RLlib's ``StochasticSampling`` (or ``{}``) is what they do
     (ignored with a warning); any other type is refused, naming it. DDPG's, TD3's and
-    Ape-X DDPG's noise types are their policy config's to check."""
+    Ape-X DDPG's noise types, and SAC's ``random_timesteps``, are their policy config's to
+    check."""
     explore = out.get("exploration_config")
     if not isinstance(explore, Mapping) or not algorithm:
         return
     kind = explore.get("type")
+    if algorithm == "sac" and kind in (None, "StochasticSampling") \
+            and explore.get("random_timesteps"):
+        return  # SAC's random_timesteps: its policy config's to check and honour
     if algorithm in POLICY_GRADIENT:
         out.pop("exploration_config")
         if kind in (None, "StochasticSampling") and set(explore) <= {"type",

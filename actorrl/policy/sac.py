@@ -214,11 +214,23 @@ class SACPolicy(SoftTargetPolicy):
         for group in self._optimizer.param_groups:
             group["lr"] = rates[group["name"]]
 
+    def _random_actions(self, count: int) -> np.ndarray:
+        """``count`` uniformly random actions (``Box``: in [-1, 1]); advances
+        ``global_timestep``."""
+        self.global_timestep += count
+        if self.model.discrete:
+            return self._rng.integers(0, int(self.action_space.n), count).astype(np.int64)
+        shape = (count, *self.action_space.shape)
+        return self._rng.uniform(-1.0, 1.0, shape).astype(self.action_space.dtype)
+
     def compute_actions(self, obs: np.ndarray, explore: bool = True, **_: Any
                         ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """Sampled actions (``explore``) or the deterministic ones (``tanh(mean)``, the most
-        likely action of a ``Discrete`` space): ``Box`` actions in [-1, 1]. Exploring
-        advances ``global_timestep`` by the number of observations."""
+        """Sampled actions (``explore``; uniformly random ones for the first
+        ``random_timesteps``) or the deterministic ones (``tanh(mean)``, the most likely
+        action of a ``Discrete`` space): ``Box`` actions in [-1, 1]. Exploring advances
+        ``global_timestep`` by the number of observations."""
+        if explore and self.global_timestep < self.config.random_timesteps:
+            return self._random_actions(len(obs)), {}
         obs_t = torch.as_tensor(np.asarray(obs), device=self.device)
         with torch.inference_mode():
             inputs = self.model(obs_t).float().cpu()

@@ -94,6 +94,24 @@ class SACOptimizationConfig(ConfigSection):
                              "entropy_learning_rate") if not getattr(self, name) > 0]
 
 
+def check_sac_exploration(explore: dict[str, Any]) -> list[tuple[str, str]]:
+    """Problems with SAC's ``exploration_config`` as ``(key, problem)``: only RLlib's
+    ``StochasticSampling`` with an integer ``random_timesteps >= 0``."""
+    problems: list[tuple[str, str]] = []
+    kind = explore.get("type", "StochasticSampling")
+    if kind != "StochasticSampling":
+        problems.append(("type", f"{kind!r} cannot be honoured: SAC explores by sampling its "
+                                 "action distribution (StochasticSampling)"))
+    for key in explore:
+        if key not in ("type", "random_timesteps"):
+            problems.append((str(key), "unknown option of StochasticSampling (supported: "
+                                       "type, random_timesteps)"))
+    steps = explore.get("random_timesteps", 0)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        problems.append(("random_timesteps", f"must be an integer >= 0, got {steps!r}"))
+    return problems
+
+
 @dataclass(frozen=True, kw_only=True)
 class SACPolicyConfig(PolicyConfig):
     """The settings of ``actorrl.policy.sac.SACPolicy`` (RLlib's SAC defaults). ``lr`` and
@@ -138,6 +156,10 @@ class SACPolicyConfig(PolicyConfig):
     """RLlib 1.x: never mark an episode's end terminal, so every transition bootstraps
     (SAC's Pendulum file sets it; with false, terminations stop the bootstrap and time
     limits do not)."""
+    exploration_config: dict[str, Any] = checked(dict, check_sac_exploration)
+    """RLlib's ``StochasticSampling``: actions sampled from the policy's distribution;
+    with ``random_timesteps: N`` uniformly random actions for a worker's first N env
+    steps (the whole ``Box``, or every ``Discrete`` action alike)."""
     train_batch_size: int = derived(256, "train_batch_size")
     """Rows per update (counts the rows of gradients applied from elsewhere)."""
     normalize_actions: bool = derived(True, "rollout.normalize_actions")
@@ -186,6 +208,11 @@ class SACPolicyConfig(PolicyConfig):
         return (opt.actor_learning_rate if self.actor_lr is None else self.actor_lr,
                 opt.critic_learning_rate if self.critic_lr is None else self.critic_lr,
                 opt.entropy_learning_rate if self.alpha_lr is None else self.alpha_lr)
+
+    @property
+    def random_timesteps(self) -> int:
+        """Env steps of uniformly random actions before sampling the policy."""
+        return int(self.exploration_config.get("random_timesteps", 0))
 
     @property
     def q_net(self) -> dict[str, Any]:
