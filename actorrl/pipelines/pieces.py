@@ -644,8 +644,18 @@ class SyncFleetMixin(LearnerFleetMixin):
                 if isinstance(answer, BaseException)}
 
     async def _learner_answers(self) -> bool:
+        """Whether the learner's process is alive and answers: its runtime's own
+        ``__ping__``, answered by the process's event loop even while the learner works
+        (the learner actor has no ``ping`` method: calling one failed, so a worker that
+        died during the learner's fetch was taken for a dead learner and the iteration
+        was lost). A learner in this process (serial mode) answers."""
+        endpoint = self.learner.endpoint
+        if endpoint in self.runtime.peers.in_process:
+            return True
+        if self.runtime.connection_lost(endpoint):
+            return False
         try:
-            await self.runtime.get_async(self.learner.ping.remote(), timeout_s=PING_TIMEOUT_S)
+            await self.runtime.client(endpoint).call("__ping__", timeout_s=PING_TIMEOUT_S)
         except Exception:  # noqa: BLE001 - dead or silent
             return False
         return True
