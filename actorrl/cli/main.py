@@ -467,6 +467,7 @@ def _run_sweep(sweep: Sweep, plans: list[TrainPlan], outcomes: list, sweep_dir: 
         from actorrl.experiment.remote import RemoteRun, connect_client
 
         client = connect_client(client_class, args.address, _keys_dir(args))
+        client.on_connection = connection_notes(display)
         return RemoteRun(plan, run_dir, display, address=args.address, client=client)
 
     def report(outcome: Any, run: Any) -> None:
@@ -554,12 +555,29 @@ def _train_remote(plan: TrainPlan, args: argparse.Namespace) -> int:
     client = connect_client(client_class, args.address, _keys_dir(args))
     try:
         run_dir = _create_run_dir(plan)
-        run = RemoteRun(plan, run_dir, _start_display(plan, args, run_dir),
-                        address=args.address, client=client)
+        display = _start_display(plan, args, run_dir)
+        client.on_connection = connection_notes(display)
+        run = RemoteRun(plan, run_dir, display, address=args.address, client=client)
     except BaseException:
         client.close()
         raise
     return _run(run, args)
+
+
+def connection_notes(display: ProgressDisplay) -> Callable[[str], None]:
+    """Where ``train --address`` reports its job's coordinator going away and coming back
+    (:meth:`Job.results <actorrl.cluster.client.Job.results>` waits for it): one line
+    each on the progress display, the first also saying how to stop waiting."""
+
+    def note(line: str) -> None:
+        if line.startswith("lost the coordinator"):
+            line += (" (a restarted coordinator resumes the job from its last checkpoint); "
+                     "Ctrl-C stops waiting and ends this command, and the job then resumes "
+                     "without it once its coordinator is back (stop it there with "
+                     "`actorrl stop JOB`)")
+        display.note(f"actorrl train: {line}")
+
+    return note
 
 
 def _start_display(plan: TrainPlan, args: argparse.Namespace, run_dir: RunDirectory

@@ -96,49 +96,64 @@ class Job:
         is tried again (a restarted coordinator resumes the job from its checkpoint, and
         the stream goes on from the next result it has) until ``reconnect_timeout_s``
         seconds pass without an answer, then :class:`ClusterConnectionError` says so
-        (None: the first lost call raises). ``on_connection`` receives one line when the
-        coordinator is lost and one when it answers again. ``actorrl jobs follow`` and
-        ``actorrl train --address`` follow jobs through this."""
+        (None: the first lost call raises). ``on_connection`` (default: the client's
+        :attr:`Client.on_connection`) receives one line when the coordinator is lost and
+        one when it answers again. While it waits, the client's other calls fail at once
+        with :class:`ClusterConnectionError` rather than each wait out a connect timeout.
+        ``actorrl jobs follow`` and ``actorrl train --address`` follow jobs through this."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         lost_since: float | None = None
-        while True:
-            wait_s = poll_s
-            if deadline is not None:
-                wait_s = min(wait_s, max(deadline - time.monotonic(), 0.0))
-            try:
-                reply = self.client.call("job.results", [self.id, after, wait_s],
+        if on_connection is None:
+            on_connection = self.client.on_connection
+        client = self.client
+        try:
+            while True:
+                wait_s = poll_s
+                if deadline is not None:
+                    wait_s = min(wait_s, max(deadline - time.monotonic(), 0.0))
+                try:
+                    reply = client._call("job.results", [self.id, after, wait_s],
                                          timeout_s=wait_s + 15)
-            except (ConnectionError, TransportError) as exc:
-                if reconnect_timeout_s is None:
-                    raise
-                now = time.monotonic()
-                address = self.client.address
-                if lost_since is None:
-                    lost_since = now
+                except (ConnectionError, TransportError) as exc:
+                    if reconnect_timeout_s is None:
+                        raise
+                    now = time.monotonic()
+                    if lost_since is None:
+                        lost_since = now
+                        client._unreachable = str(exc)
+                        if on_connection is not None:
+                            on_connection(f"lost the coordinator at {client.address} ({exc}) "
+                                          f"while following job {self.id}; reconnecting for "
+                                          f"up to {reconnect_timeout_s:g} s")
+                    elif now - lost_since > reconnect_timeout_s:
+                        raise ClusterConnectionError(
+                            f"the coordinator at {client.address} did not come back within "
+                            f"{reconnect_timeout_s:g} s; the job resumes when it restarts: "
+                            f"follow job {self.id} again then (or allow a longer reconnect "
+                            "timeout)") from None
+                    if now - lost_since < RECONNECT_RETRY_S or \
+                            not isinstance(exc, TimeoutError):
+                        time.sleep(RECONNECT_RETRY_S)  # a retry pause (a refusal is at once)
+                    continue
+                if lost_since is not None:
+                    client._unreachable = None
                     if on_connection is not None:
-                        on_connection(f"lost the coordinator at {address} ({exc}); "
-                                      f"reconnecting for up to {reconnect_timeout_s:g} s")
-                elif now - lost_since > reconnect_timeout_s:
-                    raise ClusterConnectionError(
-                        f"the coordinator at {address} did not come back within "
-                        f"{reconnect_timeout_s:g} s; the job resumes when it restarts: "
-                        f"follow job {self.id} again then (or allow a longer reconnect "
-                        "timeout)") from None
-                if now - lost_since < RECONNECT_RETRY_S or not isinstance(exc, TimeoutError):
-                    time.sleep(RECONNECT_RETRY_S)  # a retry pause (a refusal is immediate)
-                continue
-            if lost_since is not None:
-                lost_since = None
-                if on_connection is not None:
-                    on_connection(f"reconnected to the coordinator at {self.client.address}")
-            yield from reply["results"]
-            after = reply["next"]
-            if reply["state"] in TERMINAL_STATES and not reply["results"]:
-                if reply["state"] == "failed":
-                    raise JobFailedError(f"job {self.id} failed: {reply['error']}")
-                return
-            if deadline is not None and time.monotonic() >= deadline and not reply["results"]:
-                raise TimeoutError(f"job {self.id}: no result within {timeout_s:g} s")
+                        on_connection(f"reconnected to the coordinator at {client.address} "
+                                      f"after {time.monotonic() - lost_since:.0f} s; "
+                                      f"following job {self.id} again")
+                    lost_since = None
+                yield from reply["results"]
+                after = reply["next"]
+                if reply["state"] in TERMINAL_STATES and not reply["results"]:
+                    if reply["state"] == "failed":
+                        raise JobFailedError(f"job {self.id} failed: {reply['error']}")
+                    return
+                if deadline is not None and time.monotonic() >= deadline and \
+                        not reply["results"]:
+                    raise TimeoutError(f"job {self.id}: no result within {timeout_s:g} s")
+        finally:
+            if lost_since is not None:  # given up (or closed) while the coordinator was away
+                client._unreachable = None
 
     def status(self) -> dict[str, Any]:
         """The job's record: state, error, counters, last checkpoint, submission."""
@@ -198,6 +213,15 @@ class Client:
     def __init__(self, address: str | LocalCluster, keys_dir: str | None = None, *,
                  identity: str = "client", bind_host: str | None = "auto",
                  connect_timeout_s: float = 10.0, insecure_loopback: bool = False) -> None:
+        self.on_connection: Callable[[str], None] | None = None
+        """Where this client's :meth:`Job.results` streams report losing the coordinator
+        and reconnecting (one line each) when their caller passes no ``on_connection``:
+        ``actorrl train --address`` prints them. None: nowhere."""
+        self._unreachable: str | None = None
+        """What a :meth:`Job.results` stream of this client saw when it lost the
+        coordinator, while it waits for it to come back (None otherwise): :meth:`call`
+        then fails at once. (``actorrl train --address`` stopped by Ctrl-C during the wait
+        asked for a checkpoint, the job's record and a stop: 90 s of connect timeouts.)"""
         self._closed = True
         self._runtime: Runtime | None = None
         self._local: tuple[Coordinator, LocalNode, Any] | None = None
@@ -332,7 +356,21 @@ class Client:
                 "a ref instead, or start the coordinator with a larger --max-frame-mb")
 
     def call(self, method: str, args: Sequence[Any] = (), timeout_s: float = 60.0) -> Any:
-        """Call a coordinator method (``coord.*``, ``job.*``) and return its reply."""
+        """Call a coordinator method (``coord.*``, ``job.*``) and return its reply.
+
+        While a :meth:`Job.results` stream of this client waits for a lost coordinator,
+        this raises :class:`ClusterConnectionError` at once (saying so) instead of waiting
+        out a connect timeout."""
+        unreachable = self._unreachable
+        if unreachable is not None and not self._closed:
+            raise ClusterConnectionError(
+                f"the coordinator at {self.address} is unreachable ({unreachable}); this "
+                "client's results stream is waiting for it to come back (a restarted "
+                "coordinator resumes its jobs): try again then")
+        return self._call(method, args, timeout_s)
+
+    def _call(self, method: str, args: Sequence[Any], timeout_s: float) -> Any:
+        """:meth:`call`, whatever a results stream saw (the stream's own calls)."""
         if self._closed:
             raise RuntimeError("this client is closed")
 
