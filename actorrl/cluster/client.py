@@ -129,8 +129,9 @@ class Job:
                         raise ClusterConnectionError(
                             f"the coordinator at {client.address} did not come back within "
                             f"{reconnect_timeout_s:g} s; the job resumes when it restarts: "
-                            f"follow job {self.id} again then (or allow a longer reconnect "
-                            "timeout)") from None
+                            f"follow job {self.id} again then (`actorrl jobs follow "
+                            f"{self.id}`; from Python, Job.results(reconnect_timeout_s=...) "
+                            "waits longer)") from None
                     if now - lost_since < RECONNECT_RETRY_S or \
                             not isinstance(exc, TimeoutError):
                         time.sleep(RECONNECT_RETRY_S)  # a retry pause (a refusal is at once)
