@@ -169,6 +169,17 @@ async def test_a_pipeline_without_workers_fails_naming_the_cause(
             await wait_for(trainer.stop(), 60)
 
 
+def _two_worker_sync_config(algorithm: str) -> tuple[Any, Any]:
+    """``(spec, config)``: PPO or A2C on 2 workers, 200-row batches of 50-row fragments."""
+    spec = get_algorithm(algorithm)
+    extra = {"sgd_minibatch_size": 100} if algorithm == "ppo" else {}
+    return spec, load_config(spec.config_cls, {"num_workers": 2, "min_iter_time_s": 0,
+                                               "num_envs_per_worker": 1,
+                                               "train_batch_size": 200,
+                                               "rollout_fragment_length": 50, "seed": 0,
+                                               **extra})
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("algorithm", ["ppo", "a2c"])
 async def test_a_worker_dying_after_its_sample_costs_only_its_share(
@@ -177,13 +188,7 @@ async def test_a_worker_dying_after_its_sample_costs_only_its_share(
     the iteration goes on (the lost rows sampled again, the worker replaced) and trains
     a full batch. Before, the learner's fetch raised ObjectLostError and the whole
     iteration was lost (a local run or a job restarted from its checkpoint)."""
-    spec = get_algorithm(algorithm)
-    extra = {"sgd_minibatch_size": 100} if algorithm == "ppo" else {}
-    config = load_config(spec.config_cls, {"num_workers": 2, "min_iter_time_s": 0,
-                                           "num_envs_per_worker": 1,
-                                           "train_batch_size": 200,
-                                           "rollout_fragment_length": 50, "seed": 0,
-                                           **extra})
+    spec, config = _two_worker_sync_config(algorithm)
     async with Driver.start(str(tmp_path / "session")) as driver:
         trainer = await Trainer.create(spec, config, driver)
         try:
@@ -256,13 +261,7 @@ async def test_a_worker_dying_during_the_learners_fetch_costs_only_its_share(
     # A fork server of its own, preloading this module, whose actors hold the hook.
     monkeypatch.setenv(PRELOAD_ENV, ",".join([*PRELOAD_MODULES, "tests.test_no_hangs"]))
     monkeypatch.setenv(FETCH_HOOK_ENV, str(hook))
-    spec = get_algorithm(algorithm)
-    extra = {"sgd_minibatch_size": 100} if algorithm == "ppo" else {}
-    config = load_config(spec.config_cls, {"num_workers": 2, "min_iter_time_s": 0,
-                                           "num_envs_per_worker": 1,
-                                           "train_batch_size": 200,
-                                           "rollout_fragment_length": 50, "seed": 0,
-                                           **extra})
+    spec, config = _two_worker_sync_config(algorithm)
     try:
         async with Driver.start(str(tmp_path / "session")) as driver:
             trainer = await Trainer.create(spec, config, driver)

@@ -148,6 +148,17 @@ def _check_lost_line(line: str, address: str) -> None:
     assert "Ctrl-C stops waiting" in line and "actorrl stop JOB" in line, line
 
 
+def _follow_then_lose_the_coordinator(cluster: Cluster, timesteps: int) -> Lines:
+    """``train --address`` on a job of ``timesteps``; once its first result is out the
+    coordinator is SIGKILLed and the command's "lost" line checked. Returns its output."""
+    out = cluster.train(timesteps)
+    out.until("iter=1 ", 150)
+    cluster.pids.update(cluster.job_actor_pids())
+    cluster.kill_coordinator()
+    _check_lost_line(out.until("lost the coordinator", LOST_S), cluster.address)
+    return out
+
+
 @pytest.mark.timeout(360)
 def test_train_address_says_when_it_loses_the_coordinator_and_when_it_is_back(
         tmp_path: Path) -> None:
@@ -155,11 +166,7 @@ def test_train_address_says_when_it_loses_the_coordinator_and_when_it_is_back(
     it waits, how to stop waiting) and one when it is back; then it follows the job,
     resumed by the restarted coordinator, to its stop criterion and exits 0."""
     with keyed_cluster(tmp_path) as cluster:
-        out = cluster.train(30_000)
-        out.until("iter=1 ", 150)
-        cluster.pids.update(cluster.job_actor_pids())
-        cluster.kill_coordinator()
-        _check_lost_line(out.until("lost the coordinator", LOST_S), cluster.address)
+        out = _follow_then_lose_the_coordinator(cluster, 30_000)
         assert not any("reconnected" in line for line in out.seen), out.seen
         cluster.restart_coordinator()
         back = out.until("reconnected to the coordinator", 120)
@@ -177,11 +184,7 @@ def test_ctrl_c_while_the_coordinator_is_away_ends_train_address_at_once(
     seconds, as its line says (before: its checkpoint, record and stop requests each
     waited out a 30-s connect timeout, 91 s measured)."""
     with keyed_cluster(tmp_path) as cluster:
-        out = cluster.train(1_000_000)
-        out.until("iter=1 ", 150)
-        cluster.pids.update(cluster.job_actor_pids())
-        cluster.kill_coordinator()
-        _check_lost_line(out.until("lost the coordinator", LOST_S), cluster.address)
+        out = _follow_then_lose_the_coordinator(cluster, 1_000_000)
         out.proc.send_signal(signal.SIGINT)
         try:
             code = out.proc.wait(20)
