@@ -261,13 +261,14 @@ class TorchPolicy:
         """Load weights produced by :meth:`get_weights`: all of the model's, or exactly its
         :meth:`acting_weight_names` (the rest is left as it is)."""
         state = {k: torch.as_tensor(np.asarray(v)) for k, v in weights.items()}
-        if state.keys() == self.model.state_dict().keys():
+        names = self.model.state_dict().keys()
+        if state.keys() == names:
             self.model.load_state_dict(state)
             return
         acting = self.acting_weight_names()
         if acting is None or set(state) != acting:
-            missing = sorted(set(self.model.state_dict()) - set(state))
-            unknown = sorted(set(state) - set(self.model.state_dict()))
+            missing = sorted(set(names) - set(state))
+            unknown = sorted(set(state) - set(names))
             raise ValueError(f"weights do not fit this policy's model: missing {missing[:5]}, "
                              f"unknown {unknown[:5]}; were they saved by a policy with "
                              "another model config?")

@@ -136,6 +136,8 @@ class SoftTargetPolicy(TargetNetworkPolicy):
         self.last_target_update_steps = 0
         self.num_target_updates = 0
         self._pending_rows = 0
+        self._actor_weight_names = frozenset(
+            k for k in self.model.state_dict() if k.startswith("policy."))
 
     def soft_target_parameters(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """``(online, target)``: the parameters the targets follow, in matching order."""
@@ -145,11 +147,7 @@ class SoftTargetPolicy(TargetNetworkPolicy):
         """The actor's weights (the model's ``policy`` module): a rollout worker acts with
         them alone, so weight syncs leave the Q networks (most of the model) at the
         learner."""
-        names = getattr(self, "_acting_weight_names", None)
-        if names is None:
-            names = frozenset(k for k in self.model.state_dict() if k.startswith("policy."))
-            self._acting_weight_names = names
-        return names
+        return self._actor_weight_names
 
     def compute_gradients(self, batch: SampleBatch) -> tuple[list[np.ndarray], dict[str, Any]]:
         """Gradients as in the base; the rows count toward the target update when these
