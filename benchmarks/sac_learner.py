@@ -112,7 +112,7 @@ class BareSAC:
             groups.append({"params": list(self.model.twin_q.parameters()),
                            "lr": opt.critic_learning_rate})
         groups.append({"params": [self.model.log_alpha], "lr": opt.entropy_learning_rate})
-        self.optimizer = torch.optim.Adam(groups, eps=1e-7, foreach=True)
+        self.optimizer = torch.optim.Adam(groups, eps=1e-7, fused=True)
         self.obs = torch.as_tensor(batch[SampleBatch.OBS]).float()
         self.new_obs = torch.as_tensor(batch[SampleBatch.NEXT_OBS]).float()
         self.actions = torch.as_tensor(batch[SampleBatch.ACTIONS]).float()
@@ -136,12 +136,10 @@ class BareSAC:
 
     def step(self) -> None:
         """One SAC update."""
-        count = self.obs.shape[0]
-        inputs = self.model(torch.cat([self.obs, self.new_obs]))
         alpha = self.model.log_alpha.exp()
-        pi_t, logp_t = self._squashed(inputs[:count])
+        pi_t, logp_t = self._squashed(self.model(self.obs))
         with torch.no_grad():
-            pi_tp1, logp_tp1 = self._squashed(inputs[count:])
+            pi_tp1, logp_tp1 = self._squashed(self.model(self.new_obs))
             q_tp1 = torch.min(*[n(self.new_obs, pi_tp1) for n in self.target_nets])
             target = self.rewards + self.gamma_n * self.not_done * (q_tp1 - alpha * logp_tp1)
         critic = sum((self.weights * F.huber_loss(n(self.obs, self.actions), target,

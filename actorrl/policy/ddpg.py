@@ -139,7 +139,7 @@ class DDPGPolicy(SoftTargetPolicy):
             [{"params": list(model.policy.parameters()), "name": ACTOR,
               "lr": self.config.actor_lr},
              {"params": critic, "name": CRITIC, "lr": self.config.critic_lr}],
-            eps=ADAM_EPSILON, foreach=True)
+            eps=ADAM_EPSILON, fused=True)
 
     def _set_optimizer_lr(self) -> None:
         """Each group learns at its rate (also after a restored optimizer state)."""

@@ -309,13 +309,10 @@ class DQNPolicy(TargetNetworkPolicy):
         if SampleBatch.SEQ_LENS in batch:
             return self._sequence_q_values(model, batch)
         obs, new_obs = batch[SampleBatch.OBS], batch[SampleBatch.NEXT_OBS]
-        count = obs.shape[0]
-        if self.config.double_q:
-            q_both = model(torch.cat([obs, new_obs], dim=0))
-            q_t, q_tp1_online = q_both[:count], q_both[count:].detach()
-        else:
-            q_t, q_tp1_online = model(obs), None
-        with torch.no_grad():
+        q_t, q_tp1_online = model(obs), None
+        with torch.no_grad():  # a batched forward with obs would double the backward's work
+            if self.config.double_q:
+                q_tp1_online = model(new_obs)
             target_device = next(self.target_model.parameters()).device
             q_tp1 = self.target_model(new_obs.to(target_device)).to(q_t.device)
         return q_t, q_tp1_online, q_tp1

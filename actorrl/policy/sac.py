@@ -202,7 +202,7 @@ class SACPolicy(SoftTargetPolicy):
             groups.append({"params": list(model.twin_q.parameters()), "name": TWIN_CRITIC,
                            "lr": critic_lr})
         groups.append({"params": [model.log_alpha], "name": ALPHA, "lr": alpha_lr})
-        return torch.optim.Adam(groups, eps=ADAM_EPSILON, foreach=True)
+        return torch.optim.Adam(groups, eps=ADAM_EPSILON, fused=True)
 
     def _set_optimizer_lr(self) -> None:
         """Each group learns at its ``optimization`` rate (also after a restored optimizer
@@ -293,9 +293,9 @@ class SACPolicy(SoftTargetPolicy):
         the mean of the Q networks' absolute TD errors."""
         assert isinstance(model, SACModel)
         obs, new_obs = batch[SampleBatch.OBS], batch[SampleBatch.NEXT_OBS]
-        count = obs.shape[0]
-        inputs = model(torch.cat([obs, new_obs], dim=0))
-        inputs_t, inputs_tp1 = inputs[:count], inputs[count:].detach()
+        inputs_t = model(obs)
+        with torch.no_grad():  # one batched forward of both would double the backward's work
+            inputs_tp1 = model(new_obs)
         alpha = model.log_alpha.exp()
         rewards = batch[SampleBatch.REWARDS].float()
         not_done = 1.0 - batch[SampleBatch.TERMINATEDS].float()
