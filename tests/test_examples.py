@@ -32,7 +32,7 @@ REQUIRED = {"pong-impala": "impala", "pong-apex": "apex", "breakout-impala": "im
             "cartpole-a3c": "a3c", "cartpole-ppo": "ppo", "pong-appo": "appo",
             "pong-ppo": "ppo", "minatar-spaceinvaders-appo": "appo", "cartpole-dqn": "dqn",
             "pendulum-ppo": "ppo", "halfcheetah-ppo": "ppo", "hopper-ppo": "ppo",
-            "walker2d-ppo": "ppo"}
+            "walker2d-ppo": "ppo", "halfcheetah-appo": "appo"}
 CLI_TIMEOUT_S = 240.0
 EXTRAS = (("NoFrameskip", "ale_py", "atari"), ("ALE/", "ale_py", "atari"),
           ("MinAtar/", "minatar", "minatar"), ("HalfCheetah-", "mujoco", "mujoco"),
