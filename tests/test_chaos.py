@@ -8,25 +8,17 @@ at a fixed result count; it must finish, its result stream must say where it rol
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "chaos.py"
+from tests.helpers.benchmark_scripts import load_benchmark
 
 pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group("chaos")]
 
 
 def _chaos() -> Any:
-    spec = importlib.util.spec_from_file_location("chaos_under_test", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("chaos")
 
 
 def test_invariants_catch_iterations_that_skip_or_repeat_without_a_rollback():

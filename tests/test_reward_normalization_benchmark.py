@@ -3,9 +3,7 @@ callback reports the raw return, and a short ``actorrl train`` with both reports
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import gymnasium as gym
@@ -13,20 +11,18 @@ import numpy as np
 import pytest
 
 from actorrl.callbacks import Episode
+from tests.helpers.benchmark_scripts import load_benchmark, unload_benchmark
+from tests.helpers.extras import installed
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "reward_normalization.py"
-needs_mujoco = pytest.mark.skipif(importlib.util.find_spec("mujoco") is None,
+needs_mujoco = pytest.mark.skipif(not installed("mujoco"),
                                   reason="the mujoco extra is not installed")
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("reward_normalization_under_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+    module = load_benchmark("reward_normalization")
     yield module
-    sys.modules.pop(spec.name, None)
+    unload_benchmark(module)
 
 
 @needs_mujoco

@@ -4,23 +4,16 @@ from a run's results."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "rllib_learning.py"
+from tests.helpers.benchmark_scripts import load_benchmark, unload_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("rllib_learning_under_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+    module = load_benchmark("rllib_learning")
     yield module
-    sys.modules.pop(spec.name, None)
+    unload_benchmark(module)
 
 
 def result(steps: int, reward: float | None, *, time_s: float = 1.0, iteration: int = 1,
