@@ -15,7 +15,8 @@ same seeds side by side, and reports each run's raw return (what CleanRL reports
   because the rewards were raw.
 
 Prints one JSON object (per run: final and best raw return, the return at each 100k env
-steps) and writes each run's curve as CSV under ``--out``.
+steps) and writes each run's curve as CSV under ``--out`` (its ``episode_reward_mean``
+column holds the raw return in both variants, so ``actorrl plot`` overlays them).
 
     python benchmarks/reward_normalization.py [--seeds 1,2] [--variants raw,normalized]
                                               [--timesteps 1000000] [--out DIR]
@@ -102,7 +103,8 @@ def start(variant: str, seed: int, timesteps: int, folder: Path) -> subprocess.P
 
 
 def curve(folder: Path, variant: str) -> list[tuple[int, float, float]]:
-    """``(env steps, seconds, mean raw return of the iteration's episodes)`` per result."""
+    """``(env steps, seconds, raw return)`` per result: the mean over the results' window of
+    episodes (``metrics_smoothing_episodes``, 100), raw in both variants."""
     (result_file,) = folder.rglob("result.jsonl")
     points = []
     for line in result_file.read_text().splitlines():

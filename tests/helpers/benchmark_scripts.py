@@ -12,9 +12,9 @@ BENCHMARKS = Path(__file__).resolve().parent.parent.parent / "benchmarks"
 
 
 def load_benchmark(name: str) -> ModuleType:
-    """``benchmarks/<name>.py`` imported as ``<name>_under_test`` (registered in
-    ``sys.modules`` so its dataclasses and pickling-free helpers resolve; see
-    :func:`unload_benchmark`)."""
+    """``benchmarks/<name>.py`` imported as ``<name>_under_test``, registered in
+    ``sys.modules`` (dataclasses defined in a module look it up there); see
+    :func:`unload_benchmark`."""
     spec = importlib.util.spec_from_file_location(f"{name}_under_test",
                                                   BENCHMARKS / f"{name}.py")
     assert spec is not None and spec.loader is not None
