@@ -304,7 +304,10 @@ def test_the_documented_sbatch_script_runs_a_job_to_its_stop(
             [slurm.bin["sbatch"], "--wait", "--parsable", "--nodes=1",
              f"--cpus-per-task={cpus}", "--time=5", f"--output={output}", str(SCRIPT),
              "examples/cartpole-impala.yaml", "--set", "num_workers=1",
-             "--set", "stop.training_iteration=3"],
+             "--set", "stop.training_iteration=3",
+             # out of reach, so the job ends at its 3 iterations however fast it learns
+             # (the file's own bar, 150, was once passed at iteration 2)
+             "--set", "stop.episode_reward_mean=1000000"],
             cwd=REPO, env=env, text=True, capture_output=True, timeout=JOB_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         pytest.fail(f"the Slurm job did not end within {JOB_TIMEOUT_S:g} s\n"
