@@ -389,19 +389,24 @@ class Client:
             self._shut_down = True  # nothing to close there any more
         return result
 
-    def _coordinator_gone(self) -> bool:
-        """Whether the coordinator is known to be gone (shut down through this client, or
-        its connection lost): closing then sends nothing rather than wait on it."""
+    def _close_session(self) -> None:
+        """Tell the coordinator this client's session ended, unless it is known to be gone
+        (shut down through this client, or its connection lost): then nothing is sent rather
+        than wait on it. The check and the send run in one step of the loop, so a loss the
+        connection's monitor reports in between cannot make the send open a fresh
+        connection to the gone coordinator (which waits out a connect timeout); a loss
+        reported after the send fails the call at once."""
         if self._shut_down:
-            return True
+            return
 
-        async def lost() -> bool:
-            return self.runtime.connection_lost(self._coordinator)
+        async def go() -> None:
+            if self.runtime.connection_lost(self._coordinator):
+                return
+            client = self.runtime.client(self._coordinator)
+            frames = client.codec.encode(["coord.close_session", [self._session], {}])
+            await client.call_encoded(frames, timeout_s=CLOSE_TIMEOUT_S)
 
-        try:
-            return self._run(lost(), 5)
-        except Exception:
-            return True
+        self._run(go(), CLOSE_TIMEOUT_S + 5)
 
     # ---- cluster ------------------------------------------------------------------------
     def nodes(self) -> list[dict[str, Any]]:
@@ -526,10 +531,9 @@ class Client:
                     await node.shutdown()
 
                 self._run(stop_local(), 120)
-            elif self._runtime is not None and not self._coordinator_gone():
+            elif self._runtime is not None:
                 try:
-                    self.call("coord.close_session", [self._session],
-                              timeout_s=CLOSE_TIMEOUT_S)
+                    self._close_session()
                 except Exception:  # the coordinator may be gone; nothing to clean there
                     pass
         finally:
