@@ -135,3 +135,25 @@ def test_per_worker_exploration_reports_the_last_third_of_the_workers(count, rep
     plain = SimpleNamespace(config=per_worker.replace(exploration_config={
         "type": "EpsilonGreedy"}), workers=workers)
     assert Trainer._reporting_workers(plain) == workers
+
+
+@pytest.mark.parametrize("run", ["DQN", "APEX"])
+@pytest.mark.parametrize("model", [None, {"fcnet_hiddens": [64]}])
+def test_rllib_q_files_take_rllibs_vision_net_even_beside_their_own_model(tmp_path, run,
+                                                                          model):
+    """RLlib's DQN and Ape-X files get RLlib's vision net (``vision_net: rllib``), also
+    when they set ``model`` keys of their own (which replace the rest of the default
+    model); actorrl's files and the other algorithms' RLlib files keep actorrl's."""
+    config = {"env": "CartPole-v1"} if model is None else {"env": "CartPole-v1",
+                                                            "model": model}
+    rllib = _resolve(tmp_path, {"exp": {"run": run, "config": config}})
+    assert _value(rllib, "policy.model")["vision_net"] == "rllib"
+    if model is not None:
+        assert _value(rllib, "policy.model")["fcnet_hiddens"] == [64]
+    own = _resolve(tmp_path, {"algorithm": run.lower(), "env": "CartPole-v1"})
+    assert _value(own, "policy.model").get("vision_net", "actorrl") == "actorrl"
+    impala = _resolve(tmp_path, {"exp": {"run": "IMPALA", "config": config}})
+    assert _value(impala, "policy.model").get("vision_net", "actorrl") == "actorrl"
+    chosen = _resolve(tmp_path, {"exp": {"run": run, "config": {
+        **config, "model": {**(model or {}), "vision_net": "actorrl"}}}})
+    assert _value(chosen, "policy.model")["vision_net"] == "actorrl"

@@ -352,6 +352,7 @@ def resolve_config(spec: AlgorithmSpec, *, base: dict[str, Any] | None = None,
             if config_file.rllib_defaults and base is None:
                 values = rllib_baseline(spec.name)
                 keep_exploration_defaults(layer, values)
+                keep_vision_net_default(layer, values)
             merge_sections(values, layer, spec.config_cls.SECTIONS)
         for text in overrides:
             key, value = parse_override(text)
@@ -372,6 +373,16 @@ def keep_exploration_defaults(layer: dict[str, Any], baseline: Mapping[str, Any]
     if isinstance(default, Mapping) and isinstance(given, Mapping) and \
             given.get("type", default.get("type")) == default.get("type"):
         layer["exploration_config"] = {**default, **given}
+
+
+def keep_vision_net_default(layer: dict[str, Any], baseline: Mapping[str, Any]) -> None:
+    """The baseline's ``model.vision_net`` kept under a file's own ``model``, which
+    otherwise replaces the baseline's whole: RLlib's files cannot name that key (it is
+    actorrl's), so their image encoders stay RLlib's. ``layer`` is changed in place."""
+    default = ((baseline.get("policy") or {}).get("model") or {}).get("vision_net")
+    given = layer.get("model")
+    if default is not None and isinstance(given, Mapping) and "vision_net" not in given:
+        layer["model"] = {**given, "vision_net": default}
 
 
 def rllib_layer(spec: AlgorithmSpec, values: Mapping[str, Any]) -> dict[str, Any]:

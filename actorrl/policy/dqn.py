@@ -50,7 +50,7 @@ from actorrl.data.batch import SampleBatch, chop_into_sequences
 from actorrl.policy.action_masking import legal_values, mask_layout, masked_model
 from actorrl.policy.base import LossOutput
 from actorrl.policy.config import DQNPolicyConfig, ExplorationConfig
-from actorrl.policy.encoders import build_encoder, build_mlp
+from actorrl.policy.encoders import ConvEncoder, build_encoder, build_mlp, xavier_uniform_init_
 from actorrl.policy.models import make_model, resolve_model_config
 from actorrl.policy.recurrent_q import RecurrentQNetwork, unroll_q
 from actorrl.policy.target_networks import TargetNetworkPolicy
@@ -120,7 +120,8 @@ def build_q_network(obs_space: gym.Space, num_actions: int, cfg: DQNPolicyConfig
     Q-values; ``dueling`` and ``hiddens`` do not apply; under ``use_lstm`` it is used as it
     is, recurrent), else :class:`RecurrentQNetwork` under ``use_lstm``, else
     :class:`QNetwork` over :func:`build_encoder` (``fcnet_activation`` defaults to relu for
-    DQN)."""
+    DQN; with ``vision_net: rllib`` over an image, its heads start xavier-uniform as
+    RLlib's)."""
     model_config = resolve_model_config({"fcnet_activation": "relu", **cfg.model})
     if model_config["custom_model"] is not None:
         model = make_model(obs_space, gym.spaces.Discrete(num_actions), num_actions,
@@ -130,7 +131,15 @@ def build_q_network(obs_space: gym.Space, num_actions: int, cfg: DQNPolicyConfig
         return RecurrentQNetwork(obs_space, num_actions, model_config, cfg.hiddens,
                                  cfg.dueling)
     trunk, trunk_dim = build_encoder(obs_space, model_config)
-    return QNetwork(trunk, trunk_dim, num_actions, cfg.hiddens, cfg.dueling)
+    network = QNetwork(trunk, trunk_dim, num_actions, cfg.hiddens, cfg.dueling)
+    if model_config["vision_net"] == "rllib" and isinstance(trunk, ConvEncoder):
+        # RLlib's DQN heads (SlimFC) start xavier-uniform; over RLlib's large unscaled
+        # features that is the Q network RLlib trains (benchmarks/dqn_input_scale.py).
+        for head in (network.advantage, network.value):
+            for layer in head.modules() if head is not None else ():
+                if isinstance(layer, nn.Linear):
+                    xavier_uniform_init_(layer)
+    return network
 
 
 # ---- n-step returns ----------------------------------------------------------------------

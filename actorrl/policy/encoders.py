@@ -65,6 +65,15 @@ def relu_orthogonal_init_(layer: nn.Conv2d | nn.Linear) -> nn.Conv2d | nn.Linear
     return layer
 
 
+def xavier_uniform_init_(layer: nn.Conv2d | nn.Linear) -> nn.Conv2d | nn.Linear:
+    """Xavier-uniform weights and zero bias: RLlib's torch layers' default (``SlimConv2d``,
+    ``SlimFC``), for the ``vision_net: rllib`` model option."""
+    nn.init.xavier_uniform_(layer.weight)
+    if layer.bias is not None:
+        nn.init.zeros_(layer.bias)
+    return layer
+
+
 def build_mlp(in_dim: int, hiddens: Sequence[int], activation: str,
               out_dim: int | None = None, out_init_std: float = 1.0) -> nn.Sequential:
     """Linear + activation per entry of ``hiddens``, then (if ``out_dim``) a final linear
@@ -179,8 +188,12 @@ class ConvEncoder(nn.Module):
     def __init__(self, obs_shape: Sequence[int], filters: Sequence[Sequence[Any]],
                  activation: str, scale_uint8: bool, *, channels_first: bool | None = False,
                  same_padding: bool = True, dense: int | None = None,
-                 zero_mean: bool = False) -> None:
+                 zero_mean: bool = False, rllib_init: bool = False) -> None:
+        """``rllib_init``: layers xavier-uniform with zero bias, as RLlib's vision net
+        starts (the ``vision_net: rllib`` model option, which also passes
+        ``scale_uint8=False``)."""
         super().__init__()
+        init = xavier_uniform_init_ if rllib_init else relu_orthogonal_init_
         self.channels_first = is_channels_first(obs_shape, channels_first)
         height, width, channels = image_layout(obs_shape, self.channels_first)
         # uint8 frames: x/255 in [0, 1], or with zero_mean (model option) x/127.5 - 1 in
@@ -213,12 +226,12 @@ class ConvEncoder(nn.Module):
             full_extent = not (same_padding and not last) and (kh, kw) == (h_in, w_in)
             conv = (FullExtentConv2d if full_extent else nn.Conv2d)(
                 c, int(out_channels), (kh, kw), stride, padding)
-            layers += [relu_orthogonal_init_(conv), act()]
+            layers += [init(conv), act()]
             c = int(out_channels)
         layers.append(nn.Flatten())
         self.out_dim = c * h * w
         if dense is not None:
-            layers += [relu_orthogonal_init_(nn.Linear(self.out_dim, dense)), act()]
+            layers += [init(nn.Linear(self.out_dim, dense)), act()]
             self.out_dim = dense
         self.layers = nn.Sequential(*layers)
 
@@ -240,17 +253,19 @@ class ConvEncoder(nn.Module):
 def build_conv_encoder(obs_space: gym.spaces.Box, cfg: Mapping[str, Any]) -> ConvEncoder:
     """The :class:`ConvEncoder` a resolved model config asks for (``conv_filters`` list or
     name, ``conv_activation``, ``channels_first``, ``zero_mean``: uint8 inputs scaled to
-    [-1, 1] instead of [0, 1]). The default stack follows the image size, so Atari frames
+    [-1, 1] instead of [0, 1]; ``vision_net: rllib``: RLlib's unscaled 0-255 inputs and
+    xavier-uniform init). The default stack follows the image size, so Atari frames
     of ``model.dim`` 42 get RLlib's 42x42 stack."""
     channels_first = cfg["channels_first"]
     height, width, _ = image_layout(obs_space.shape, channels_first)
     filters = cfg["conv_filters"]
-    scale = obs_space.dtype == np.uint8
+    rllib = cfg.get("vision_net", "actorrl") == "rllib"
+    scale = obs_space.dtype == np.uint8 and not rllib
     zero_mean = bool(cfg.get("zero_mean", False))
     if filters == "nature":
         return ConvEncoder(obs_space.shape, NATURE_CONV_FILTERS, cfg["conv_activation"], scale,
                            channels_first=channels_first, same_padding=False,
-                           dense=NATURE_DENSE, zero_mean=zero_mean)
+                           dense=NATURE_DENSE, zero_mean=zero_mean, rllib_init=rllib)
     if filters is None or filters == "rllib":
         filters = default_conv_filters(height, width)
     elif isinstance(filters, str):
@@ -258,7 +273,7 @@ def build_conv_encoder(obs_space: gym.spaces.Box, cfg: Mapping[str, Any]) -> Con
                          f"use one of {', '.join(map(repr, CONV_STACKS))} or a list of "
                          "[out_channels, kernel, stride]")
     return ConvEncoder(obs_space.shape, filters, cfg["conv_activation"], scale,
-                       channels_first=channels_first, zero_mean=zero_mean)
+                       channels_first=channels_first, zero_mean=zero_mean, rllib_init=rllib)
 
 
 def tf_same_padding(size: int, kernel: int, stride: int) -> tuple[tuple[int, int], int]:

@@ -66,6 +66,15 @@ MODEL_DEFAULTS: dict[str, Any] = {
     # [0, 1] (x/255). RLlib's default True belongs to its generic preprocessor, which
     # DeepMind-wrapped Atari frames skip; float images are never scaled.
     "zero_mean": False,
+    # How image encoders start and take their pixels. "actorrl": uint8 frames scaled to
+    # [0, 1] (or [-1, 1] with zero_mean), layers orthogonal with relu gain (ConvEncoder's
+    # docstring says why). "rllib": RLlib's vision net as RLlib builds it: 0-255 values
+    # unscaled into layers initialised xavier-uniform with zero biases (its SlimConv2d),
+    # which makes features ~20x larger on Atari frames and a head's Adam steps move its
+    # outputs that much more; DQN and Ape-X then start their Q heads xavier-uniform too
+    # (RLlib's SlimFC). Files in RLlib's layout for DQN and Ape-X take "rllib"
+    # (benchmarks/dqn_input_scale.py: RLlib's DQN Breakout release test learns with it).
+    "vision_net": "actorrl",
     # Atari ids: stack the last 4 frames (or env_config.frame_stack); False: 1 frame.
     # No effect on other envs.
     "framestack": True,
@@ -95,10 +104,16 @@ MODEL_KEY_DOCS: dict[str, str] = {
                  "env_config.grayscale).",
     "zero_mean": "uint8 image inputs scaled to [-1, 1] (x/127.5 - 1) instead of [0, 1] "
                  "(x/255).",
+    "vision_net": "Image encoders: actorrl (pixels scaled, orthogonal init) or rllib "
+                  "(RLlib's: raw 0-255 pixels, xavier-uniform init, zero biases; DQN/Ape-X "
+                  "Q heads xavier too). RLlib-layout DQN/Ape-X files: rllib.",
     "framestack": "Atari ids: stack the last 4 frames (false: 1 frame; "
                   "env_config.frame_stack).",
 }
 """One line per ``model`` key (docs/configuration.md lists them)."""
+
+VISION_NETS = ("actorrl", "rllib")
+"""Values of the ``vision_net`` model option."""
 
 _POSITIVE_INT_OPTIONS = ("max_seq_len", "lstm_cell_size", "dim")
 _BOOL_OPTIONS = ("use_lstm", "free_log_std", "lstm_use_prev_action", "lstm_use_prev_reward",
@@ -135,6 +150,9 @@ def model_value_problems(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
     for key in _BOOL_OPTIONS:
         if not isinstance(cfg[key], bool):
             problems.append((key, f"must be true or false, got {cfg[key]!r}"))
+    if cfg["vision_net"] not in VISION_NETS:
+        problems.append(("vision_net", f"must be one of {', '.join(map(repr, VISION_NETS))}, "
+                                       f"got {cfg['vision_net']!r}"))
     return problems
 
 
