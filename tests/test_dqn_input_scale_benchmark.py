@@ -168,3 +168,5 @@ def test_the_vision_net_option_builds_the_benchmarks_network(bench) -> None:
 def test_an_unknown_vision_net_is_refused_naming_the_choices() -> None:
     with pytest.raises(ValueError, match="vision_net.*'actorrl', 'rllib'.*'tf'"):
         resolve_model_config({"vision_net": "tf"})
+    with pytest.raises(ValueError, match="zero_mean.*raw"):
+        resolve_model_config({"vision_net": "rllib", "zero_mean": True})

@@ -153,6 +153,9 @@ def model_value_problems(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
     if cfg["vision_net"] not in VISION_NETS:
         problems.append(("vision_net", f"must be one of {', '.join(map(repr, VISION_NETS))}, "
                                        f"got {cfg['vision_net']!r}"))
+    elif cfg["vision_net"] == "rllib" and cfg["zero_mean"] is True:
+        problems.append(("zero_mean", "scales pixels to [-1, 1], but vision_net 'rllib' feeds "
+                                      "them raw (0-255, as RLlib does): drop one of the two"))
     return problems
 
 
