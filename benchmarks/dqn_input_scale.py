@@ -13,7 +13,8 @@ about the learning rate whatever the gradient's size, so a head over features ~2
 moves its Q-values ~20x more per step: RLlib's lr is, in effect, a larger one. This
 experiment runs the file both ways, everything else equal:
 
-- ``actorrl``: the file as ``actorrl train`` runs it;
+- ``actorrl``: the file with actorrl's scaled encoder (``model.vision_net: actorrl``; since
+  this experiment, RLlib's DQN files default to RLlib's vision net);
 - ``rllib_net``: ``model.custom_model`` set to :class:`RLlibVisionQNetwork`, the Q network
   RLlib 2.7.2 builds for the file (the same conv stack, 256 features, a 512-unit relu
   layer, the Q-values), weights xavier-uniform, biases zero, raw 0-255 inputs.
@@ -98,15 +99,19 @@ def release_experiment(path: Path) -> tuple[str, dict[str, Any]]:
 
 def run_file(experiment: dict[str, Any], variant: str) -> dict[str, Any]:
     """The experiment as run here: no ``pass_criteria`` or ``stop`` (the run's length is
-    ``--timesteps``), RLlib's ``hiddens`` passed to the custom model in ``rllib_net``."""
+    ``--timesteps``); ``actorrl``: actorrl's scaled encoder named (``vision_net: actorrl``;
+    RLlib's DQN files now default to RLlib's); ``rllib_net``: the custom model, given
+    RLlib's ``hiddens``."""
     data = {k: v for k, v in experiment.items() if k not in ("pass_criteria", "stop")}
+    config = dict(data.get("config") or {})
+    model = dict(config.get("model") or {})
     if variant == "rllib_net":
-        config = dict(data.get("config") or {})
-        model = dict(config.get("model") or {})
         model.update(custom_model=MODEL_PATH,
                      custom_model_config={"hiddens": config.get("hiddens", [512])})
-        config["model"] = model
-        data["config"] = config
+    else:
+        model["vision_net"] = "actorrl"
+    config["model"] = model
+    data["config"] = config
     return data
 
 

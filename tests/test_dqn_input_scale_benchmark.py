@@ -84,7 +84,8 @@ def test_only_the_rllib_net_variant_sets_the_model(bench) -> None:
                   "config": {"hiddens": [512], "lr": 6.25e-5, "model": {"dim": 84}}}
     plain = bench.run_file(experiment, "actorrl")
     assert "pass_criteria" not in plain and "stop" not in plain
-    assert plain["config"] == experiment["config"]
+    assert plain["config"] == {**experiment["config"],
+                               "model": {"dim": 84, "vision_net": "actorrl"}}
     rllib = bench.run_file(experiment, "rllib_net")
     assert rllib["config"]["model"] == {
         "dim": 84, "custom_model": bench.MODEL_PATH,
