@@ -709,6 +709,38 @@ def test_a_restarted_coordinator_resumes_the_job_and_jobs_follow_reattaches(tmp_
         c.close()
 
 
+@pytest.mark.timeout(240)
+def test_a_results_stream_reports_a_loss_it_finds_between_two_calls(tmp_path, keys):
+    """A coordinator lost while no results call was pending (and restarted before the
+    next): the stream's next call reaches the new coordinator on a fresh connection, and
+    ``on_connection`` still hears of the loss and of the reconnection. It used to hear
+    nothing (once in the restarted-coordinator test above, under the suite's load)."""
+    c = Cluster(str(tmp_path), keys)
+    try:
+        c.join("127.0.0.7", "f", 4)
+        job = c.client.submit({**APEX_TINY, "stop": {"training_iteration": 2}})
+        finished = list(job.results(timeout_s=150))
+        assert finished and job.status()["state"] == "finished", job.logs()[-3000:]
+        c.remember(job)
+        c.coordinator.kill()
+        c.coordinator.wait(10)
+        deadline = time.monotonic() + 30  # the connection's monitor reports the loss
+        while not c.client._connection_lost():
+            assert time.monotonic() < deadline, "the client never saw the coordinator go"
+            threading.Event().wait(0.05)
+        c.coordinator, address = start_coordinator(str(tmp_path), keys, bind=c.address)
+        assert address == c.address
+        c.pids.add(c.coordinator.pid)
+        notes: list[str] = []
+        again = list(job.results(timeout_s=60, on_connection=notes.append))
+        assert [r["training_iteration"] for r in again] == \
+            [r["training_iteration"] for r in finished]
+        assert len(notes) == 2 and notes[0].startswith("lost the coordinator") and \
+            notes[1].startswith("reconnected"), notes
+    finally:
+        c.close()
+
+
 # ---------------------------------------------------------------------------- the shell
 @pytest.mark.timeout(240)
 def test_daemon_and_job_commands_from_the_shell(tmp_path, keys):

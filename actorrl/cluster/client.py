@@ -106,11 +106,25 @@ class Job:
         if on_connection is None:
             on_connection = self.client.on_connection
         client = self.client
+
+        def lost(reason: str) -> float:
+            client._unreachable = reason
+            if on_connection is not None:
+                on_connection(f"lost the coordinator at {client.address} ({reason}) "
+                              f"while following job {self.id}; reconnecting for "
+                              f"up to {reconnect_timeout_s:g} s")
+            return time.monotonic()
+
         try:
             while True:
                 wait_s = poll_s
                 if deadline is not None:
                     wait_s = min(wait_s, max(deadline - time.monotonic(), 0.0))
+                # Lost between two calls: the next call opens a fresh connection, which a
+                # coordinator restarted meanwhile answers; still a loss to report.
+                if lost_since is None and reconnect_timeout_s is not None \
+                        and client._connection_lost():
+                    lost_since = lost("the connection dropped")
                 try:
                     reply = client._call("job.results", [self.id, after, wait_s],
                                          timeout_s=wait_s + 15)
@@ -119,12 +133,7 @@ class Job:
                         raise
                     now = time.monotonic()
                     if lost_since is None:
-                        lost_since = now
-                        client._unreachable = str(exc)
-                        if on_connection is not None:
-                            on_connection(f"lost the coordinator at {client.address} ({exc}) "
-                                          f"while following job {self.id}; reconnecting for "
-                                          f"up to {reconnect_timeout_s:g} s")
+                        lost_since = lost(str(exc))
                     elif now - lost_since > reconnect_timeout_s:
                         raise ClusterConnectionError(
                             f"the coordinator at {client.address} did not come back within "
@@ -388,6 +397,15 @@ class Client:
         if method == "coord.shutdown":
             self._shut_down = True  # nothing to close there any more
         return result
+
+    def _connection_lost(self) -> bool:
+        """Whether this client's connection to the coordinator saw it go (or never reached
+        it); False while it holds or before one was opened."""
+
+        async def go() -> bool:
+            return self.runtime.connection_lost(self._coordinator)
+
+        return self._run(go(), 10)
 
     def _close_session(self) -> None:
         """Tell the coordinator this client's session ended, unless it is known to be gone
