@@ -1,8 +1,8 @@
 """RLlib's tuned example files against their own bars: does actorrl learn what RLlib learns?
 
     python benchmarks/rllib_learning.py FOLDER [--out FILE.json] [--cap-s 300] [--only GLOB]
-                                        [--max-hours 1] [--probe-s 90] [--plan-only]
-                                        [--runs-dir DIR]
+                                        [--experiment GLOB] [--max-hours 1] [--probe-s 90]
+                                        [--plan-only] [--runs-dir DIR]
 
 ``FOLDER`` holds RLlib YAML files: tuned examples (``rllib/tuned_examples``) and release
 learning tests (``release/rllib_tests/learning_tests/yaml_files``, which carry
@@ -10,7 +10,8 @@ learning tests (``release/rllib_tests/learning_tests/yaml_files``, which carry
 ``FOLDER/<commit>/<path in RLlib's repository>`` (this machine cannot download them; a
 ``manifest.txt`` of ``path commit`` lines may sit beside them). ``--only`` keeps the files
 whose path matches a glob (``'*cartpole-ppo*'``; repeatable), ``--skip`` drops those that
-match one.
+match one, and ``--experiment`` keeps the experiments whose name matches a glob (one test of
+a file that holds many, as the release tests' ``hard_learning_tests.yaml``; repeatable).
 
 Each experiment's bar is its own: the reward of its ``stop`` (RLlib stops a trial at the
 first criterion met, so a reward reached before the ``timesteps_total`` budget passes) or
@@ -486,6 +487,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="wall-clock cap of one file's training (default 300)")
     parser.add_argument("--only", action="append", default=[], metavar="GLOB")
     parser.add_argument("--skip", action="append", default=[], metavar="GLOB")
+    parser.add_argument("--experiment", action="append", default=[], metavar="GLOB",
+                        help="keep only the experiments whose name matches")
     parser.add_argument("--max-hours", type=float, default=1.0,
                         help="budgets that need longer on this machine are not run")
     parser.add_argument("--probe-s", type=float, default=90.0)
@@ -508,7 +511,9 @@ def main(argv: list[str] | None = None) -> None:
     runs_dir = args.runs_dir or Path(tempfile.mkdtemp(prefix="rllib-learning-"))
     found = [item for item in experiments(args.folder, None)
              if (not args.only or any(fnmatch.fnmatch(item[0], g) for g in args.only))
-             and not any(fnmatch.fnmatch(item[0], g) for g in args.skip)]
+             and not any(fnmatch.fnmatch(item[0], g) for g in args.skip)
+             and (not args.experiment
+                  or any(fnmatch.fnmatch(item[1], g) for g in args.experiment))]
     earlier = {key_of(r): r for r in json.loads(args.resume.read_text())["results"]
                if r["outcome"] != "to run"} if args.resume else {}
     results: list[dict[str, Any]] = []

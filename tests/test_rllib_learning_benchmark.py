@@ -4,6 +4,8 @@ from a run's results."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.helpers.benchmark_scripts import load_benchmark, unload_benchmark
@@ -184,3 +186,21 @@ def test_a_probes_pace_is_its_last_iterations(bench) -> None:
     assert bench.probe_pace(rows) == 50.0
     assert bench.probe_pace(rows[:1]) == 500.0
     assert bench.probe_pace([]) is None
+
+
+def test_experiment_globs_keep_one_test_of_a_file_that_holds_many(bench, tmp_path, capsys
+                                                                  ) -> None:
+    """``--experiment`` selects by experiment name inside the files ``--only`` kept (the
+    release tests' hard_learning_tests.yaml holds a dozen); ES is not an actorrl
+    algorithm, so nothing trains here."""
+    tests = tmp_path / "release" / "rllib_tests" / "learning_tests"
+    tests.mkdir(parents=True)
+    tests.joinpath("hard_learning_tests.yaml").write_text(
+        "".join(f"{name}:\n  env: CartPole-v1\n  run: ES\n"
+                "  pass_criteria: {episode_reward_mean: 150, timesteps_total: 1000}\n"
+                for name in ("dqn-breakout-v4", "es-humanoid", "dqn-pong-v4")))
+    bench.main([str(tmp_path), "--only", "*learning_tests.yaml", "--experiment", "dqn-*",
+                "--experiment", "nothing"])
+    printed = json.loads(capsys.readouterr().out)
+    assert [r["experiment"] for r in printed["results"]] == ["dqn-breakout-v4", "dqn-pong-v4"]
+    assert {r["outcome"] for r in printed["results"]} == {"not run"}
