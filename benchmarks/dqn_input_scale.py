@@ -15,9 +15,10 @@ experiment runs the file both ways, everything else equal:
 
 - ``actorrl``: the file with actorrl's scaled encoder (``model.vision_net: actorrl``; since
   this experiment, RLlib's DQN files default to RLlib's vision net);
-- ``rllib_net``: ``model.custom_model`` set to :class:`RLlibVisionQNetwork`, the Q network
-  RLlib 2.7.2 builds for the file (the same conv stack, 256 features, a 512-unit relu
-  layer, the Q-values), weights xavier-uniform, biases zero, raw 0-255 inputs.
+- ``rllib_net``: ``model.vision_net: rllib``, the Q network RLlib 2.7.2 builds for the file
+  (the same conv stack, 256 features, a 512-unit relu layer, the Q-values), weights
+  xavier-uniform, biases zero, raw 0-255 inputs. (The published run set the same network
+  as a custom model written in this file, before the option existed.)
 
 Prints one JSON object (per run: the reward at each 50k env steps, the best, where the bar
 was first reached) and writes each run's curve as CSV under ``--out``.
@@ -36,58 +37,16 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
-import torch
 import yaml
-from torch import nn
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
-from actorrl.policy.encoders import (  # noqa: E402
-    ConvEncoder,
-    default_conv_filters,
-    image_layout,
-    xavier_uniform_init_,
-)
-
-VARIANTS = ("actorrl", "rllib_net")
-MODEL_PATH = "benchmarks.dqn_input_scale:RLlibVisionQNetwork"
-
-
-class RLlibVisionQNetwork(nn.Module):
-    """RLlib's DQN Q network for an image (its vision net then the ``hiddens`` head), as a
-    ``model.custom_model``: raw 0-255 inputs, RLlib's conv stack for the frame size,
-    ``custom_model_config.hiddens`` (default ``[512]``) relu layers, one Q-value per action;
-    every layer xavier-uniform with zero bias."""
-
-    def __init__(self, obs_space: gym.Space, action_space: gym.Space, num_outputs: int,
-                 model_config: Mapping[str, Any]) -> None:
-        super().__init__()
-        channels_first = model_config.get("channels_first")
-        height, width, _ = image_layout(obs_space.shape, channels_first)
-        self.trunk = ConvEncoder(obs_space.shape, default_conv_filters(height, width), "relu",
-                                 scale_uint8=False, channels_first=channels_first)
-        hiddens = list((model_config.get("custom_model_config") or {}).get("hiddens", [512]))
-        layers: list[nn.Module] = []
-        size = self.trunk.out_dim
-        for width_ in hiddens:
-            layers += [nn.Linear(size, int(width_)), nn.ReLU()]
-            size = int(width_)
-        layers.append(nn.Linear(size, num_outputs))
-        self.head = nn.Sequential(*layers)
-        for layer in self.modules():  # RLlib's SlimConv2d / SlimFC default
-            if isinstance(layer, (nn.Conv2d, nn.Linear)):
-                xavier_uniform_init_(layer)
-
-    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, None]:
-        """``([B, num_actions] Q-values, None)``: the catalog's ``(outputs, value)``."""
-        return self.head(self.trunk(obs)), None
+VISION_NETS = {"actorrl": "actorrl", "rllib_net": "rllib"}
+"""Each variant's ``model.vision_net``."""
+VARIANTS = tuple(VISION_NETS)
 
 
 def release_experiment(path: Path) -> tuple[str, dict[str, Any]]:
@@ -99,18 +58,11 @@ def release_experiment(path: Path) -> tuple[str, dict[str, Any]]:
 
 def run_file(experiment: dict[str, Any], variant: str) -> dict[str, Any]:
     """The experiment as run here: no ``pass_criteria`` or ``stop`` (the run's length is
-    ``--timesteps``); ``actorrl``: actorrl's scaled encoder named (``vision_net: actorrl``;
-    RLlib's DQN files now default to RLlib's); ``rllib_net``: the custom model, given
-    RLlib's ``hiddens``."""
+    ``--timesteps``), and the variant's ``model.vision_net`` named (RLlib's DQN files
+    default to ``rllib`` now, so the ``actorrl`` variant must say so)."""
     data = {k: v for k, v in experiment.items() if k not in ("pass_criteria", "stop")}
     config = dict(data.get("config") or {})
-    model = dict(config.get("model") or {})
-    if variant == "rllib_net":
-        model.update(custom_model=MODEL_PATH,
-                     custom_model_config={"hiddens": config.get("hiddens", [512])})
-    else:
-        model["vision_net"] = "actorrl"
-    config["model"] = model
+    config["model"] = {**(config.get("model") or {}), "vision_net": VISION_NETS[variant]}
     data["config"] = config
     return data
 

@@ -1,5 +1,6 @@
-"""benchmarks/dqn_input_scale.py: its Q network is RLlib's (shapes, raw pixels, xavier
-init), only its ``rllib_net`` variant sets it, and a short run of both variants trains."""
+"""``model.vision_net: rllib`` and benchmarks/dqn_input_scale.py: the option builds RLlib's
+DQN Q network (shapes, raw pixels, xavier init), the benchmark's variants name their
+vision net, and a short run of both variants trains."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import torch
 import yaml
 from torch import nn
 
+from actorrl.policy.config import DQNPolicyConfig
+from actorrl.policy.dqn import build_q_network
 from actorrl.policy.model_config import resolve_model_config
 from tests.helpers.benchmark_scripts import load_benchmark, unload_benchmark
 from tests.helpers.extras import installed
@@ -31,22 +34,22 @@ def bench():
     unload_benchmark(module)
 
 
-def q_network(bench, hiddens=(512,)) -> nn.Module:
+def q_network(vision_net: str = "rllib", hiddens: tuple[int, ...] = (512,)) -> nn.Module:
+    """The DQN Q network over 84x84x4 frames and 4 actions with ``vision_net``."""
     torch.manual_seed(0)
-    config = resolve_model_config({"custom_model_config": {"hiddens": list(hiddens)}})
-    return bench.RLlibVisionQNetwork(FRAMES, gym.spaces.Discrete(4), 4, config)
+    config = DQNPolicyConfig(hiddens=hiddens, dueling=False, model={"vision_net": vision_net})
+    return build_q_network(FRAMES, 4, config)
 
 
-def test_the_q_network_has_rllibs_layer_shapes(bench) -> None:
+def test_the_q_network_has_rllibs_layer_shapes() -> None:
     """RLlib 2.7.2's DQN model for 84x84x4 frames and 4 actions, less its unused value
     branch: conv 16x8x8/4, 32x4x4/2, 256x11x11, then 256 -> 512 -> 4."""
-    net = q_network(bench)
+    net = q_network()
     shapes = [tuple(p.shape) for p in net.parameters()]
     assert shapes == [(16, 4, 8, 8), (16,), (32, 16, 4, 4), (32,), (256, 32, 11, 11), (256,),
                       (512, 256), (512,), (4, 512), (4,)]
     assert sum(p.numel() for p in net.parameters()) == 1_137_460
-    q, value = net(torch.zeros(3, 84, 84, 4, dtype=torch.uint8))
-    assert q.shape == (3, 4) and value is None
+    assert net(torch.zeros(3, 84, 84, 4, dtype=torch.uint8)).shape == (3, 4)
 
 
 def raw_features(encoder: nn.Module, frames: torch.Tensor) -> torch.Tensor:
@@ -54,20 +57,23 @@ def raw_features(encoder: nn.Module, frames: torch.Tensor) -> torch.Tensor:
     return encoder.layers(frames.permute(0, 3, 1, 2).float())
 
 
-def test_pixels_go_in_unscaled(bench) -> None:
+def test_pixels_go_in_unscaled_and_actorrls_default_scales_them() -> None:
     """uint8 frames enter as their 0-255 values (a network that scaled them to [0, 1]
-    would give other, ~255x smaller features)."""
-    net = q_network(bench)
+    would give other, ~255x smaller features); actorrl's default scales them."""
     frames = torch.from_numpy(np.random.default_rng(1).integers(0, 256, (2, 84, 84, 4),
                                                                 dtype=np.uint8))
+    net, default = q_network().trunk, q_network("actorrl").trunk
     with torch.no_grad():
-        features = net.trunk(frames)
-        torch.testing.assert_close(features, raw_features(net.trunk, frames))
+        features = net(frames)
+        torch.testing.assert_close(features, raw_features(net, frames))
+        assert not torch.allclose(default(frames), raw_features(default, frames))
+        torch.testing.assert_close(default(frames), default.layers(
+            frames.permute(0, 3, 1, 2).float() / 255.0))
     assert features.std() > 1.0
 
 
-def test_every_layer_is_xavier_uniform_with_zero_bias(bench) -> None:
-    for layer in q_network(bench, hiddens=(64, 32)).modules():
+def test_every_layer_is_xavier_uniform_with_zero_bias() -> None:
+    for layer in q_network(hiddens=(64, 32)).modules():
         if isinstance(layer, (nn.Conv2d, nn.Linear)):
             fan_out = layer.weight.shape[0] * layer.weight[0, 0].numel()
             fan_in = layer.weight[0].numel()
@@ -77,7 +83,7 @@ def test_every_layer_is_xavier_uniform_with_zero_bias(bench) -> None:
             assert torch.count_nonzero(layer.bias) == 0
 
 
-def test_only_the_rllib_net_variant_sets_the_model(bench) -> None:
+def test_each_variant_names_its_vision_net(bench) -> None:
     experiment = {"env": "ALE/Breakout-v5", "run": "DQN",
                   "pass_criteria": {"episode_reward_mean": 20.0},
                   "stop": {"time_total_s": 7200},
@@ -87,9 +93,7 @@ def test_only_the_rllib_net_variant_sets_the_model(bench) -> None:
     assert plain["config"] == {**experiment["config"],
                                "model": {"dim": 84, "vision_net": "actorrl"}}
     rllib = bench.run_file(experiment, "rllib_net")
-    assert rllib["config"]["model"] == {
-        "dim": 84, "custom_model": bench.MODEL_PATH,
-        "custom_model_config": {"hiddens": [512]}}
+    assert rllib["config"]["model"] == {"dim": 84, "vision_net": "rllib"}
     assert experiment["config"]["model"] == {"dim": 84}  # the input is left as it was
 
 
@@ -105,7 +109,7 @@ def test_summary_marks_the_bar_and_the_curve(bench) -> None:
 @needs_atari
 def test_a_short_run_of_both_variants_trains(bench, tmp_path: Path, capsys) -> None:
     """Both variants of a small file in the release test's layout train past learning
-    starts; the rllib_net run's model is the custom one."""
+    starts, each with its vision net."""
     release = tmp_path / "dqn-breakout.yaml"
     release.write_text(yaml.safe_dump({"dqn-breakout-small": {
         "env": "ALE/Breakout-v5", "run": "DQN",
@@ -130,40 +134,9 @@ def test_a_short_run_of_both_variants_trains(bench, tmp_path: Path, capsys) -> N
     work = Path(summary["work"])
     models = {variant: json.loads(next((work / variant).rglob("config.json")).read_text())
               for variant in bench.VARIANTS}
-    assert bench.MODEL_PATH in json.dumps(models["rllib_net"])
-    assert bench.MODEL_PATH not in json.dumps(models["actorrl"])
+    assert {variant: json.dumps(models[variant]).count('"vision_net": "rllib"')
+            for variant in bench.VARIANTS} == {"actorrl": 0, "rllib_net": 1}
     assert (work / "rllib_net" / "train.log").read_text().count("num_steps_trained=") >= 1
-
-
-def q_option_network(vision_net: str) -> nn.Module:
-    from actorrl.policy.config import DQNPolicyConfig
-    from actorrl.policy.dqn import build_q_network
-
-    torch.manual_seed(0)
-    config = DQNPolicyConfig(hiddens=(512,), dueling=False, model={"vision_net": vision_net})
-    return build_q_network(FRAMES, 4, config)
-
-
-def test_the_vision_net_option_builds_the_benchmarks_network(bench) -> None:
-    """``model: {vision_net: rllib}`` (what RLlib's DQN files get) is the network the
-    benchmark measured: the same layers, raw pixels, every layer xavier-uniform with zero
-    bias; actorrl's default scales the pixels."""
-    option, measured = q_option_network("rllib"), q_network(bench)
-    assert [p.shape for p in option.parameters()] == [p.shape for p in measured.parameters()]
-    frames = torch.from_numpy(np.random.default_rng(2).integers(0, 256, (2, 84, 84, 4),
-                                                                dtype=np.uint8))
-    with torch.no_grad():
-        torch.testing.assert_close(option.trunk(frames), raw_features(option.trunk, frames))
-        default = q_option_network("actorrl").trunk
-        assert not torch.allclose(default(frames), raw_features(default, frames))
-        torch.testing.assert_close(default(frames), default.layers(
-            frames.permute(0, 3, 1, 2).float() / 255.0))
-    for layer in option.modules():
-        if isinstance(layer, (nn.Conv2d, nn.Linear)):
-            fan_in, fan_out = layer.weight[0].numel(), layer.weight.shape[0] * (
-                layer.weight[0, 0].numel())
-            assert layer.weight.abs().max() <= math.sqrt(6.0 / (fan_in + fan_out))
-            assert torch.count_nonzero(layer.bias) == 0
 
 
 def test_an_unknown_vision_net_is_refused_naming_the_choices() -> None:
