@@ -70,7 +70,7 @@ def main() -> None:
         row = {"timesteps_total": result["timesteps_total"],
                "episode_reward_mean": sampled["episode_reward_mean"],
                "entropy": stats.get("entropy"), "vf_explained_var": stats.get("vf_explained_var"),
-               "seconds": round(time.time() - start, 1)}
+               "mean_q": stats.get("mean_q"), "seconds": round(time.time() - start, 1)}
         curve.append(row)
         print(json.dumps(row), flush=True)
         reward = row["episode_reward_mean"]
