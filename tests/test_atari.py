@@ -205,6 +205,68 @@ def test_real_games_get_deepmind_frames(env_id):
     assert raw.reset(seed=0)[0].shape == (210, 160, 3)
 
 
+def _step_many(env: gym.Env, actions: np.ndarray, seed: int) -> list[tuple]:
+    """Every step's (obs, reward, terminated, truncated, info) over ``actions``, resetting
+    at each end."""
+    env.reset(seed=seed)
+    steps = []
+    for action in actions:
+        obs, reward, terminated, truncated, info = env.step(action)
+        steps.append((obs.copy(), reward, terminated, truncated, dict(info)))
+        if terminated or truncated:
+            env.reset()
+    return steps
+
+
+def _slow_skip(env: gym.Env) -> gym.Env:
+    """``env`` with its max-pooling wrapper stepping every frame through ``env.step``."""
+    layer = env
+    while not isinstance(layer, MaxAndSkip):
+        layer = layer.env
+    assert layer._ale is not None, "the direct ALE path should be on for ale-py games"
+    layer._ale = None
+    return env
+
+
+@needs_ale
+@pytest.mark.parametrize("env_id,config,ends", [
+    ("ALE/Breakout-v5", {}, 5),  # sticky actions, lives, FIRE reset, game overs
+    ("PongNoFrameskip-v4", {"frame_size": 42}, 1),
+    ("ALE/Breakout-v5", {"grayscale": False, "frame_size": 0, "frame_stack": 1}, 5),
+])
+def test_max_and_skip_on_the_ale_directly_matches_stepping_every_frame(env_id, config, ends):
+    """The direct-ALE frame skip gives the same frames, rewards, ends and info as going
+    through ``env.step`` for every frame (the same emulator calls in the same order)."""
+    actions = np.random.default_rng(1).integers(0, 4, 1500)
+    direct = _step_many(make_env(env_id, config), actions, seed=3)
+    stepped = _step_many(_slow_skip(make_env(env_id, config)), actions, seed=3)
+    assert sum(terminated for _, _, terminated, _, _ in direct) >= ends
+    for (obs, *rest), (obs_slow, *rest_slow) in zip(direct, stepped, strict=True):
+        np.testing.assert_array_equal(obs, obs_slow)
+        assert rest == rest_slow
+
+
+@needs_ale
+@pytest.mark.parametrize("frames", [28, 29, 30, 31])
+def test_max_and_skip_on_the_ale_ends_mid_skip_as_stepping_every_frame(frames):
+    """A game cut by the ALE's frame cap inside a skip (each of the 4 frame positions)
+    ends at the same step, with the same frame and info, on both paths."""
+    def make() -> MaxAndSkip:
+        return MaxAndSkip(gym.make("ALE/Pong-v5", frameskip=1, obs_type="grayscale",
+                                   max_num_frames_per_episode=frames), 4)
+
+    actions = np.random.default_rng(0).integers(0, 6, 20)
+    direct, slow = make(), make()
+    slow._ale = None
+    assert direct._ale is not None
+    steps = _step_many(direct, actions, seed=0)
+    assert steps == [] or any(truncated for _, _, _, truncated, _ in steps)
+    for (obs, *rest), (obs_slow, *rest_slow) in zip(steps, _step_many(slow, actions, 0),
+                                                     strict=True):
+        np.testing.assert_array_equal(obs, obs_slow)
+        assert rest == rest_slow
+
+
 @needs_ale
 def test_deterministic_ids_skip_four_frames_in_the_ale_without_pooling():
     """gym's retired PongDeterministic-v4 (RLlib's older files): the NoFrameskip game whose
