@@ -260,7 +260,7 @@ def test_max_and_skip_on_the_ale_ends_mid_skip_as_stepping_every_frame(frames):
     slow._ale = None
     assert direct._ale is not None
     steps = _step_many(direct, actions, seed=0)
-    assert steps == [] or any(truncated for _, _, _, truncated, _ in steps)
+    assert any(truncated for _, _, _, truncated, _ in steps)
     for (obs, *rest), (obs_slow, *rest_slow) in zip(steps, _step_many(slow, actions, 0),
                                                      strict=True):
         np.testing.assert_array_equal(obs, obs_slow)
